@@ -1,0 +1,200 @@
+"""The catalog: which versions of which datasets are published, and where.
+
+One YAML file per dataset, ``<catalog>/<name>.yaml``, lists its versions in
+publication order (location, totals, parent, build key) and names the
+``latest``. It is the last thing a publish writes: a version is visible once its
+catalog entry exists, and not before. Updates take an exclusive ``flock`` on
+``<catalog>/.<name>.lock`` and replace the file atomically, so concurrent
+publishers never corrupt it.
+
+References: ``NAME@VERSION`` (``wikitext@v3``, or ``wikitext@3``), ``NAME@latest``,
+``NAME`` (same as latest), or the path of a version directory or its
+``metadata.yaml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from ._io import atomic_write_text
+from .config import check_name
+from .errors import CatalogError
+from .manifest import MANIFEST_NAME
+
+__all__ = [
+    "CATALOG_SCHEMA_VERSION",
+    "VersionEntry",
+    "Catalog",
+    "default_catalog",
+    "default_data_root",
+    "resolve_ref",
+    "file_lock",
+]
+
+CATALOG_SCHEMA_VERSION = 1
+
+
+def default_catalog(catalog: str | os.PathLike[str] | None = None) -> Path:
+    """``catalog``, else ``$SHARDFLOW_CATALOG``, else ``./manifests``."""
+    return Path(catalog or os.environ.get("SHARDFLOW_CATALOG") or "manifests").expanduser().absolute()
+
+
+def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
+    """``data_root``, else ``$SHARDFLOW_DATA_ROOT``, else ``./data``."""
+    return Path(data_root or os.environ.get("SHARDFLOW_DATA_ROOT") or "data").expanduser().absolute()
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, timeout: float | None = 60.0, what: str = "the catalog") -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``; wait up to ``timeout`` seconds (``0``: fail at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise CatalogError(
+                        f"{what} is locked by another process ({path}); another build or publish of this "
+                        "dataset is running. Wait for it to finish and run the command again"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock, also when the process dies
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionEntry:
+    """One published version as the catalog lists it."""
+
+    version: str
+    path: str
+    """The version directory, relative to the catalog directory when possible."""
+    created_at: str
+    build_key: str
+    parent: str | None = None
+    totals: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Catalog:
+    """The catalog directory: one ``<name>.yaml`` per dataset."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = default_catalog(path)
+
+    def __repr__(self) -> str:
+        return f"Catalog({str(self.path)!r})"
+
+    def _file(self, name: str) -> Path:
+        return self.path / f"{check_name(name)}.yaml"
+
+    def lock(self, name: str, *, timeout: float | None = 60.0) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.path / f".{check_name(name)}.lock", timeout=timeout, what=f"the catalog entry of {name!r}")
+
+    def datasets(self) -> list[str]:
+        if not self.path.is_dir():
+            return []
+        return sorted(p.stem for p in self.path.glob("*.yaml") if not p.name.startswith("."))
+
+    def _load(self, name: str) -> dict[str, Any]:
+        path = self._file(name)
+        if not path.exists():
+            return {"schema_version": CATALOG_SCHEMA_VERSION, "name": name, "latest": None, "versions": []}
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"{path}: the catalog file is not valid YAML ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema_version") != CATALOG_SCHEMA_VERSION:
+            raise CatalogError(
+                f"{path}: unknown catalog schema_version {data.get('schema_version') if isinstance(data, dict) else None!r}; "
+                f"this shardflow reads {CATALOG_SCHEMA_VERSION}"
+            )
+        return data
+
+    def versions(self, name: str) -> list[VersionEntry]:
+        """The published versions of ``name``, oldest first."""
+        return [VersionEntry(**v) for v in self._load(name).get("versions", [])]
+
+    def latest(self, name: str) -> str | None:
+        return self._load(name).get("latest")
+
+    def version_dir(self, entry: VersionEntry) -> Path:
+        path = Path(entry.path)
+        return path if path.is_absolute() else (self.path / path).resolve()
+
+    def find_build(self, name: str, build_key: str) -> VersionEntry | None:
+        """The published version of ``name`` built from exactly these inputs and options, if any."""
+        for entry in self.versions(name):
+            if entry.build_key == build_key:
+                return entry
+        return None
+
+    def next_version(self, name: str) -> str:
+        """The name the next published version of ``name`` gets: v1, v2, ..."""
+        numbers = [int(v.version[1:]) for v in self.versions(name) if v.version[1:].isdigit()]
+        return f"v{max(numbers, default=0) + 1}"
+
+    def add(self, name: str, entry: VersionEntry) -> None:
+        """Append a version and make it ``latest``. Call with ``lock(name)`` held."""
+        data = self._load(name)
+        if any(v["version"] == entry.version for v in data["versions"]):
+            raise CatalogError(f"{name}@{entry.version} is already in the catalog; versions are immutable")
+        version_dir = Path(entry.path)
+        try:
+            rel = os.path.relpath(version_dir, self.path)
+        except ValueError:  # another drive (Windows): keep it absolute
+            rel = str(version_dir)
+        data["versions"].append({**entry.to_dict(), "path": rel})
+        data["latest"] = entry.version
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self._file(name), yaml.safe_dump(data, sort_keys=False, width=120))
+
+    def resolve(self, ref: str) -> Path:
+        """The version directory a reference names; ``CatalogError`` says why not."""
+        return resolve_ref(ref, catalog=self)
+
+
+def resolve_ref(ref: str | os.PathLike[str], catalog: Catalog | str | os.PathLike[str] | None = None) -> Path:
+    """Resolve ``NAME@VERSION``, ``NAME@latest``, ``NAME`` or a path to a version directory."""
+    ref_str = os.fspath(ref)
+    path = Path(ref_str).expanduser()
+    if path.name == MANIFEST_NAME and path.is_file():
+        return path.parent.resolve()
+    if path.is_dir() and (path / MANIFEST_NAME).is_file():
+        return path.resolve()
+    if os.sep in ref_str and "@" not in ref_str:
+        raise CatalogError(f"{ref_str}: no {MANIFEST_NAME} there; a path reference must be a version directory")
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    name, _, version = ref_str.partition("@")
+    version = version or "latest"
+    if name not in cat.datasets():
+        known = ", ".join(cat.datasets()) or "none"
+        raise CatalogError(f"no dataset {name!r} in the catalog {cat.path} (datasets: {known})")
+    versions = cat.versions(name)
+    if version == "latest":
+        version = cat.latest(name) or ""
+    elif version.isdigit():
+        version = f"v{version}"
+    for entry in versions:
+        if entry.version == version:
+            return cat.version_dir(entry)
+    known = ", ".join(v.version for v in versions) or "none"
+    raise CatalogError(f"no version {version!r} of {name!r} in the catalog {cat.path} (versions: {known})")

@@ -1,0 +1,119 @@
+"""The build configuration: one frozen, validated object that also goes into the manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import ConfigError
+from .formats import FORMATS
+from .formats.base import MAX_SHARD_TOKENS
+from .tokenizers import BACKENDS
+
+__all__ = ["BuildConfig", "NAME_RE", "check_name"]
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+# Fields that change nothing in the output bytes: how the work is cut up and
+# which (identical) backend runs it. They stay out of the build key, so a
+# rebuild that only changes them reports the existing version.
+_NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_rows", "description"})
+
+
+def check_name(name: str) -> str:
+    """A dataset name: lowercase letters, digits, '.', '_' and '-', at most 64 characters."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(
+            f"dataset name {name!r} is not allowed; use 1-64 lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """Everything that determines a build's output. Same config and inputs, same bytes."""
+
+    name: str
+    sources: tuple[str, ...]
+    text_column: str = "text"
+    id_column: str | None = None
+    tokenizer: str = "cl100k_base"
+    backend: str = "auto"
+    format: str = "nanogpt"
+    shard_tokens: int = 100_000_000
+    boundary: Literal["bos", "eos"] = "bos"
+    val_fraction: float = 0.0
+    val_count: int = 0
+    seed: int = 0
+    utf8_errors: Literal["replace", "skip"] = "replace"
+    description: str = ""
+    unit_bytes: int = 64 << 20
+    """Target size of one work unit, in uncompressed text bytes (row groups are never split)."""
+    batch_rows: int = 4096
+    """Rows read and tokenized at once; memory is bounded by this, not by the corpus size."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if isinstance(self.sources, str):
+            object.__setattr__(self, "sources", (self.sources,))
+        object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
+        if not self.sources:
+            raise ConfigError("no sources given; pass at least one Parquet/Arrow file, directory or glob")
+        if not self.text_column:
+            raise ConfigError("text_column must be a non-empty column name")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown tokenizer backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+        if self.format not in FORMATS:
+            raise ConfigError(f"unknown shard format {self.format!r}; use one of {', '.join(FORMATS)}")
+        if isinstance(self.shard_tokens, bool) or not isinstance(self.shard_tokens, int):
+            raise ConfigError(f"shard_tokens must be an integer, not {self.shard_tokens!r}")
+        if not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS:
+            raise ConfigError(
+                f"shard_tokens={self.shard_tokens} is out of range; a shard holds 1 to {MAX_SHARD_TOKENS} tokens "
+                "(2**31 - 1, because .bos.idx entries are int32)"
+            )
+        if self.boundary not in ("bos", "eos"):
+            raise ConfigError(f"boundary must be 'bos' or 'eos', not {self.boundary!r}")
+        if not (isinstance(self.val_fraction, (int, float)) and math.isfinite(self.val_fraction)):
+            raise ConfigError(f"val_fraction must be a number in [0, 1), not {self.val_fraction!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction={self.val_fraction} must be in [0, 1)")
+        if isinstance(self.val_count, bool) or not isinstance(self.val_count, int) or self.val_count < 0:
+            raise ConfigError(f"val_count must be a non-negative integer, not {self.val_count!r}")
+        if self.val_fraction and self.val_count:
+            raise ConfigError("give val_fraction or val_count, not both")
+        if self.utf8_errors not in ("replace", "skip"):
+            raise ConfigError(f"utf8_errors must be 'replace' or 'skip', not {self.utf8_errors!r}")
+        if self.unit_bytes < 1 or self.batch_rows < 1:
+            raise ConfigError("unit_bytes and batch_rows must be positive")
+
+    @property
+    def has_val(self) -> bool:
+        return bool(self.val_fraction or self.val_count)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BuildConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown build options: {', '.join(unknown)}")
+        d = dict(d)
+        d["sources"] = tuple(d.get("sources", ()))
+        return cls(**d)
+
+    def key_fields(self) -> dict[str, Any]:
+        """The options that determine the output bytes (see ``_NOT_IN_BUILD_KEY``)."""
+        return {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_BUILD_KEY}
+
+    def replace(self, **changes: Any) -> "BuildConfig":
+        return dataclasses.replace(self, **changes)

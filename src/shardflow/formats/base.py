@@ -1,0 +1,58 @@
+"""The contract every shard format implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, ValidationError
+
+__all__ = ["ShardFormat", "TOKEN_DTYPES", "MAX_SHARD_TOKENS"]
+
+# Token ids are stored little-endian; uint16 when every id fits, else uint32.
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+# .bos.idx entries are int32 token indices, so a shard holds fewer than 2**31 tokens.
+MAX_SHARD_TOKENS = 2**31 - 1
+
+
+class ShardFormat(ABC):
+    """How one shard file lays out its tokens."""
+
+    name: str
+    extension: str
+    """File extension without the dot."""
+    header_magic: int | None = None
+    """The header's magic number, for formats that have one."""
+
+    def check_dtype(self, dtype: np.dtype) -> None:
+        """Raise ``ConfigError`` if this format cannot store ``dtype``."""
+        if np.dtype(dtype) not in TOKEN_DTYPES.values():
+            raise ConfigError(f"format {self.name!r} stores uint16 or uint32 tokens, not {np.dtype(dtype)}")
+
+    @abstractmethod
+    def header(self, ntokens: int, dtype: np.dtype) -> bytes:
+        """The bytes that precede the tokens in a shard of ``ntokens`` tokens."""
+
+    @abstractmethod
+    def read_header(self, path: Path, dtype: np.dtype | None) -> tuple[int, int, np.dtype]:
+        """``(header_bytes, ntokens, dtype)`` of an existing shard; raises ``ValidationError``.
+
+        ``dtype`` is required for formats whose files do not record it.
+        """
+
+    def open(self, path: Path | str, dtype: np.dtype | None = None) -> np.ndarray:
+        """A read-only memory map of the shard's tokens, after checking header and size."""
+        path = Path(path)
+        offset, ntokens, dt = self.read_header(path, dtype)
+        size = path.stat().st_size
+        expected = offset + ntokens * dt.itemsize
+        if size != expected:
+            raise ValidationError(
+                f"{path}: file is {size} bytes but its header says {ntokens} tokens of {dt.itemsize} bytes "
+                f"after a {offset}-byte header ({expected} bytes); the shard is truncated or was changed"
+            )
+        if ntokens == 0:
+            return np.zeros(0, dtype=dt)
+        return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(ntokens,))

@@ -1,0 +1,40 @@
+"""The ``bin`` shard format: a headerless flat array of tokens (nanoGPT's ``train.bin``).
+
+The file holds nothing but the little-endian token ids; the dtype lives in the
+manifest, and a reader must be told it (it is never guessed from the size).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, ValidationError
+from .base import ShardFormat
+
+__all__ = ["RawBinFormat", "RAWBIN"]
+
+
+class RawBinFormat(ShardFormat):
+    name = "bin"
+    extension = "bin"
+    header_magic = None
+
+    def header(self, ntokens: int, dtype: np.dtype) -> bytes:
+        self.check_dtype(dtype)
+        return b""
+
+    def read_header(self, path: Path, dtype: np.dtype | None) -> tuple[int, int, np.dtype]:
+        if dtype is None:
+            raise ConfigError(
+                f"{path}: a headerless .bin shard does not record its dtype; pass dtype='uint16' or 'uint32'"
+            )
+        dt = np.dtype(dtype).newbyteorder("<")
+        size = path.stat().st_size
+        if size % dt.itemsize:
+            raise ValidationError(f"{path}: {size} bytes is not a whole number of {dt} tokens")
+        return 0, size // dt.itemsize, dt
+
+
+RAWBIN = RawBinFormat()

@@ -1,0 +1,237 @@
+"""The manifest: ``metadata.yaml`` in every version directory, read through a typed schema.
+
+The manifest is a superset of tatm's metadata (name, description, dataset_path,
+data_content, content_field, tokenized_info, parent_datasets) plus everything a
+reader needs to trust the data: the format and its header magic, the document
+boundary token and its placement, per split the ordered shards with sizes,
+token and document counts and SHA-256 of every file, the totals, the inputs with
+their content fingerprints, the whole build configuration, tool versions,
+creation time and the parent version.
+
+It is written last, as the commit point of a version, and read only with
+``yaml.safe_load``. A schema version this code does not know is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ._io import atomic_write_text
+from .errors import ManifestError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST_NAME",
+    "FileEntry",
+    "ShardEntry",
+    "SplitEntry",
+    "Manifest",
+    "read_manifest",
+    "write_manifest",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "metadata.yaml"
+
+
+def _require(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise ManifestError(f"{where}: missing field {key!r}")
+    return d[key]
+
+
+def check_relative_file(name: Any, where: str) -> str:
+    """A file name inside the version directory: no absolute paths, no '..', no separators."""
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{where}: file name {name!r} is not a string")
+    norm = posixpath.normpath(name)
+    if name.startswith(("/", "\\")) or Path(name).is_absolute() or norm.startswith("..") or "/" in norm or "\\" in name:
+        raise ManifestError(f"{where}: file {name!r} escapes the version directory; shard paths must be plain file names")
+    return name
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    """A file of the version: name (relative to the version directory), size and SHA-256."""
+
+    file: str
+    bytes: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "FileEntry":
+        return cls(
+            file=check_relative_file(_require(d, "file", where), where),
+            bytes=int(_require(d, "bytes", where)),
+            sha256=str(_require(d, "sha256", where)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry:
+    """One shard and its ``.bos.idx``: ``tokens`` ids, ``documents`` starting in it."""
+
+    file: str
+    bytes: int
+    sha256: str
+    tokens: int
+    documents: int
+    index: FileEntry
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "ShardEntry":
+        return cls(
+            file=check_relative_file(_require(d, "file", where), where),
+            bytes=int(_require(d, "bytes", where)),
+            sha256=str(_require(d, "sha256", where)),
+            tokens=int(_require(d, "tokens", where)),
+            documents=int(_require(d, "documents", where)),
+            index=FileEntry.from_dict(_require(d, "index", where), where),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitEntry:
+    """A split (``train``, ``val``): its shards in order and its totals."""
+
+    documents: int
+    tokens: int
+    shards: tuple[ShardEntry, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Per-split additions of later stages (e.g. embeddings)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"documents": self.documents, "tokens": self.tokens}
+        d["shards"] = [s.to_dict() for s in self.shards]
+        d.update(self.extra)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "SplitEntry":
+        shards = tuple(
+            ShardEntry.from_dict(s, f"{where}, shard {i}") for i, s in enumerate(_require(d, "shards", where))
+        )
+        extra = {k: v for k, v in d.items() if k not in ("documents", "tokens", "shards")}
+        return cls(
+            documents=int(_require(d, "documents", where)),
+            tokens=int(_require(d, "tokens", where)),
+            shards=shards,
+            extra=extra,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """A published (or staged) version, as ``metadata.yaml`` records it."""
+
+    schema_version: int
+    name: str
+    version: str
+    description: str
+    dataset_path: str
+    data_content: str
+    content_field: str
+    tokenized_info: dict[str, Any]
+    parent_datasets: list[str]
+    format: dict[str, Any]
+    boundary: dict[str, Any]
+    splits: dict[str, SplitEntry]
+    totals: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    config: dict[str, Any]
+    tools: dict[str, Any]
+    build_key: str
+    created_at: str
+    parent: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Top-level sections added by later stages (e.g. ``embeddings``)."""
+
+    @property
+    def dtype(self) -> str:
+        return str(self.tokenized_info["dtype"])
+
+    @property
+    def format_name(self) -> str:
+        return str(self.format["name"])
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("splits", "extra"):
+                continue
+            d[f.name] = getattr(self, f.name)
+        d["splits"] = {k: v.to_dict() for k, v in self.splits.items()}
+        d.update(self.extra)
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=120)
+
+    def replace(self, **changes: Any) -> "Manifest":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: not a shardflow manifest (expected a mapping at the top level)")
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(
+                f"{where}: unknown manifest schema_version {version!r}; this shardflow reads schema_version "
+                f"{SCHEMA_VERSION}. Upgrade shardflow (pip install -U shardflow) or rebuild the dataset"
+            )
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            if f.name == "splits":
+                splits = _require(d, "splits", where)
+                if not isinstance(splits, dict):
+                    raise ManifestError(f"{where}: 'splits' must be a mapping")
+                kwargs["splits"] = {k: SplitEntry.from_dict(v, f"{where}, split {k!r}") for k, v in splits.items()}
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = _require(d, f.name, where)
+            elif f.name in d:
+                kwargs[f.name] = d[f.name]
+        kwargs["extra"] = {k: v for k, v in d.items() if k not in names}
+        m = cls(**kwargs)
+        for key in ("dtype", "vocab_size"):
+            _require(m.tokenized_info, key, f"{where}, tokenized_info")
+        return m
+
+
+def read_manifest(path: Path | str) -> Manifest:
+    """Parse a ``metadata.yaml`` (safe loader only) into a ``Manifest``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no manifest here; is this a published version directory?") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML ({exc})") from None
+    return Manifest.from_dict(data, str(path))
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> Path:
+    """Write ``metadata.yaml`` atomically into ``directory``; returns its path."""
+    path = Path(directory) / MANIFEST_NAME
+    atomic_write_text(path, manifest.to_yaml())
+    return path

@@ -1,0 +1,163 @@
+"""Reading a published version back: the manifest, lazily memory-mapped shards, and documents.
+
+    v = open_version("wikitext@latest")
+    split = v.split("train")
+    split.document(0)        # token ids of document 0, without its BOS/EOS
+    split.text(0)            # ... decoded: the original text
+
+Opening reads the manifest and stats the files (each must exist with the size
+the manifest gives); it reads no shard data. ``verify=True`` also checks every
+checksum and the index invariants (``shardflow validate``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .catalog import Catalog, resolve_ref
+from .errors import ValidationError
+from .formats import bosidx, get_format
+from .manifest import Manifest, SplitEntry, read_manifest
+
+__all__ = ["Version", "Split", "open_version"]
+
+
+class Split:
+    """One split of a version: its shards as read-only memory maps, opened on first use."""
+
+    def __init__(self, version: "Version", name: str, entry: SplitEntry) -> None:
+        self.version = version
+        self.name = name
+        self.entry = entry
+        self._maps: list[np.ndarray | None] = [None] * len(entry.shards)
+        counts = np.array([s.tokens for s in entry.shards], dtype=np.int64)
+        self.shard_offsets = np.concatenate(([0], np.cumsum(counts)))
+        """Token offset of each shard within the split (length ``shards + 1``)."""
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.entry.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.entry.tokens
+
+    @property
+    def num_documents(self) -> int:
+        return self.entry.documents
+
+    def shard(self, k: int) -> np.ndarray:
+        """Shard ``k``'s tokens (a memory map; checked against its header on first use)."""
+        cached = self._maps[k]
+        if cached is None:
+            v = self.version
+            cached = get_format(v.manifest.format_name).open(v.directory / self.entry.shards[k].file, v.dtype)
+            self._maps[k] = cached
+        return cached
+
+    def shard_starts(self, k: int) -> np.ndarray:
+        """The document starts in shard ``k`` (its ``.bos.idx``), as token indices within the shard."""
+        entry = self.entry.shards[k]
+        return bosidx.read(self.version.directory / entry.index.file, entry.tokens)
+
+    @functools.cached_property
+    def doc_starts(self) -> np.ndarray:
+        """Start of every document in split-wide token coordinates (int64, ascending)."""
+        parts = [self.shard_starts(k).astype(np.int64) + self.shard_offsets[k] for k in range(self.num_shards)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Split-wide tokens ``[start, stop)``, across shard boundaries when needed."""
+        start, stop = max(0, start), min(stop, self.num_tokens)
+        if stop <= start:
+            return np.empty(0, dtype=self.version.dtype)
+        first = int(np.searchsorted(self.shard_offsets, start, side="right")) - 1
+        last = int(np.searchsorted(self.shard_offsets, stop, side="left")) - 1
+        pieces = []
+        for k in range(first, last + 1):
+            base = int(self.shard_offsets[k])
+            pieces.append(self.shard(k)[max(start - base, 0) : min(stop - base, self.entry.shards[k].tokens)])
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def document(self, i: int, *, with_boundary: bool = False) -> np.ndarray:
+        """Token ids of document ``i`` of this split (boundary token excluded unless asked)."""
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range: split {self.name!r} has {self.num_documents} documents")
+        starts = self.doc_starts
+        stop = int(starts[i + 1]) if i + 1 < len(starts) else self.num_tokens
+        toks = self.tokens(int(starts[i]), stop)
+        if with_boundary:
+            return toks
+        return toks[1:] if self.version.manifest.boundary["placement"] == "bos" else toks[:-1]
+
+    def text(self, i: int) -> str:
+        """Document ``i`` decoded to text."""
+        return self.version.tokenizer.decode(self.document(i))
+
+
+class Version:
+    """A published version: its directory, its manifest and its splits."""
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.dtype = np.dtype(manifest.dtype).newbyteorder("<")
+        self._splits = {name: Split(self, name, entry) for name, entry in manifest.splits.items()}
+
+    @property
+    def ref(self) -> str:
+        return self.manifest.ref
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self._splits)
+
+    def split(self, name: str = "train") -> Split:
+        try:
+            return self._splits[name]
+        except KeyError:
+            raise KeyError(f"{self.ref} has no split {name!r}; its splits are {', '.join(self._splits)}") from None
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        from .tokenizers import load_tokenizer
+
+        return load_tokenizer(self.manifest.config.get("tokenizer", self.manifest.tokenized_info["tokenizer"]), backend="tiktoken")
+
+    def __repr__(self) -> str:
+        return f"Version({self.ref!r}, {str(self.directory)!r})"
+
+
+def check_files(directory: Path, manifest: Manifest) -> None:
+    """Every file the manifest names exists with its size; raises naming the first that does not."""
+    for split, entry in manifest.splits.items():
+        for shard in entry.shards:
+            for name, size in ((shard.file, shard.bytes), (shard.index.file, shard.index.bytes)):
+                path = directory / name
+                try:
+                    actual = path.stat().st_size
+                except FileNotFoundError:
+                    raise ValidationError(f"{path}: missing (split {split!r} of {manifest.ref})") from None
+                if actual != size:
+                    raise ValidationError(
+                        f"{path}: {actual} bytes, but the manifest says {size}; the file is truncated or was changed"
+                    )
+
+
+def open_version(
+    ref: str | os.PathLike[str], *, catalog: Catalog | str | os.PathLike[str] | None = None, verify: bool = False
+) -> Version:
+    """Open ``NAME@VERSION``, ``NAME@latest`` or a version directory / ``metadata.yaml`` path."""
+    directory = resolve_ref(ref, catalog)
+    manifest = read_manifest(directory)
+    check_files(directory, manifest)
+    if verify:
+        from .validation import validate_dir
+
+        validate_dir(directory, manifest, checksums=True)
+    return Version(directory, manifest)

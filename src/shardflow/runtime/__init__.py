@@ -1,0 +1,1 @@
+"""Training-side readers (see issue: runtime)."""

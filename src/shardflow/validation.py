@@ -1,0 +1,161 @@
+"""Validation: check a version's files against its manifest and its format, byte for byte.
+
+The same checks run after every build (before anything is published) and on
+any published version (``shardflow validate REF``):
+
+* every file named by the manifest exists, inside the version directory, with
+  the manifest's size and (with ``checksums=True``) its SHA-256;
+* each shard's header agrees with its size, its dtype and its token count;
+* every token id is below the vocabulary size;
+* ``.bos.idx`` entries are ascending, in range, one per document, and point at
+  document starts: at BOS tokens with BOS placement (and every BOS is indexed),
+  right after EOS tokens with EOS placement (and every EOS is followed by one);
+* per-split and overall totals add up.
+
+Shards are scanned in bounded blocks, so memory does not grow with shard size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ValidationError
+from .formats import bosidx, get_format
+from .manifest import Manifest, ShardEntry, read_manifest
+
+__all__ = ["ValidationReport", "validate_dir", "validate_shard"]
+
+_BLOCK = 16 << 20  # tokens per scan block
+
+
+@dataclass
+class ValidationReport:
+    """What was checked, and every problem found (empty when valid)."""
+
+    directory: str
+    shards: int = 0
+    tokens: int = 0
+    documents: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def validate_shard(
+    directory: Path, manifest: Manifest, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
+) -> list[str]:
+    """Problems with one shard and its index (empty list when both are right)."""
+    problems: list[str] = []
+    fmt = get_format(manifest.format_name)
+    dtype = np.dtype(manifest.dtype).newbyteorder("<")
+    path = directory / entry.file
+    idx_path = directory / entry.index.file
+    if not path.exists():
+        return [f"{path}: shard {k} of split {split!r} is missing"]
+    size = path.stat().st_size
+    if size != entry.bytes:
+        problems.append(f"{path}: {size} bytes, but the manifest says {entry.bytes}; the shard is truncated or was changed")
+    try:
+        tokens = fmt.open(path, dtype)
+    except ValidationError as exc:
+        return problems + [str(exc)]
+    if len(tokens) != entry.tokens:
+        problems.append(f"{path}: the header says {len(tokens)} tokens, the manifest says {entry.tokens}")
+    if checksums and not problems:
+        digest = _sha256(path)
+        if digest != entry.sha256:
+            problems.append(f"{path}: SHA-256 {digest[:16]}... does not match the manifest's {entry.sha256[:16]}...; the shard's bytes were changed")
+    if not idx_path.exists():
+        return problems + [f"{idx_path}: the .bos.idx index of {entry.file} is missing"]
+    if idx_path.stat().st_size != entry.index.bytes:
+        problems.append(f"{idx_path}: {idx_path.stat().st_size} bytes, but the manifest says {entry.index.bytes}")
+    elif checksums and _sha256(idx_path) != entry.index.sha256:
+        problems.append(f"{idx_path}: SHA-256 does not match the manifest; the index was changed")
+    try:
+        starts = bosidx.read(idx_path, len(tokens))
+    except ValidationError as exc:
+        return problems + [str(exc)]
+    if len(starts) != entry.documents:
+        problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
+    vocab = int(manifest.tokenized_info["vocab_size"])
+    boundary = int(manifest.boundary["token_id"])
+    placement = manifest.boundary["placement"]
+    n = len(tokens)
+    boundary_positions: list[np.ndarray] = []
+    for lo in range(0, n, _BLOCK):
+        block = np.asarray(tokens[lo : lo + _BLOCK])
+        top = int(block.max())
+        if top >= vocab:
+            at = lo + int(np.argmax(block))
+            problems.append(f"{path}: token {at} is id {top}, not below the vocabulary size {vocab}")
+            break
+        boundary_positions.append(np.flatnonzero(block == boundary) + lo)
+    if problems:
+        return problems
+    positions = np.concatenate(boundary_positions) if boundary_positions else np.empty(0, dtype=np.int64)
+    if placement == "bos":
+        expected = positions
+    else:
+        after = positions + 1
+        expected = after[after < n]
+        if len(starts) and starts[0] == 0:
+            expected = np.concatenate(([0], expected))
+    if len(expected) != len(starts) or not np.array_equal(expected, starts):
+        missing = np.setdiff1d(expected, starts)
+        extra = np.setdiff1d(starts, expected)
+        what = placement.upper()
+        if len(extra):
+            problems.append(
+                f"{idx_path}: entry {int(np.searchsorted(starts, extra[0]))} points at token {int(extra[0])}, "
+                f"which is not a document start ({what} token {boundary} expected)"
+            )
+        if len(missing):
+            problems.append(
+                f"{path}: the document starting at token {int(missing[0])} has no entry in {idx_path.name} "
+                f"({len(missing)} unindexed)"
+            )
+    return problems
+
+
+def validate_dir(directory: Path | str, manifest: Manifest | None = None, *, checksums: bool = True) -> ValidationReport:
+    """Validate a version directory; raises ``ValidationError`` listing every problem."""
+    directory = Path(directory)
+    manifest = manifest or read_manifest(directory)
+    report = ValidationReport(directory=str(directory))
+    for split, entry in manifest.splits.items():
+        tokens = documents = 0
+        for k, shard in enumerate(entry.shards):
+            report.problems.extend(validate_shard(directory, manifest, split, k, shard, checksums=checksums))
+            tokens += shard.tokens
+            documents += shard.documents
+        if tokens != entry.tokens:
+            report.problems.append(f"{directory}: split {split!r} shards hold {tokens} tokens, the manifest says {entry.tokens}")
+        if documents != entry.documents:
+            report.problems.append(
+                f"{directory}: split {split!r} indexes list {documents} documents, the manifest says {entry.documents}"
+            )
+        report.shards += len(entry.shards)
+        report.tokens += tokens
+        report.documents += documents
+    totals: dict[str, Any] = manifest.totals
+    if totals.get("tokens") != report.tokens or totals.get("documents") != report.documents:
+        report.problems.append(
+            f"{directory}: totals say {totals.get('tokens')} tokens / {totals.get('documents')} documents, "
+            f"the splits add up to {report.tokens} / {report.documents}"
+        )
+    if report.problems:
+        head = f"validation of {directory} failed ({len(report.problems)} problem{'s' if len(report.problems) > 1 else ''}):"
+        raise ValidationError("\n  ".join([head, *report.problems]))
+    return report
