@@ -466,7 +466,9 @@ def write_shard(staging: str | os.PathLike[str], split: str, k: int) -> dict[str
     tmp = tmp_path_for(shard_path)
     h = hashlib.sha256()
     header = fmt.header(hi - lo, dtype)
-    tok_maps: dict[int, np.ndarray] = {}
+    # Copy through one bounded buffer with plain reads: memory-mapping the parts
+    # would count every copied page towards the process's resident memory.
+    buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
     with open(tmp, "wb") as f:
         f.write(header)
         h.update(header)
@@ -474,22 +476,24 @@ def write_shard(staging: str | os.PathLike[str], split: str, k: int) -> dict[str
         pos = lo
         while pos < hi:
             unit = int(segs["unit"][s])
-            if unit not in tok_maps:
-                tok_maps[unit] = np.memmap(_part_paths(staging, unit)[0], dtype=dtype, mode="r")
-            src = tok_maps[unit]
             seg_off = pos - int(seg_starts[s])
             take = min(int(segs["length"][s]) - seg_off, hi - pos)
             src_lo = int(segs["start"][s]) + seg_off
-            for b in range(0, take, _BLOCK_TOKENS):
-                block = src[src_lo + b : src_lo + min(take, b + _BLOCK_TOKENS)]
-                mv = memoryview(np.ascontiguousarray(block)).cast("B")
-                f.write(mv)
-                h.update(mv)
+            with open(_part_paths(staging, unit)[0], "rb") as part:
+                part.seek(src_lo * dtype.itemsize)
+                done_tokens = 0
+                while done_tokens < take:
+                    n = min(len(buf), take - done_tokens)
+                    view = memoryview(buf[:n]).cast("B")
+                    if part.readinto(view) != len(view):
+                        raise ValidationError(f"{part.name}: shorter than the layout says; the staging area is damaged")
+                    f.write(view)
+                    h.update(view)
+                    done_tokens += n
             pos += take
             s += 1
         f.flush()
         os.fsync(f.fileno())
-    del tok_maps
     os.replace(tmp, shard_path)
     starts = np.memmap(staging / "layout" / f"{split}.starts.i64", dtype="<i8", mode="r")
     a, b = np.searchsorted(starts, [lo, hi], side="left")

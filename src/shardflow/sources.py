@@ -235,7 +235,9 @@ def _check_schema(inp: InputFile, schema: pa.Schema, text_column: str, id_column
 
 def _open_parquet(inp: InputFile) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(inp.path, memory_map=True)
+        # A buffered stream reads column pages incrementally, so a huge row group
+        # never has to be in memory at once (the memory bound is the batch size).
+        return pq.ParquetFile(inp.path, buffer_size=1 << 20, pre_buffer=False)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise InputError(f"{inp.path}: not a readable Parquet file ({exc}); the file is corrupt or truncated") from None
 

@@ -31,6 +31,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -126,6 +127,9 @@ class Tokenizer:
         self._encoding = encoding  # tiktoken.Encoding, the reference
         self.backend = backend
         self._fast = fast  # gigatoken.Tokenizer or None
+        # gigatoken's tokenizer object is not re-entrant ("Already borrowed" when two
+        # threads call it); its batch encode already uses every core, so serialize.
+        self._fast_lock = threading.Lock()
 
     # -- facts the manifest records -------------------------------------------------
     @property
@@ -190,7 +194,8 @@ class Tokenizer:
             arg = list(texts)
         if len(arg) == 0:
             return np.empty(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
-        result = self._fast.encode_batch(arg)
+        with self._fast_lock:
+            result = self._fast.encode_batch(arg)
         layout = result.layout
         offsets = np.asarray(layout.offsets.data, dtype=np.int64)
         tokens = np.asarray(layout.content.data)
@@ -338,8 +343,21 @@ def _fast_agrees(fast: Any, encoding: Any) -> bool:
     return got == encoding.encode_ordinary_batch(list(PROBE_STRINGS))
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load_tokenizer(name: str, *, backend: str = "auto") -> Tokenizer:
-    """The tokenizer ``name`` (a tiktoken encoding or a ``.tiktoken`` path) on ``backend``."""
+    """The tokenizer ``name`` (a tiktoken encoding or a ``.tiktoken`` path) on ``backend``.
+
+    Cached and locked: build steps in several threads call it per work unit,
+    and the probe check must run once, on one thread.
+    """
+    with _LOAD_LOCK:
+        return _load_tokenizer(name, backend)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(name: str, backend: str) -> Tokenizer:
     if backend not in BACKENDS:
         raise ConfigError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     encoding, spec = _load_encoding(name)
