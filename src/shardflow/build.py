@@ -62,6 +62,7 @@ __all__ = [
     "write_shard",
     "finalize",
     "publish",
+    "publish_out",
     "build",
     "BuildResult",
     "shard_file_name",
@@ -608,25 +609,47 @@ def finalize(staging: str | os.PathLike[str]) -> Manifest:
 
 
 def publish(staging: str | os.PathLike[str]) -> str:
-    """Publish a finalized staging directory as the next version; returns ``NAME@VERSION``.
-
-    Under the dataset's catalog lock: pick the version name, stamp it into the
-    manifest, rename ``out/`` to ``<data_root>/<name>/<version>`` (atomic), then
-    add the catalog entry (the commit point). An identical version already in
-    the catalog wins, and nothing new is published.
-    """
+    """Publish a finalized build staging directory as the next version; returns ``NAME@VERSION``."""
     staging = Path(staging)
     plan = load_plan(staging)
-    cfg = plan.config
-    cat = Catalog(plan.catalog)
-    out = staging / "out"
-    with cat.lock(cfg.name):
-        existing = cat.find_build(cfg.name, plan.build_key)
+    return publish_out(
+        staging / "out",
+        name=plan.config.name,
+        build_key=plan.build_key,
+        data_root=plan.data_root,
+        catalog=plan.catalog,
+        cleanup=staging,
+    )
+
+
+def publish_out(
+    out: Path,
+    *,
+    name: str,
+    build_key: str,
+    data_root: str | os.PathLike[str],
+    catalog: str | os.PathLike[str],
+    parent: str | None = None,
+    cleanup: Path | None = None,
+) -> str:
+    """Publish the complete version directory ``out`` (manifest inside); returns ``NAME@VERSION``.
+
+    Under the dataset's catalog lock: pick the version name, stamp it into the
+    manifest, rename ``out`` to ``<data_root>/<name>/<version>`` (atomic), then
+    add the catalog entry (the commit point). An identical version (same build
+    key) already in the catalog wins, and nothing new is published. ``parent``
+    defaults to the catalog's latest version. ``cleanup`` is removed afterwards.
+    """
+    cat = Catalog(catalog)
+    out = Path(out)
+    with cat.lock(name):
+        existing = cat.find_build(name, build_key)
         if existing is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-            return f"{cfg.name}@{existing.version}"
-        dataset_dir = Path(plan.data_root) / cfg.name
-        version = cat.next_version(cfg.name)
+            if cleanup is not None:
+                shutil.rmtree(cleanup, ignore_errors=True)
+            return f"{name}@{existing.version}"
+        dataset_dir = Path(data_root) / name
+        version = cat.next_version(name)
         final = dataset_dir / version
         # A directory left by a publish that died after its rename but before its
         # catalog entry: adopt it if it is this build, else step past it.
@@ -635,33 +658,35 @@ def publish(staging: str | os.PathLike[str]) -> str:
                 orphan = read_manifest(final)
             except Exception:
                 orphan = None
-            if orphan is not None and orphan.build_key == plan.build_key and not out.exists():
+            if orphan is not None and orphan.build_key == build_key and not out.exists():
                 break
             version = f"v{int(version[1:]) + 1}"
             final = dataset_dir / version
         if not final.exists():
             manifest = read_manifest(out)
-            latest = cat.latest(cfg.name)
-            parent = f"{cfg.name}@{latest}" if latest else None
+            if parent is None:
+                latest = cat.latest(name)
+                parent = f"{name}@{latest}" if latest else None
             manifest = manifest.replace(version=version, dataset_path=str(final), parent=parent)
             write_manifest(out, manifest)
             os.replace(out, final)
             fsync_dir(dataset_dir)
         manifest = read_manifest(final)
         cat.add(
-            cfg.name,
+            name,
             VersionEntry(
                 version=version,
                 path=str(final),
                 created_at=manifest.created_at,
-                build_key=plan.build_key,
+                build_key=build_key,
                 parent=manifest.parent,
                 totals={k: manifest.totals[k] for k in ("documents", "tokens", "shards", "bytes")},
             ),
         )
-    shutil.rmtree(staging, ignore_errors=True)
-    log.info("published %s@%s at %s", cfg.name, version, final)
-    return f"{cfg.name}@{version}"
+    if cleanup is not None:
+        shutil.rmtree(cleanup, ignore_errors=True)
+    log.info("published %s@%s at %s", name, version, final)
+    return f"{name}@{version}"
 
 
 @dataclass(frozen=True, kw_only=True)
