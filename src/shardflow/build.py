@@ -45,7 +45,7 @@ import numpy as np
 from . import __version__
 from ._io import atomic_write_text, fsync_dir, tmp_path_for
 from .catalog import Catalog, VersionEntry, default_catalog, default_data_root, file_lock
-from .config import BuildConfig
+from .config import BuildConfig, EmbedOptions
 from .errors import ConfigError, InputError, ValidationError
 from .formats import bosidx, get_format
 from .formats.base import TOKEN_DTYPES
@@ -63,6 +63,8 @@ __all__ = [
     "finalize",
     "publish",
     "publish_out",
+    "embed_staged",
+    "embed_version",
     "build",
     "BuildResult",
     "shard_file_name",
@@ -603,6 +605,10 @@ def finalize(staging: str | os.PathLike[str]) -> Manifest:
     staging = Path(staging)
     manifest = staged_manifest(staging)
     out = staging / "out"
+    # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
+    # file behind; it must not be published with the version.
+    for stray in out.glob(".*.tmp-*"):
+        stray.unlink(missing_ok=True)
     write_manifest(out, manifest)
     validate_dir(out, manifest, checksums=True)
     return manifest
@@ -689,6 +695,78 @@ def publish_out(
     return f"{name}@{version}"
 
 
+def embed_staged(staging: str | os.PathLike[str]) -> Manifest:
+    """The embedding stage of a build (``config.embed``): embed, record, validate; idempotent."""
+    from .embeddings import add_embeddings, validate_embeddings
+
+    staging = Path(staging)
+    plan = load_plan(staging)
+    out = staging / "out"
+    manifest = read_manifest(out)
+    if plan.config.embed is None or "embeddings" in manifest.extra:
+        return manifest
+    manifest = add_embeddings(out, manifest, plan.config.embed)
+    problems = validate_embeddings(out, manifest)
+    if problems:
+        raise ValidationError("\n  ".join([f"embeddings of {plan.config.name} failed validation:", *problems]))
+    write_manifest(out, manifest)
+    return manifest
+
+
+def embed_version(
+    ref: str,
+    options: "EmbedOptions",
+    *,
+    catalog: str | os.PathLike[str] | None = None,
+    data_root: str | os.PathLike[str] | None = None,
+) -> "BuildResult":
+    """Add embeddings to the published version ``ref`` as a new version whose parent is ``ref``.
+
+    The token shards and indexes are hard-linked from the parent (no copies;
+    a copy only where the data root is on another filesystem).
+    """
+    from .embeddings import add_embeddings, embedding_key, validate_embeddings
+
+    cat = Catalog(default_catalog(catalog))
+    src_dir = cat.resolve(ref)
+    parent = read_manifest(src_dir)
+    key = embedding_key(parent.build_key, options)
+    existing = cat.find_build(parent.name, key)
+    if existing is not None:
+        found = f"{parent.name}@{existing.version}"
+        return BuildResult(ref=found, manifest_path=str(cat.version_dir(existing) / "metadata.yaml"), created=False)
+    root = Path(data_root) if data_root is not None else src_dir.parent.parent
+    staging = root / parent.name / ".staging" / f"emb-{key[:16]}"
+    out = staging / "out"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for entry in parent.splits.values():
+        for shard in entry.shards:
+            for name in (shard.file, shard.index.file):
+                try:
+                    os.link(src_dir / name, out / name)
+                except OSError:
+                    shutil.copy2(src_dir / name, out / name)
+    base = parent.replace(
+        splits={k: SplitEntry(documents=v.documents, tokens=v.tokens, shards=v.shards, extra={}) for k, v in parent.splits.items()},
+        extra={k: v for k, v in parent.extra.items() if k != "embeddings"},
+        config={**parent.config, "embed": options.to_dict()},
+        build_key=key,
+        created_at=_now(),
+    )
+    manifest = add_embeddings(out, base, options)
+    problems = validate_embeddings(out, manifest)
+    if problems:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ValidationError("\n  ".join([f"embeddings of {ref} failed validation:", *problems]))
+    write_manifest(out, manifest)
+    new_ref = publish_out(
+        out, name=parent.name, build_key=key, data_root=root, catalog=cat.path, parent=parent.ref, cleanup=staging
+    )
+    return BuildResult(ref=new_ref, manifest_path=str(cat.resolve(new_ref) / "metadata.yaml"), created=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuildResult:
     """What a build did: the published reference and where its manifest is."""
@@ -723,5 +801,6 @@ def build(
             jobs = [(s, k) for s, n in layout.items() for k in range(n)]
             list(pool.map(lambda sk: write_shard(plan.staging, *sk), jobs))
         finalize(plan.staging)
+        embed_staged(plan.staging)
         ref = publish(plan.staging)
     return BuildResult(ref=ref, manifest_path=str(cat.resolve(ref) / "metadata.yaml"), created=True)

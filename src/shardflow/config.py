@@ -13,7 +13,7 @@ from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
 from .tokenizers import BACKENDS
 
-__all__ = ["BuildConfig", "NAME_RE", "check_name"]
+__all__ = ["BuildConfig", "EmbedOptions", "NAME_RE", "check_name"]
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
@@ -31,6 +31,46 @@ def check_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+EMBED_CODECS = ("float32", "float16", "e4m3", "e5m2", "e4m3-rowscale", "e5m2-rowscale", "int8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedOptions:
+    """How the embedding stage embeds and stores one vector per document."""
+
+    codec: str = "int8"
+    model: str = "all-MiniLM-L6-v2"
+    long_docs: Literal["truncate", "chunk"] = "truncate"
+    precision: Literal["bf16", "fp32"] = "bf16"
+    max_tokens: int = 256
+    batch_size: int = 32
+    device: str = "auto"
+    docs_per_batch: int = 256
+    """Documents decoded and embedded at once: the stage's memory bound."""
+    quality_sample: int = 2000
+    min_mean_cosine: float = 0.99
+    min_recall_at_10: float = 0.90
+
+    def __post_init__(self) -> None:
+        if self.codec not in EMBED_CODECS:
+            raise ConfigError(f"unknown embedding codec {self.codec!r}; use one of {', '.join(EMBED_CODECS)}")
+        if self.long_docs not in ("truncate", "chunk"):
+            raise ConfigError(f"long_docs must be 'truncate' or 'chunk', not {self.long_docs!r}")
+        if self.precision not in ("bf16", "fp32"):
+            raise ConfigError(f"precision must be 'bf16' or 'fp32', not {self.precision!r}")
+        if self.docs_per_batch < 1 or self.quality_sample < 0:
+            raise ConfigError("docs_per_batch must be positive and quality_sample non-negative")
+        if not (0.0 <= self.min_mean_cosine <= 1.0 and 0.0 <= self.min_recall_at_10 <= 1.0):
+            raise ConfigError("quality floors (min_mean_cosine, min_recall_at_10) must be in [0, 1]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def key_fields(self) -> dict[str, Any]:
+        """Options that change the stored embeddings (not where or how fast they are computed)."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("device", "batch_size", "docs_per_batch")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,10 +95,14 @@ class BuildConfig:
     """Target size of one work unit, in uncompressed text bytes (row groups are never split)."""
     batch_rows: int = 4096
     """Rows read and tokenized at once; memory is bounded by this, not by the corpus size."""
+    embed: EmbedOptions | None = None
+    """Compute one embedding per document (``--embed``); None: no embedding stage."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if isinstance(self.embed, dict):
+            object.__setattr__(self, "embed", EmbedOptions(**self.embed))
         if isinstance(self.sources, str):
             object.__setattr__(self, "sources", (self.sources,))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
@@ -113,7 +157,9 @@ class BuildConfig:
 
     def key_fields(self) -> dict[str, Any]:
         """The options that determine the output bytes (see ``_NOT_IN_BUILD_KEY``)."""
-        return {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_BUILD_KEY}
+        fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_BUILD_KEY}
+        fields["embed"] = None if self.embed is None else self.embed.key_fields()
+        return fields
 
     def replace(self, **changes: Any) -> "BuildConfig":
         return dataclasses.replace(self, **changes)

@@ -169,6 +169,9 @@ def validate_dir(directory: Path | str, manifest: Manifest | None = None, *, che
         report.shards += len(entry.shards)
         report.tokens += tokens
         report.documents += documents
+    from .embeddings import validate_embeddings
+
+    report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
     totals: dict[str, Any] = manifest.totals
     if totals.get("tokens") != report.tokens or totals.get("documents") != report.documents:
         report.problems.append(
