@@ -11,9 +11,12 @@ from typing import Any, Literal
 from .errors import ConfigError
 from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
-from .tokenizers import BACKENDS
 
 __all__ = ["BuildConfig", "EmbedOptions", "NAME_RE", "check_name"]
+
+# Tokenizer backends; defined here (not in tokenizers.py) so that importing the
+# config does not import pyarrow and tiktoken: the training runtime needs neither.
+BACKENDS = ("auto", "gigatoken", "tiktoken")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 

@@ -52,7 +52,7 @@ __all__ = [
 log = logging.getLogger("shardflow.tokenizers")
 
 ENDOFTEXT = "<|endoftext|>"
-BACKENDS = ("auto", "gigatoken", "tiktoken")
+from .config import BACKENDS  # noqa: E402  (one definition, importable without pyarrow)
 
 # Strings that stress pre-tokenization and byte-level BPE: special-token text
 # (must stay ordinary), CRLF runs, trailing spaces, combining marks, emoji and

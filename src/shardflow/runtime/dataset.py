@@ -1,0 +1,272 @@
+"""The map-style dataset: fixed windows of a split's shards, optionally packed or BOS-aligned.
+
+    ds = TokenDataset("wikitext@latest", split="train", seq_len=1024)
+    item = ds[0]      # {"input_ids": int64[1024], "labels": int64[1024]}
+
+Windows (KempnerForge semantics): shard ``k`` of ``n_k`` tokens contributes
+``n_k // (seq_len + 1)`` non-overlapping windows of ``seq_len + 1`` tokens; the
+global index is located by binary search over the cumulative counts; an item is
+``input_ids = window[:-1]``, ``labels = window[1:]``; a shard's tail tokens are
+not used, and windows never cross shards.
+
+``pack_sequences=True`` adds ``doc_ids``, ``position_ids`` and ``cu_seqlens``
+and masks labels across documents (see ``shardflow.runtime.packing``).
+
+``align_to_bos=True`` (modded-nanogpt / NeMo semantics) starts every sample at
+a document start, still within one shard. From a sample starting at ``s`` the
+next starts at the first document start at or after ``s + seq_len`` -- found by
+binary search in the ``.bos.idx`` -- so consecutive samples share at most the
+one token that is the last label of one and the first input of the next, and
+no (input, label) pair is used twice. A document that does not fit in what is
+left of the window is cut at the window's end; ``overflow="skip"`` drops the
+rest of it, ``overflow="continue"`` continues a document longer than a whole
+window (``seq_len + 1`` tokens) in the next sample, which then starts inside
+that document. The document continued from the previous shard, and windows
+that would run past the shard's end, are not used.
+
+Items are fresh int64 arrays (``labels`` needs -100; PyTorch's embedding and
+loss want int64), never views of the memory maps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import os
+from typing import Any, Iterator, Literal
+
+import numpy as np
+
+from ..catalog import Catalog
+from .packing import pack_fields
+from .shards import ShardSet, open_shards
+
+__all__ = ["TokenDataset", "aligned_starts"]
+
+Overflow = Literal["skip", "continue"]
+
+
+def aligned_starts(doc_starts: np.ndarray, ntokens: int, seq_len: int, overflow: Overflow = "skip") -> np.ndarray:
+    """The sample starts of one shard with BOS alignment (int64, ascending).
+
+    One step per *sample* (not per token): the successor of every document
+    start is found at once with a vectorized binary search, then the chain is
+    followed. ``overflow="continue"`` also adds continuation starts inside
+    documents longer than a window.
+    """
+    window = seq_len + 1
+    starts = np.asarray(doc_starts, dtype=np.int64)
+    # Only starts whose whole window fits in the shard can begin a sample; the
+    # chain only moves forward, so the first start that does not fit ends it.
+    fits = starts[: int(np.searchsorted(starts, ntokens - window, side="right"))]
+    if not len(fits):
+        return np.empty(0, dtype=np.int64)
+    if overflow == "skip":
+        succ = np.searchsorted(fits, fits + seq_len, side="left").tolist()
+        chain: list[int] = []
+        i, m = 0, len(fits)
+        while i < m:
+            chain.append(i)
+            i = succ[i]
+        return fits[chain]
+    # "continue": p -> p + seq_len when the token at p + seq_len lies inside a
+    # document longer than a window (it is cut there and continues), else the
+    # next document start at or after p + seq_len.
+    all_starts = starts.tolist()
+    ends = all_starts[1:] + [ntokens]
+    out: list[int] = []
+    p = int(fits[0])
+    last = ntokens - window
+    while p <= last:
+        out.append(p)
+        q = p + seq_len
+        j = bisect.bisect_left(all_starts, q)
+        if j < len(all_starts) and all_starts[j] == q:
+            p = q
+        elif ends[j - 1] - all_starts[j - 1] > window:
+            p = q
+        elif j < len(all_starts):
+            p = all_starts[j]
+        else:
+            break
+    return np.asarray(out, dtype=np.int64)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, not {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {value}")
+    return int(value)
+
+
+class TokenDataset:
+    """Fixed-length training samples of one split, by index.
+
+    ``ref`` is ``NAME@VERSION``, ``NAME@latest``, a version directory or its
+    ``metadata.yaml``, a plain directory (or glob) of shards, or an opened
+    ``ShardSet``. ``catalog=None`` means ``$SHARDFLOW_CATALOG`` or
+    ``./manifests``; ``verify=True`` checks every checksum when opening. For
+    plain directories, ``dtype`` (needed for headerless ``.bin`` shards),
+    ``format``, ``pattern`` (default ``"*{split}*"``), ``boundary_token`` and
+    ``boundary`` describe the files (see ``open_shards``).
+    """
+
+    def __init__(
+        self,
+        ref: "str | os.PathLike[str] | ShardSet",
+        *,
+        split: str = "train",
+        seq_len: int,
+        pack_sequences: bool = False,
+        align_to_bos: bool = False,
+        overflow: Overflow = "skip",
+        catalog: Catalog | str | os.PathLike[str] | None = None,
+        verify: bool = False,
+        dtype: str | np.dtype | None = None,
+        format: str | None = None,
+        pattern: str | None = None,
+        boundary_token: int | None = None,
+        boundary: Literal["bos", "eos"] | None = None,
+    ) -> None:
+        self.seq_len = _check_int("seq_len", seq_len, minimum=1)
+        if overflow not in ("skip", "continue"):
+            raise ValueError(f"overflow must be 'skip' or 'continue', not {overflow!r}")
+        if overflow == "continue" and not align_to_bos:
+            raise ValueError("overflow='continue' only applies with align_to_bos=True (without it, windows ignore documents)")
+        self.pack_sequences = bool(pack_sequences)
+        self.align_to_bos = bool(align_to_bos)
+        self.overflow: Overflow = overflow
+        self.split = split
+        self.shards = open_shards(
+            ref,
+            split=split,
+            catalog=catalog,
+            verify=verify,
+            dtype=dtype,
+            format=format,
+            pattern=pattern,
+            boundary_token=boundary_token,
+            boundary=boundary,
+        )
+        window = self.seq_len + 1
+        self._window = window
+        if self.align_to_bos:
+            # Needs every shard's index now (not its tokens); the indexes are
+            # kept only when packing will look them up again.
+            per_shard = [
+                aligned_starts(self.shards.doc_starts(k, cache=self.pack_sequences), int(n), self.seq_len, overflow)
+                for k, n in enumerate(self.shards.tokens)
+            ]
+            counts = np.array([len(p) for p in per_shard], dtype=np.int64)
+            # Shard-local starts fit int32 (a shard holds fewer than 2**31 tokens).
+            self._starts: np.ndarray | None = (
+                np.concatenate(per_shard).astype(np.int32) if per_shard else np.empty(0, dtype=np.int32)
+            )
+        else:
+            counts = self.shards.tokens // window
+            self._starts = None
+        self.sample_offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        """Samples ``sample_offsets[k]:sample_offsets[k+1]`` come from shard ``k`` (length shards + 1)."""
+        self._cum: list[int] = self.sample_offsets.tolist()
+        self._views = self.shards._views  # the ShardSet's list of opened maps, filled as shards are used
+        self._len = int(self.sample_offsets[-1])
+        if self._len == 0:
+            largest = int(self.shards.tokens.max()) if self.shards.num_shards else 0
+            how = "with a document start early enough for a whole window" if self.align_to_bos else "of at least that many tokens"
+            raise ValueError(
+                f"{self.shards.name} split {split!r} yields no sample: seq_len={self.seq_len} needs windows of "
+                f"{window} tokens within one shard, {how}; its largest shard has {largest} tokens. "
+                "Use a smaller seq_len or rebuild with larger shards"
+            )
+
+    # The alias of the ShardSet's map list must not be pickled on its own (it
+    # would carry the maps' data); it is re-made from the unpickled ShardSet.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_views"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views = self.shards._views
+
+    # -- description -------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        opts = [f"seq_len={self.seq_len}"]
+        if self.pack_sequences:
+            opts.append("pack_sequences=True")
+        if self.align_to_bos:
+            opts.append(f"align_to_bos=True, overflow={self.overflow!r}")
+        return f"TokenDataset({self.shards.name!r}, split={self.split!r}, {', '.join(opts)}, samples={self._len})"
+
+    @property
+    def num_shards(self) -> int:
+        return self.shards.num_shards
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What determines the samples; a resume state records it and refuses another dataset."""
+        return {
+            "shards": self.shards.fingerprint,
+            "split": self.split,
+            "seq_len": self.seq_len,
+            "pack_sequences": self.pack_sequences,
+            "align_to_bos": self.align_to_bos,
+            "overflow": self.overflow,
+            "samples": self._len,
+        }
+
+    # -- access --------------------------------------------------------------
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, first token within the shard)`` of sample ``index``."""
+        i = self._index(index)
+        k = bisect.bisect_right(self._cum, i) - 1
+        start = int(self._starts[i]) if self._starts is not None else (i - self._cum[k]) * self._window
+        return k, start
+
+    def _index(self, index: Any) -> int:
+        i = operator.index(index)
+        n = self._len
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {index} out of range: {self.shards.name} split {self.split!r} has {n} samples")
+        return i
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        # The hot path of random access, kept to a handful of bytecodes: a
+        # bisect over a Python list, one slice of a plain ndarray view, two
+        # int64 copies (separate arrays: editing labels never touches inputs).
+        i = index if type(index) is int else operator.index(index)
+        n = self._len
+        if i < 0:
+            i += n
+        if i < 0 or i >= n:
+            raise IndexError(f"sample {index} out of range: {self.shards.name} split {self.split!r} has {n} samples")
+        cum = self._cum
+        k = bisect.bisect_right(cum, i) - 1
+        starts = self._starts
+        start = (i - cum[k]) * self._window if starts is None else int(starts[i])
+        view = self._views[k]
+        if view is None:
+            view = self.shards.shard(k)
+        w = view[start : start + self._window]
+        item = {"input_ids": w[:-1].astype(np.int64), "labels": w[1:].astype(np.int64)}
+        if self.pack_sequences:
+            item.update(pack_fields(self.shards.doc_starts(k), start, item["labels"]))
+        return item
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(self._len):
+            yield self[i]
+
+    def window(self, index: int) -> np.ndarray:
+        """The raw ``seq_len + 1`` tokens of sample ``index`` (a read-only view, storage dtype)."""
+        k, start = self.locate(index)
+        return self.shards.shard(k)[start : start + self._window]

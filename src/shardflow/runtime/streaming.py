@@ -1,0 +1,392 @@
+"""The streaming dataset: every sample of an epoch read exactly once, split over ranks and workers.
+
+    it = StreamingTokenDataset("wikitext@latest", split="train", seq_len=1024, rank=0, world_size=1, seed=0)
+    for sample in it: ...            # one pass: the rest of the current epoch
+    state = it.state_dict()          # exact position; load_state_dict(state) continues from it
+
+**Epochs.** An epoch is a permutation of the samples of ``TokenDataset`` (same
+``seq_len`` / packing / alignment options), a pure function of ``(seed,
+epoch)``, shuffled over shards and over samples (``shardflow.runtime.order``).
+
+**Ranks.** Rank ``r`` of ``world_size`` reads the contiguous positions
+``[r * N // W, (r + 1) * N // W)`` of every epoch of ``N`` samples: the shares
+differ by at most one sample and together are the whole epoch, whatever ``N``
+and ``W`` (``drop_last=True`` gives every rank ``N // W``). Its *rank stream*
+is those positions, epoch after epoch; a position in it is ``epoch *
+samples_per_epoch + offset``.
+
+**Workers.** The rank stream, from where the pass starts, is cut into blocks of
+``block_size`` samples, and worker ``w`` of ``num_workers`` reads blocks ``w, w
++ num_workers, ...``. That is exactly the order in which a PyTorch DataLoader
+collects batches from its workers (round-robin, one batch of ``batch_size``
+items from each), so with ``block_size == batch_size`` the loader delivers the
+rank stream in order, and a resume state is just a position in it. Any
+combination works -- more workers than shards, a single shard, more workers
+than blocks (a worker may then get nothing). The PyTorch adapter
+(``shardflow.runtime.torch_adapters``) sets the worker from the DataLoader and
+``block_size`` from the batch size; this numpy core takes them explicitly.
+
+**State.** ``state_dict()`` is the rank stream position of the next sample, plus
+what determines the stream (dataset fingerprint, seed, shuffle, rank,
+world_size, ...); ``load_state_dict`` refuses a state of another stream, naming
+what differs. The position is absolute, so any number of resumes, within an
+epoch or across epochs, continue exactly. Iterating this object advances the
+position when it reads the whole rank stream (``num_workers == 1``); a consumer
+that merges worker slices itself calls ``advance(n)`` (the PyTorch loader does).
+``num_workers`` and ``block_size`` are not part of the state: a run may resume
+with a different number of DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Literal
+
+import numpy as np
+
+from ..catalog import Catalog
+from .dataset import Overflow, TokenDataset, _check_int
+from .order import EpochOrder, rank_bounds
+from .shards import ShardSet
+
+__all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT"]
+
+STATE_FORMAT = 1
+"""Version of the ``state_dict`` layout."""
+
+_CHUNK = 4096  # positions resolved at once (one vectorized epoch-order lookup)
+
+
+class SampleStream:
+    """What streaming and mixture datasets share: epochs, rank/worker splitting, exact state.
+
+    Subclasses set ``self.epoch_samples`` (samples per epoch, all ranks) and
+    implement ``_resolve(epoch, positions)`` -> (component ids, sample ids) and
+    ``_get(component, sample)``.
+    """
+
+    kind = "SampleStream"
+    epoch_samples: int
+
+    def _init_stream(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        worker_id: int,
+        num_workers: int,
+        block_size: int,
+        seed: int,
+        shuffle: bool,
+        shuffle_group: int,
+        drop_last: bool,
+        infinite: bool,
+    ) -> None:
+        self.world_size = _check_int("world_size", world_size, minimum=1)
+        self.rank = _check_int("rank", rank, minimum=0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank={rank} must be below world_size={world_size} (ranks are 0 to {world_size - 1})")
+        self.num_workers = _check_int("num_workers", num_workers, minimum=1)
+        self.worker_id = _check_int("worker_id", worker_id, minimum=0)
+        if self.worker_id >= self.num_workers:
+            raise ValueError(f"worker_id={worker_id} must be below num_workers={num_workers}")
+        self.block_size = _check_int("block_size", block_size, minimum=1)
+        self.seed = _check_int("seed", seed, minimum=0)
+        self.shuffle = bool(shuffle)
+        self.shuffle_group = _check_int("shuffle_group", shuffle_group, minimum=1)
+        self.drop_last = bool(drop_last)
+        self.infinite = bool(infinite)
+        if self.epoch_samples < self.world_size:
+            raise ValueError(
+                f"{self.epoch_samples} samples per epoch cannot be split over world_size={self.world_size} ranks: "
+                "every rank needs at least one; use a smaller seq_len or fewer ranks"
+            )
+        self._lo, self._hi = rank_bounds(self.epoch_samples, self.rank, self.world_size, drop_last=self.drop_last)
+        self._position = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Cached epoch permutations can be large; a copy sent to a DataLoader
+        # worker (spawn / forkserver) recomputes the ones it needs.
+        state = self.__dict__.copy()
+        state["_orders"] = {}
+        return state
+
+    # -- positions -------------------------------------------------------------
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples this rank reads per epoch (all its workers together)."""
+        return self._hi - self._lo
+
+    @property
+    def position(self) -> int:
+        """Position of the next sample in this rank's stream (``epoch * samples_per_epoch + offset``)."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        return self._position // self.samples_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``)."""
+        self._position = _check_int("epoch", epoch, minimum=0) * self.samples_per_epoch
+
+    def advance(self, n: int) -> None:
+        """Mark ``n`` more samples of the rank stream consumed (for consumers that merge worker slices)."""
+        self._position += _check_int("n", n, minimum=0)
+
+    def pass_bounds(self, start: int | None = None) -> tuple[int, int | None]:
+        """``(start, stop)`` of the pass from ``start`` (default: the position): to the epoch's end, or None if infinite."""
+        start = self._position if start is None else start
+        if self.infinite:
+            return start, None
+        return start, (start // self.samples_per_epoch + 1) * self.samples_per_epoch
+
+    def pass_length(self, *, worker_id: int = 0, num_workers: int = 1, block_size: int = 1, start: int | None = None) -> int:
+        """Samples a worker reads in the pass from ``start`` (default: the position)."""
+        start, stop = self.pass_bounds(start)
+        if stop is None:
+            raise TypeError("an infinite stream has no length")
+        total = stop - start
+        full, rem = divmod(total, block_size)
+        mine = max(0, -(-(full - worker_id) // num_workers)) * block_size
+        if rem and full % num_workers == worker_id:
+            mine += rem
+        return mine
+
+    def __len__(self) -> int:
+        """Samples this (rank, worker) reads in the current pass."""
+        return self.pass_length(worker_id=self.worker_id, num_workers=self.num_workers, block_size=self.block_size)
+
+    def _worker_positions(
+        self, start: int, stop: int | None, worker_id: int, num_workers: int, block_size: int
+    ) -> Iterator[np.ndarray]:
+        """Chunks of the rank-stream positions of one worker's blocks in ``[start, stop)``, in order."""
+        per = max(1, _CHUNK // block_size)
+        offsets = np.arange(block_size, dtype=np.int64)
+        steps = num_workers * np.arange(per, dtype=np.int64)
+        j = worker_id
+        while True:
+            pos = ((start + (j + steps) * block_size)[:, None] + offsets).ravel()
+            if stop is not None:
+                pos = pos[pos < stop]
+                if not len(pos):
+                    return
+            yield pos
+            j += num_workers * per
+
+    def _keys(
+        self, start: int, stop: int | None, worker_id: int, num_workers: int, block_size: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(rank positions, components, sample ids) of one worker's share of ``[start, stop)``, in chunks."""
+        n = self.samples_per_epoch
+        for pos in self._worker_positions(start, stop, worker_id, num_workers, block_size):
+            epochs = pos // n
+            epoch_pos = self._lo + pos % n
+            comps = np.empty_like(pos)
+            ids = np.empty_like(pos)
+            for e in np.unique(epochs):
+                mask = epochs == e
+                comps[mask], ids[mask] = self._resolve(int(e), epoch_pos[mask])
+            yield pos, comps, ids
+
+    def _resolve(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _get(self, component: int, sample: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def iter_range(
+        self,
+        start: int,
+        stop: int | None,
+        *,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        block_size: int = 1,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The samples of one worker's share of rank-stream positions ``[start, stop)``; changes no state."""
+        for _, comps, ids in self._keys(start, stop, worker_id, num_workers, block_size):
+            for c, i in zip(comps.tolist(), ids.tolist()):
+                yield self._get(c, i)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """One pass: this (rank, worker)'s samples from the position to the end of the epoch (or forever)."""
+        start, stop = self.pass_bounds()
+        whole = self.num_workers == 1
+        for pos, comps, ids in self._keys(start, stop, self.worker_id, self.num_workers, self.block_size):
+            for p, c, i in zip(pos.tolist(), comps.tolist(), ids.tolist()):
+                sample = self._get(c, i)
+                if whole:
+                    # Counted before it is handed over: a state taken after
+                    # receiving this sample resumes with the next one.
+                    self._position = p + 1
+                yield sample
+
+    # -- state -----------------------------------------------------------------
+
+    def _check_fields(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_group": self.shuffle_group,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+            "samples_per_epoch": self.samples_per_epoch,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position in this rank's stream and what determines the stream (plain data, JSON-safe)."""
+        return {
+            "kind": self.kind,
+            "format": STATE_FORMAT,
+            "position": self._position,
+            "epoch": self.epoch,
+            "offset": self._position % self.samples_per_epoch,
+            "check": self._check_fields(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; refuses a state of another dataset, seed, rank layout or options."""
+        if not isinstance(state, dict) or state.get("kind") != self.kind or state.get("format") != STATE_FORMAT:
+            found = (state.get("kind"), state.get("format")) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a {self.kind} state (format {STATE_FORMAT}): got {found!r}")
+        saved, mine = state.get("check", {}), self._check_fields()
+        diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+        if diff:
+            details = "; ".join(f"{k}: saved {saved.get(k)!r}, now {mine.get(k)!r}" for k in diff)
+            raise ValueError(
+                f"this state was saved by a different stream and would not continue it exactly ({details}). "
+                "Resume with the same dataset version, options, seed, rank and world_size"
+            )
+        self._position = _check_int("position", state.get("position"), minimum=0)
+
+
+class StreamingTokenDataset(SampleStream):
+    """``TokenDataset``'s samples as an epoch stream, shuffled, split over ranks and workers, resumable.
+
+    ``ref`` and the dataset options are those of ``TokenDataset`` (or pass a
+    ``TokenDataset`` as ``ref``). ``rank``/``world_size`` split epochs over
+    distributed ranks; ``worker_id``/``num_workers``/``block_size`` split a
+    rank's stream over loader workers (the PyTorch adapter fills them in).
+    ``shuffle_group`` shards are shuffled together. ``infinite=True`` makes a
+    pass run through epoch after epoch.
+    """
+
+    kind = "StreamingTokenDataset"
+
+    def __init__(
+        self,
+        ref: "str | os.PathLike[str] | ShardSet | TokenDataset",
+        *,
+        split: str = "train",
+        seq_len: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        pack_sequences: bool = False,
+        align_to_bos: bool = False,
+        overflow: Overflow = "skip",
+        worker_id: int = 0,
+        num_workers: int = 1,
+        block_size: int = 1,
+        shuffle_group: int = 8,
+        drop_last: bool = False,
+        infinite: bool = False,
+        catalog: Catalog | str | os.PathLike[str] | None = None,
+        verify: bool = False,
+        dtype: str | np.dtype | None = None,
+        format: str | None = None,
+        pattern: str | None = None,
+        boundary_token: int | None = None,
+        boundary: Literal["bos", "eos"] | None = None,
+    ) -> None:
+        if isinstance(ref, TokenDataset):
+            if seq_len is not None and seq_len != ref.seq_len:
+                raise ValueError(f"seq_len={seq_len} differs from the given dataset's seq_len={ref.seq_len}")
+            self.dataset = ref
+        else:
+            if seq_len is None:
+                raise ValueError("seq_len is required (the number of input tokens per sample)")
+            self.dataset = TokenDataset(
+                ref,
+                split=split,
+                seq_len=seq_len,
+                pack_sequences=pack_sequences,
+                align_to_bos=align_to_bos,
+                overflow=overflow,
+                catalog=catalog,
+                verify=verify,
+                dtype=dtype,
+                format=format,
+                pattern=pattern,
+                boundary_token=boundary_token,
+                boundary=boundary,
+            )
+        self.seq_len = self.dataset.seq_len
+        self.epoch_samples = len(self.dataset)
+        self._orders: dict[int, EpochOrder] = {}
+        self._init_stream(
+            rank=rank,
+            world_size=world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            block_size=block_size,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_group=shuffle_group,
+            drop_last=drop_last,
+            infinite=infinite,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingTokenDataset({self.dataset!r}, rank={self.rank}/{self.world_size}, "
+            f"worker={self.worker_id}/{self.num_workers}, seed={self.seed}, shuffle={self.shuffle}, "
+            f"epoch={self.epoch}, position={self.position})"
+        )
+
+    def epoch_order(self, epoch: int) -> EpochOrder:
+        """The permutation of samples of ``epoch`` (all ranks); cached for the last two epochs."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = EpochOrder(
+                self.dataset.sample_offsets, seed=self.seed, epoch=epoch, shuffle=self.shuffle, group=self.shuffle_group
+            )
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = order
+        return order
+
+    def _resolve(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros_like(positions), self.epoch_order(epoch)(positions)
+
+    def _get(self, component: int, sample: int) -> dict[str, np.ndarray]:
+        return self.dataset[sample]
+
+    def indices(
+        self,
+        start: int | None = None,
+        stop: int | None = None,
+        *,
+        worker_id: int | None = None,
+        num_workers: int | None = None,
+        block_size: int | None = None,
+    ) -> Iterator[int]:
+        """The ``TokenDataset`` indices this worker reads in ``[start, stop)`` (default: the current pass).
+
+        Reads no tokens; for checking how a pass is split.
+        """
+        first, end = self.pass_bounds(start)
+        for _, _, ids in self._keys(
+            first,
+            end if stop is None else stop,
+            self.worker_id if worker_id is None else worker_id,
+            self.num_workers if num_workers is None else num_workers,
+            self.block_size if block_size is None else block_size,
+        ):
+            yield from ids.tolist()
+
+    def _check_fields(self) -> dict[str, Any]:
+        return {"dataset": self.dataset.fingerprint, **super()._check_fields()}
