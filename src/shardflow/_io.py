@@ -10,9 +10,20 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for"]
+from .faults import fault
+
+__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp"]
+
+def safe_load_yaml(text: str) -> Any:
+    """Parse YAML with a *safe* loader only: libyaml's when available (about 7x faster
+    on a manifest of thousands of shards), else PyYAML's pure-Python one."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader, never the full loader
+
 
 # 8 MiB reads keep hashlib in its fast path while using little memory.
 _CHUNK = 8 << 20
@@ -21,6 +32,26 @@ _CHUNK = 8 << 20
 def tmp_path_for(path: Path) -> Path:
     """The temporary name a file is written under before ``os.replace``."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def is_stale_tmp(path: Path) -> bool:
+    """Whether ``path`` is a temporary file (``tmp_path_for``) of a process that no longer runs."""
+    name = path.name
+    if not (name.startswith(".") and ".tmp-" in name):
+        return False
+    pid_text = name.rsplit(".tmp-", 1)[1]
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, owned by another user
+    return False
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,12 +72,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers never see a partial file."""
     path = Path(path)
     tmp = tmp_path_for(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        fault("atomic-write", path)
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (a full disk) must not leave its temporary file behind.
+        remove_quietly(tmp)
+        raise
     fsync_dir(path.parent)
+
+
+def remove_quietly(path: Path) -> None:
+    """Delete ``path`` if it exists; errors are ignored (used while handling another error)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def atomic_write_text(path: Path, text: str) -> None:

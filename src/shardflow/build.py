@@ -26,6 +26,8 @@ Layout of a staging directory::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -34,22 +36,26 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from . import __version__
-from ._io import atomic_write_text, fsync_dir, tmp_path_for
+from ._io import atomic_write_text, fsync_dir, is_stale_tmp, remove_quietly, sha256_file, tmp_path_for
 from .catalog import Catalog, VersionEntry, default_catalog, default_data_root, file_lock
 from .config import BuildConfig, EmbedOptions
-from .errors import ConfigError, InputError, ValidationError
+from .errors import CatalogError, ConfigError, InputError, ShardflowError, ValidationError, is_transient
+from .faults import fault
 from .formats import bosidx, get_format
 from .formats.base import TOKEN_DTYPES
-from .manifest import SCHEMA_VERSION, Manifest, ShardEntry, SplitEntry, FileEntry, read_manifest, write_manifest
+from .manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, ShardEntry, SplitEntry, FileEntry, read_manifest, write_manifest
 from .sources import InputFile, WorkUnit, discover_inputs, fingerprint_inputs, iter_text_batches, plan_units, split_scores
 from .tokenizers import Tokenizer, check_identity, load_tokenizer
 
@@ -66,6 +72,8 @@ __all__ = [
     "embed_staged",
     "embed_version",
     "build",
+    "build_lock",
+    "retrying",
     "BuildResult",
     "shard_file_name",
 ]
@@ -76,8 +84,17 @@ log = logging.getLogger("shardflow.build")
 # whatever the shard size (16 Mi tokens = 64 MiB of uint32).
 _BLOCK_TOKENS = 16 << 20
 _DOC_DTYPE = np.dtype([("length", "<i8"), ("row", "<i8"), ("score", "<u8")])
+# A segment's ``unit`` is a work unit (>= 0) whose part file holds the tokens,
+# or -1 - SPLITS.index(split) for a range of the parent version's split stream
+# (an input reused by an incremental build).
 _SEGMENT_DTYPE = np.dtype([("unit", "<i8"), ("start", "<i8"), ("length", "<i8")])
+SPLITS = ("train", "val")
 BUILD_FORMAT_VERSION = 1
+# Set to 1 to rebuild everything instead of reusing unchanged inputs' shards from the parent version.
+NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
+# Transient I/O errors: how often ``build`` retries a step, and the pause before retry n (seconds).
+STEP_RETRIES = 2
+RETRY_DELAY = 1.0
 
 
 def _now() -> str:
@@ -117,6 +134,10 @@ class BuildPlan:
     existing: str | None = None
     """``NAME@VERSION`` of an already published identical build; nothing to do then."""
     parent: str | None = None
+    reuse: dict[str, Any] | None = None
+    """An incremental build: ``{"parent": NAME@VERSION, "directory": ..., "inputs": {input index:
+    the parent manifest's entry of that input}}``; those inputs get no work units, their tokens
+    come from the parent's shards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,6 +152,7 @@ class BuildPlan:
             "dtype": self.dtype,
             "existing": self.existing,
             "parent": self.parent,
+            "reuse": self.reuse,
         }
 
     @classmethod
@@ -146,6 +168,7 @@ class BuildPlan:
             dtype=d["dtype"],
             existing=d.get("existing"),
             parent=d.get("parent"),
+            reuse=d.get("reuse"),
         )
 
 
@@ -177,13 +200,165 @@ def _build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenize
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def _lock_path(staging: Path) -> Path:
+    return staging.parent / f"{staging.name}.lock"
+
+
+def _staging_lock(staging: Path, name: str, timeout: float | None) -> contextlib.AbstractContextManager[None]:
+    return file_lock(_lock_path(staging), timeout=timeout, what=f"the build of {name!r} ({staging})")
+
+
+@contextlib.contextmanager
+def build_lock(plan: BuildPlan, *, timeout: float | None = 0) -> Iterator[BuildPlan]:
+    """Hold the lock of this build (its staging directory) while running its steps.
+
+    One process at a time works on a staging directory: a second run of the same
+    build fails at once with a message saying another is running (``timeout=0``,
+    the default), or waits (``timeout`` seconds, ``None``: no limit). Builds of
+    the same dataset with other inputs or options have other staging
+    directories and run side by side; the catalog lock orders their publishes.
+    ``build`` and the Prefect flow hold it from after ``plan_build`` to the end.
+
+    Yields the plan as it is on disk now, with ``existing`` set if the build was
+    published while this one waited: the caller then has nothing to do.
+    """
+    staging = Path(plan.staging)
+    with _staging_lock(staging, plan.config.name, timeout):
+        found = Catalog(plan.catalog).find_build(plan.config.name, plan.build_key)
+        if found is not None:
+            yield dataclasses.replace(plan, existing=f"{plan.config.name}@{found.version}")
+        elif (staging / "plan.json").exists():
+            yield dataclasses.replace(load_plan(staging), existing=None, parent=plan.parent)
+        else:
+            yield plan
+
+
+_REUSE_FIELDS = frozenset(
+    {"relname", "sha256", "size", "rows", "null_texts", "empty_texts", "invalid_utf8", "skipped_invalid_utf8", "max_token_id", "splits"}
+)
+
+
+def _plan_reuse(
+    config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer, dtype: np.dtype, cat: Catalog, prefer: str | None
+) -> dict[str, Any] | None:
+    """Which inputs an incremental build can take from the parent version unchanged (None: none).
+
+    The parent is the catalog's latest version (or ``prefer``, the parent an
+    interrupted run of this build had chosen). Its output-determining options
+    must equal ours except for the inputs; an input is reused when the parent
+    has one with the same name, size and SHA-256. With ``val_fraction`` (or no
+    validation split) a document's split depends only on the seed, its input's
+    name and its row, so a reused input's documents land in the same splits in
+    the same order. ``val_count`` selects documents over the whole corpus, so it
+    never reuses.
+    """
+    if config.val_count:
+        return None
+    versions = [v.version for v in cat.versions(config.name)]
+    version = prefer.partition("@")[2] if prefer else None
+    if version not in versions:
+        version = cat.latest(config.name)
+    if not version:
+        return None
+    ref = f"{config.name}@{version}"
+    try:
+        directory = cat.resolve(ref)
+        parent = read_manifest(directory)
+        parent_config = BuildConfig.from_dict(parent.config)
+    except (ShardflowError, TypeError, ValueError, KeyError) as exc:
+        log.warning("not reusing %s: %s", ref, exc)
+        return None
+    ours = {k: v for k, v in config.key_fields().items() if k != "embed"}
+    theirs = {k: v for k, v in parent_config.key_fields().items() if k != "embed"}
+    info = parent.tokenized_info
+    if (
+        ours != theirs
+        or parent.format_name != config.format
+        or parent.dtype != dtype.name
+        or info.get("rank_file_sha256") != tokenizer.spec.rank_file_sha256
+        or info.get("vocab_size") != tokenizer.vocab_size
+        or parent.boundary.get("token_id") != tokenizer.eot_id
+        or parent.boundary.get("placement") != config.boundary
+    ):
+        return None
+    known = {(e["relname"], e["size"], e["sha256"]): e for e in parent.inputs if _REUSE_FIELDS <= set(e)}
+    reused = {}
+    for i, inp in enumerate(inputs):
+        entry = known.get((inp.relname, inp.size, inp.sha256))
+        if entry is not None:
+            reused[str(i)] = entry
+    if not reused:
+        return None
+    return {"parent": ref, "directory": str(directory), "build_key": parent.build_key, "inputs": reused}
+
+
+def _reuse_signature(reuse: dict[str, Any] | None) -> Any:
+    return None if not reuse else (reuse["parent"], sorted(reuse["inputs"]))
+
+
+def _adopt_orphan(cat: Catalog, plan: BuildPlan, dataset_dir: Path) -> None:
+    """Take back this build's version directory if a killed publish renamed it but never entered it.
+
+    It goes back to ``out/`` of the staging directory (which the rename
+    emptied), so the rerun validates and publishes it again instead of
+    redoing it. An unlisted directory was never visible: the catalog entry is
+    the commit point. (Another build's such directory waits for that build's
+    rerun; ``publish`` steps past it.)
+    """
+    out = Path(plan.staging) / "out"
+    if out.exists() or not dataset_dir.is_dir():
+        return
+    with cat.lock(plan.config.name):
+        listed = {cat.version_dir(v) for v in cat.versions(plan.config.name)}
+        for d in sorted(dataset_dir.iterdir()):
+            if not re.fullmatch(r"v[0-9]+", d.name) or not d.is_dir() or d.resolve() in listed:
+                continue
+            try:
+                orphan = read_manifest(d)
+            except ShardflowError:
+                continue
+            if orphan.build_key == plan.build_key:
+                os.replace(d, out)
+                fsync_dir(dataset_dir)
+                log.info("%s: this build's version, left unpublished by an interrupted publish; publishing it again", d)
+                return
+
+
+def _sweep_stale_tmp(staging: Path) -> None:
+    """Delete temporary files of killed writers (``.NAME.tmp-PID`` of a process that is gone).
+
+    Everywhere in the staging directory, and directly in the dataset directory
+    (the input fingerprint cache).
+    """
+    found = list(staging.rglob(".*.tmp-*")) if staging.is_dir() else []
+    found += list(staging.parent.parent.glob(".*.tmp-*"))
+    for stray in found:
+        if is_stale_tmp(stray):
+            stray.unlink(missing_ok=True)
+
+
 def plan_build(
     config: BuildConfig,
     *,
     data_root: str | os.PathLike[str] | None = None,
     catalog: str | os.PathLike[str] | None = None,
+    reuse: bool | None = None,
+    lock_timeout: float | None = 0,
 ) -> BuildPlan:
-    """Find and fingerprint the inputs, cut work units, and prepare (or reuse) the staging directory."""
+    """Find and fingerprint the inputs, cut work units, and prepare (or resume) the staging directory.
+
+    Incremental: inputs unchanged since the parent version (the catalog's
+    latest, if built with the same options) get no work units; their tokens are
+    taken from the parent's shards (``reuse=False``, or ``SHARDFLOW_NO_REUSE=1``,
+    rebuilds everything). The output is the same either way.
+
+    Resuming: a staging directory left by an interrupted run of the same build
+    is kept (its finished units, shards and files are reused), unless the plan
+    changed, and then it is emptied. It holds the build's lock while it does
+    so: if another run of the same build holds it, it fails at once with a
+    message saying so (``lock_timeout``: waits that many seconds, ``None``: no
+    limit, and reports the version the other run published).
+    """
     root = default_data_root(data_root)
     cat = Catalog(default_catalog(catalog))
     fmt = get_format(config.format)
@@ -200,6 +375,39 @@ def plan_build(
     existing = cat.find_build(config.name, key)
     latest = cat.latest(config.name)
     staging = dataset_dir / ".staging" / key[:16]
+    plan_file = staging / "plan.json"
+    if existing is not None:
+        # A publish killed after its catalog entry leaves its staging directory behind.
+        if staging.exists():
+            try:
+                with _staging_lock(staging, config.name, 0):
+                    shutil.rmtree(staging, ignore_errors=True)
+            except CatalogError:
+                pass  # the run that published it is still cleaning up
+        return BuildPlan(
+            config=config,
+            staging=str(staging),
+            data_root=str(root),
+            catalog=str(cat.path),
+            build_key=key,
+            inputs=tuple(inputs),
+            units=tuple(units),
+            dtype=str(dtype.name),
+            existing=f"{config.name}@{existing.version}",
+            parent=f"{config.name}@{latest}" if latest else None,
+        )
+    # An interrupted run of this build chose its parent: keep it, so that its work stays valid.
+    old = _read_old_plan(plan_file, key)
+    if reuse is None:
+        reuse = os.environ.get(NO_REUSE_ENV, "").strip() in ("", "0")
+    reuse_info = (
+        _plan_reuse(config, inputs, tokenizer, dtype, cat, (old.get("reuse") or {}).get("parent") if old else None)
+        if reuse
+        else None
+    )
+    if reuse_info:
+        kept = [u for u in units if str(u.input) not in reuse_info["inputs"]]
+        units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
     plan = BuildPlan(
         config=config,
         staging=str(staging),
@@ -209,18 +417,60 @@ def plan_build(
         inputs=tuple(inputs),
         units=tuple(units),
         dtype=str(dtype.name),
-        existing=f"{config.name}@{existing.version}" if existing else None,
+        existing=None,
         parent=f"{config.name}@{latest}" if latest else None,
+        reuse=reuse_info,
     )
-    if existing is None:
-        staging.mkdir(parents=True, exist_ok=True)
-        (staging / "parts").mkdir(exist_ok=True)
-        plan_file = staging / "plan.json"
-        if plan_file.exists():
-            old = json.loads(plan_file.read_text())
-            if old.get("build_key") == key and [u for u in old["units"]] == [u.to_dict() for u in units]:
-                return BuildPlan.from_dict({**old, "existing": None, "parent": plan.parent})
+    staging.mkdir(parents=True, exist_ok=True)
+    with _staging_lock(staging, config.name, lock_timeout):
+        found = cat.find_build(config.name, key)
+        if found is not None:  # published by another run while this one waited for the lock
+            shutil.rmtree(staging, ignore_errors=True)
+            return dataclasses.replace(plan, existing=f"{config.name}@{found.version}", reuse=None)
+        plan = _prepare_staging(plan, cat, dataset_dir)
+    fault("plan")
+    return plan
+
+
+def _read_old_plan(plan_file: Path, key: str) -> dict[str, Any] | None:
+    """The plan an earlier run of this build left in its staging directory, if any."""
+    if not plan_file.exists():
+        return None
+    try:
+        old = json.loads(plan_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or old.get("build_key") != key or old.get("build_format_version") != BUILD_FORMAT_VERSION:
+        return None
+    return old
+
+
+def _prepare_staging(plan: BuildPlan, cat: Catalog, dataset_dir: Path) -> BuildPlan:
+    """Resume the staging directory of an interrupted run of this plan, or start it afresh (lock held)."""
+    staging = Path(plan.staging)
+    plan_file = staging / "plan.json"
+    old = _read_old_plan(plan_file, plan.build_key)
+    units = plan.units
+    if (
+        old is not None
+        and old.get("units") == [u.to_dict() for u in units]
+        and _reuse_signature(old.get("reuse")) == _reuse_signature(plan.reuse)
+    ):
+        # Resume: everything a previous run committed here is reused.
+        plan = BuildPlan.from_dict({**old, "existing": None, "parent": plan.parent})
+        _adopt_orphan(cat, plan, dataset_dir)
+        _sweep_stale_tmp(staging)
+    else:
+        # A new plan (or one that changed: other work units or another parent):
+        # nothing in this staging directory can be trusted. The old plan goes
+        # first, so that a run killed while this is deleted starts afresh too.
+        plan_file.unlink(missing_ok=True)
+        for sub in ("parts", "layout", "out"):
+            shutil.rmtree(staging / sub, ignore_errors=True)
+        _sweep_stale_tmp(staging)
         atomic_write_text(plan_file, json.dumps(plan.to_dict(), indent=1))
+        _adopt_orphan(cat, plan, dataset_dir)
+    (staging / "parts").mkdir(exist_ok=True)
     return plan
 
 
@@ -253,16 +503,54 @@ def tokenize_unit(staging: str | os.PathLike[str], unit: int) -> UnitResult:
     cfg = plan.config
     tok_path, docs_path, done_path = _part_paths(staging, unit)
     if done_path.exists():
-        return _read_unit_result(done_path)
+        done = _read_unit_result(done_path)
+        try:
+            if tok_path.stat().st_size == done.tokens * np.dtype(plan.dtype).itemsize and docs_path.exists():
+                return done
+        except FileNotFoundError:
+            pass
+        log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
+        done_path.unlink(missing_ok=True)
     wu = plan.units[unit]
     inp = plan.inputs[wu.input]
     tokenizer = load_tokenizer(cfg.tokenizer, backend=cfg.backend)
     dtype = np.dtype(plan.dtype)
-    eot = tokenizer.eot_id
-    limit = np.iinfo(dtype).max
     counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0)
     doc_chunks: list[np.ndarray] = []
     tmp_tok = tmp_path_for(tok_path)
+    tmp_docs = tmp_path_for(docs_path)
+    try:
+        _tokenize_into(tmp_tok, tmp_docs, plan, wu, inp, tokenizer, dtype, counts, doc_chunks)
+    except BaseException:
+        # A failed unit (bad input, a full disk) leaves no temporary files behind.
+        remove_quietly(tmp_tok)
+        remove_quietly(tmp_docs)
+        raise
+    os.replace(tmp_tok, tok_path)
+    os.replace(tmp_docs, docs_path)
+    fault("tokenize-tokens", tok_path)
+    result = UnitResult(unit=unit, **counts)
+    atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
+    log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
+    fault("tokenize-done", done_path)
+    return result
+
+
+def _tokenize_into(
+    tmp_tok: Path,
+    tmp_docs: Path,
+    plan: BuildPlan,
+    wu: WorkUnit,
+    inp: InputFile,
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    counts: dict[str, int],
+    doc_chunks: list[np.ndarray],
+) -> None:
+    """Tokenize one unit into its temporary token file and document table (``tokenize_unit``)."""
+    cfg = plan.config
+    eot = tokenizer.eot_id
+    limit = np.iinfo(dtype).max
     with open(tmp_tok, "wb") as out:
         for batch in iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=cfg.batch_rows, utf8_errors=cfg.utf8_errors
@@ -297,19 +585,15 @@ def tokenize_unit(staging: str | os.PathLike[str], unit: int) -> UnitResult:
             doc_chunks.append(docs)
             counts["documents"] += len(docs)
             counts["tokens"] += len(with_boundary)
+            fault("tokenize-batch", tmp_tok)
         out.flush()
         os.fsync(out.fileno())
     counts["max_id"] = max(counts["max_id"], eot) if counts["documents"] else counts["max_id"]
     docs_all = np.concatenate(doc_chunks) if doc_chunks else np.empty(0, dtype=_DOC_DTYPE)
-    tmp_docs = tmp_path_for(docs_path)
     with open(tmp_docs, "wb") as f:
         np.save(f, docs_all)
-    os.replace(tmp_tok, tok_path)
-    os.replace(tmp_docs, docs_path)
-    result = UnitResult(unit=unit, **counts)
-    atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
-    log.info("unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
-    return result
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _unit_docs(staging: Path, unit: int) -> np.ndarray:
@@ -368,13 +652,18 @@ def make_layout(staging: str | os.PathLike[str]) -> dict[str, int]:
     done = layout_dir / "layout.json"
     if done.exists():
         return {k: v["shards"] for k, v in json.loads(done.read_text())["splits"].items()}
-    results = [tokenize_unit(staging, u) if not _part_paths(staging, u)[2].exists() else _read_unit_result(_part_paths(staging, u)[2]) for u in range(len(plan.units))]
-    total_docs = sum(r.documents for r in results)
+    # Each finished unit is only checked (its files are in place); a missing one is tokenized here.
+    results = [tokenize_unit(staging, u) for u in range(len(plan.units))]
+    reused: dict[str, dict[str, Any]] = (plan.reuse or {}).get("inputs", {})
+    total_docs = sum(r.documents for r in results) + sum(
+        sum(r["documents"] for r in e["splits"].values()) for e in reused.values()
+    )
     if total_docs == 0:
-        nulls = sum(r.nulls for r in results)
-        empties = sum(r.empties for r in results)
+        nulls = sum(r.nulls for r in results) + sum(e["null_texts"] for e in reused.values())
+        empties = sum(r.empties for r in results) + sum(e["empty_texts"] for e in reused.values())
+        rows = sum(r.rows for r in results) + sum(e["rows"] for e in reused.values())
         raise InputError(
-            f"the corpus has no text to tokenize: every one of its {sum(r.rows for r in results)} rows in column "
+            f"the corpus has no text to tokenize: every one of its {rows} rows in column "
             f"{cfg.text_column!r} is null ({nulls}) or empty ({empties}); check --text-column"
         )
     cut = _val_selection(plan, staging)
@@ -382,59 +671,207 @@ def make_layout(staging: str | os.PathLike[str]) -> dict[str, int]:
     splits = ("train", "val") if cfg.has_val else ("train",)
     seg_lists: dict[str, list[np.ndarray]] = {s: [] for s in splits}
     totals = {s: {"tokens": 0, "documents": 0} for s in splits}
+    units_of: dict[int, list[int]] = {}
+    for u, wu in enumerate(plan.units):
+        units_of.setdefault(wu.input, []).append(u)
+    per_input: list[dict[str, dict[str, int]]] = []
     starts_tmp = {s: tmp_path_for(layout_dir / f"{s}.starts.i64") for s in splits}
     starts_files = {s: open(starts_tmp[s], "wb") for s in splits}
     try:
         first_index = 0
-        for u in range(len(plan.units)):
-            docs = _unit_docs(staging, u)
-            n = len(docs)
-            if n == 0:
-                continue
-            lengths = np.asarray(docs["length"], dtype=np.int64)
-            src_starts = np.zeros(n, dtype=np.int64)
-            np.cumsum(lengths[:-1], out=src_starts[1:])
-            val = _is_val(cfg, docs, first_index, cut) if cfg.has_val else np.zeros(n, dtype=bool)
-            first_index += n
-            for split, mask in (("train", ~val), ("val", val)):
-                if split not in seg_lists or not mask.any():
+        for i in range(len(plan.inputs)):
+            mark = {s: (totals[s]["tokens"], totals[s]["documents"]) for s in splits}
+            entry = reused.get(str(i))
+            if entry is not None:
+                # An unchanged input: its tokens are a range of the parent's split stream.
+                for split in splits:
+                    rng = entry["splits"].get(split)
+                    if not rng or not rng["tokens"]:
+                        continue
+                    first, ntok = int(rng["first_token"]), int(rng["tokens"])
+                    starts = _parent_doc_starts(plan, split, first, ntok)
+                    if len(starts) != rng["documents"] or (len(starts) and starts[0] != first):
+                        raise ValidationError(
+                            f"{plan.reuse['directory']}: the .bos.idx files of split {split!r} list {len(starts)} "
+                            f"document starts for input {entry['relname']} (tokens {first} to {first + ntok}), its "
+                            f"manifest says {rng['documents']}; the parent version {plan.reuse['parent']} is damaged. "
+                            f"Check it with `shardflow validate {plan.reuse['parent']}`, or rebuild without reusing "
+                            f"it: {NO_REUSE_ENV}=1"
+                        )
+                    seg = np.empty(1, dtype=_SEGMENT_DTYPE)
+                    seg["unit"] = -1 - SPLITS.index(split)
+                    seg["start"] = first
+                    seg["length"] = ntok
+                    seg_lists[split].append(seg)
+                    starts_files[split].write((starts - first + totals[split]["tokens"]).astype("<i8").tobytes())
+                    totals[split]["tokens"] += ntok
+                    totals[split]["documents"] += len(starts)
+            for u in units_of.get(i, []):
+                docs = _unit_docs(staging, u)
+                n = len(docs)
+                if n == 0:
                     continue
-                # Runs of consecutive documents of this split become one segment each.
-                idx = np.flatnonzero(mask)
-                run_start = np.concatenate(([True], np.diff(idx) != 1))
-                firsts = idx[run_start]
-                lasts = idx[np.concatenate((run_start[1:], [True]))]
-                seg = np.empty(len(firsts), dtype=_SEGMENT_DTYPE)
-                seg["unit"] = u
-                seg["start"] = src_starts[firsts]
-                seg["length"] = src_starts[lasts] + lengths[lasts] - src_starts[firsts]
-                seg_lists[split].append(seg)
-                split_lengths = lengths[idx]
-                doc_starts = np.empty(len(idx), dtype=np.int64)
-                doc_starts[0] = 0
-                np.cumsum(split_lengths[:-1], out=doc_starts[1:])
-                doc_starts += totals[split]["tokens"]
-                if cfg.boundary == "eos":
-                    pass  # a document starts at its first token either way; EOS closes it
-                starts_files[split].write(doc_starts.astype("<i8").tobytes())
-                totals[split]["tokens"] += int(split_lengths.sum())
-                totals[split]["documents"] += len(idx)
-    finally:
+                lengths = np.asarray(docs["length"], dtype=np.int64)
+                src_starts = np.zeros(n, dtype=np.int64)
+                np.cumsum(lengths[:-1], out=src_starts[1:])
+                val = _is_val(cfg, docs, first_index, cut) if cfg.has_val else np.zeros(n, dtype=bool)
+                first_index += n
+                for split, mask in (("train", ~val), ("val", val)):
+                    if split not in seg_lists or not mask.any():
+                        continue
+                    # Runs of consecutive documents of this split become one segment each.
+                    idx = np.flatnonzero(mask)
+                    run_start = np.concatenate(([True], np.diff(idx) != 1))
+                    firsts = idx[run_start]
+                    lasts = idx[np.concatenate((run_start[1:], [True]))]
+                    seg = np.empty(len(firsts), dtype=_SEGMENT_DTYPE)
+                    seg["unit"] = u
+                    seg["start"] = src_starts[firsts]
+                    seg["length"] = src_starts[lasts] + lengths[lasts] - src_starts[firsts]
+                    seg_lists[split].append(seg)
+                    split_lengths = lengths[idx]
+                    doc_starts = np.empty(len(idx), dtype=np.int64)
+                    doc_starts[0] = 0
+                    np.cumsum(split_lengths[:-1], out=doc_starts[1:])
+                    doc_starts += totals[split]["tokens"]
+                    # A document starts at its first token with either placement (EOS closes it).
+                    starts_files[split].write(doc_starts.astype("<i8").tobytes())
+                    totals[split]["tokens"] += int(split_lengths.sum())
+                    totals[split]["documents"] += len(idx)
+            # Where this input's documents are in each split's stream: what an
+            # incremental build that reuses the input takes from this version.
+            per_input.append(
+                {
+                    s: {
+                        "first_token": mark[s][0],
+                        "tokens": totals[s]["tokens"] - mark[s][0],
+                        "first_document": mark[s][1],
+                        "documents": totals[s]["documents"] - mark[s][1],
+                    }
+                    for s in splits
+                }
+            )
+    except BaseException:
         for f in starts_files.values():
             f.close()
-    info: dict[str, Any] = {"splits": {}}
+        for t in starts_tmp.values():
+            remove_quietly(t)
+        raise
+    for f in starts_files.values():
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+    info: dict[str, Any] = {"splits": {}, "inputs": per_input}
     for split in splits:
         segs = np.concatenate(seg_lists[split]) if seg_lists[split] else np.empty(0, dtype=_SEGMENT_DTYPE)
         tmp = tmp_path_for(layout_dir / f"{split}.segments.npy")
-        with open(tmp, "wb") as f:
-            np.save(f, segs)
+        try:
+            with open(tmp, "wb") as f:
+                np.save(f, segs)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            remove_quietly(tmp)
+            for t in starts_tmp.values():
+                remove_quietly(t)
+            raise
         os.replace(tmp, layout_dir / f"{split}.segments.npy")
         os.replace(starts_tmp[split], layout_dir / f"{split}.starts.i64")
         tokens = totals[split]["tokens"]
         nshards = -(-tokens // cfg.shard_tokens)
         info["splits"][split] = {**totals[split], "shards": nshards}
+    fault("layout", done)
     atomic_write_text(done, json.dumps(info))
     return {k: v["shards"] for k, v in info["splits"].items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _parent_manifest_cached(directory: str, mtime_ns: int) -> Manifest:
+    return read_manifest(Path(directory))
+
+
+def _parent_version(plan: BuildPlan) -> tuple[Path, Manifest]:
+    """The directory and manifest of the version an incremental build reuses inputs from."""
+    if not plan.reuse:
+        raise ConfigError(f"{plan.staging}: the layout names the parent version, but the plan reuses none")
+    directory = Path(plan.reuse["directory"])
+    try:
+        manifest = _parent_manifest_cached(str(directory), (directory / "metadata.yaml").stat().st_mtime_ns)
+    except (OSError, ShardflowError) as exc:
+        raise ValidationError(
+            f"{directory}: the parent version {plan.reuse['parent']} this build reuses cannot be read ({exc}); "
+            f"rebuild without reusing it: {NO_REUSE_ENV}=1"
+        ) from None
+    if manifest.build_key != plan.reuse["build_key"]:
+        raise ValidationError(
+            f"{directory}: the manifest of {plan.reuse['parent']} changed since this build was planned (another build "
+            f"key); versions are immutable. Check it with `shardflow validate {plan.reuse['parent']}`"
+        )
+    return directory, manifest
+
+
+def _split_offsets(entry: SplitEntry) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum([s.tokens for s in entry.shards], dtype=np.int64)))
+
+
+def _parent_damaged(plan: BuildPlan, path: Path, what: str) -> ValidationError:
+    ref = plan.reuse["parent"] if plan.reuse else "the parent version"
+    return ValidationError(
+        f"{path}: {what}; the parent version {ref} this build reuses is damaged. Check it with "
+        f"`shardflow validate {ref}`, or rebuild without reusing it: {NO_REUSE_ENV}=1"
+    )
+
+
+def _parent_doc_starts(plan: BuildPlan, split: str, first: int, ntokens: int) -> np.ndarray:
+    """Document starts (parent split coordinates) in tokens ``[first, first + ntokens)`` of the parent."""
+    directory, parent = _parent_version(plan)
+    entry = parent.splits[split]
+    offsets = _split_offsets(entry)
+    end = first + ntokens
+    pieces = []
+    k = int(np.searchsorted(offsets, first, side="right")) - 1
+    while k < len(entry.shards) and offsets[k] < end:
+        shard = entry.shards[k]
+        path = directory / shard.index.file
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise _parent_damaged(plan, path, f"cannot read the index ({exc.strerror})") from None
+        if hashlib.sha256(raw).hexdigest() != shard.index.sha256:
+            raise _parent_damaged(plan, path, "the index does not match its SHA-256 in the manifest")
+        starts = bosidx.read(path, shard.tokens).astype(np.int64) + offsets[k]
+        pieces.append(starts[(starts >= first) & (starts < end)])
+        k += 1
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+
+
+_verified: set[tuple[str, int, int, int]] = set()
+_verified_lock = threading.Lock()
+
+
+def _verified_parent_shard(plan: BuildPlan, path: Path, shard: ShardEntry, itemsize: int) -> int:
+    """Check a parent shard against its manifest entry (size and SHA-256, once per process); returns its header size.
+
+    Tokens copied from the parent into a new shard are hashed as part of the new
+    shard, so a damaged parent must be caught here, before its bytes are copied.
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise _parent_damaged(plan, path, f"cannot read the shard ({exc.strerror})") from None
+    if st.st_size != shard.bytes:
+        raise _parent_damaged(plan, path, f"{st.st_size} bytes, but its manifest says {shard.bytes}")
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _verified_lock:
+        known = key in _verified
+    if not known:
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != shard.sha256:
+            raise _parent_damaged(plan, path, "the shard does not match its SHA-256 in the manifest")
+        with _verified_lock:
+            _verified.add(key)
+    return shard.bytes - shard.tokens * itemsize
 
 
 def _layout_info(staging: Path) -> dict[str, Any]:
@@ -445,12 +882,96 @@ def _shard_result_path(staging: Path, split: str, k: int) -> Path:
     return staging / "layout" / f"{split}-{k:06d}.shard.json"
 
 
+def _in_place(out_dir: Path, entry: dict[str, Any]) -> bool:
+    """Whether a shard's files recorded as done are still in ``out/`` with their recorded sizes."""
+    try:
+        return (out_dir / entry["file"]).stat().st_size == entry["bytes"] and (
+            out_dir / entry["index"]["file"]
+        ).stat().st_size == entry["index"]["bytes"]
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def _copy_exact(src: Any, out: Any, h: Any, buf: np.ndarray, count: int) -> None:
+    """Copy ``count`` tokens from the open file ``src`` to ``out`` through ``buf``, hashing them."""
+    done_tokens = 0
+    while done_tokens < count:
+        n = min(len(buf), count - done_tokens)
+        view = memoryview(buf[:n]).cast("B")
+        if src.readinto(view) != len(view):
+            raise ValidationError(f"{src.name}: shorter than the layout says; the staging area is damaged")
+        out.write(view)
+        h.update(view)
+        done_tokens += n
+
+
+def _copy_parent_range(out: Any, h: Any, buf: np.ndarray, plan: BuildPlan, split: str, start: int, count: int) -> None:
+    """Copy tokens ``[start, start + count)`` of the parent's ``split`` stream, across its shard boundaries."""
+    directory, parent = _parent_version(plan)
+    entry = parent.splits[split]
+    offsets = _split_offsets(entry)
+    k = int(np.searchsorted(offsets, start, side="right")) - 1
+    pos, end = start, start + count
+    while pos < end:
+        if k >= len(entry.shards):
+            raise _parent_damaged(plan, directory, f"split {split!r} has fewer tokens than this build expects")
+        shard = entry.shards[k]
+        path = directory / shard.file
+        header_bytes = _verified_parent_shard(plan, path, shard, buf.dtype.itemsize)
+        take = min(end, int(offsets[k + 1])) - pos
+        with open(path, "rb") as src:
+            src.seek(header_bytes + (pos - int(offsets[k])) * buf.dtype.itemsize)
+            _copy_exact(src, out, h, buf, take)
+        pos += take
+        k += 1
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """Put ``src``'s file at ``dest`` atomically: a hard link, or a copy across filesystems."""
+    tmp = tmp_path_for(dest)
+    remove_quietly(tmp)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def _same_parent_shard(plan: BuildPlan, pieces: list[tuple[int, int, int]], ntokens: int) -> tuple[Path, ShardEntry] | None:
+    """The parent shard whose tokens are exactly those of the new shard made of ``pieces``, if any."""
+    if not plan.reuse or not pieces or pieces[0][0] >= 0:
+        return None
+    code = pieces[0][0]
+    for (u, lo, n), (u2, lo2, _) in zip(pieces, pieces[1:]):
+        if u2 != code or lo2 != lo + n:
+            return None  # not one contiguous range of one parent split
+    directory, parent = _parent_version(plan)
+    entry = parent.splits[SPLITS[-1 - code]]
+    offsets = _split_offsets(entry)
+    j = int(np.searchsorted(offsets, pieces[0][1], side="left"))
+    if j < len(entry.shards) and offsets[j] == pieces[0][1] and entry.shards[j].tokens == ntokens:
+        return directory, entry.shards[j]
+    return None
+
+
 def write_shard(staging: str | os.PathLike[str], split: str, k: int) -> dict[str, Any]:
-    """Write shard ``k`` of ``split`` and its ``.bos.idx`` into ``out/``; returns its manifest entry."""
+    """Write shard ``k`` of ``split`` and its ``.bos.idx`` into ``out/``; returns its manifest entry.
+
+    In an incremental build, a shard whose tokens are exactly one shard of the
+    parent version (same split, same range, so the same bytes) is hard-linked
+    from the parent instead of written, and so is its index when identical.
+    """
     staging = Path(staging)
     done = _shard_result_path(staging, split, k)
+    out_dir = staging / "out"
     if done.exists():
-        return json.loads(done.read_text())
+        entry = json.loads(done.read_text())
+        if _in_place(out_dir, entry):
+            return entry
     plan = load_plan(staging)
     cfg = plan.config
     fmt = get_format(cfg.format)
@@ -463,61 +984,88 @@ def write_shard(staging: str | os.PathLike[str], split: str, k: int) -> dict[str
     segs = np.load(staging / "layout" / f"{split}.segments.npy", mmap_mode="r")
     seg_ends = np.cumsum(np.asarray(segs["length"], dtype=np.int64))
     seg_starts = seg_ends - np.asarray(segs["length"], dtype=np.int64)
-    out_dir = staging / "out"
+    # The shard's tokens as pieces (source, first source token, count): a part
+    # file of a work unit (source >= 0) or a range of a parent split (< 0).
+    pieces: list[tuple[int, int, int]] = []
+    s = int(np.searchsorted(seg_ends, lo, side="right"))
+    pos = lo
+    while pos < hi:
+        seg_off = pos - int(seg_starts[s])
+        take = min(int(segs["length"][s]) - seg_off, hi - pos)
+        pieces.append((int(segs["unit"][s]), int(segs["start"][s]) + seg_off, take))
+        pos += take
+        s += 1
     out_dir.mkdir(exist_ok=True)
     shard_path = out_dir / shard_file_name(cfg.name, split, k, fmt.extension)
-    tmp = tmp_path_for(shard_path)
-    h = hashlib.sha256()
-    header = fmt.header(hi - lo, dtype)
-    # Copy through one bounded buffer with plain reads: memory-mapping the parts
-    # would count every copied page towards the process's resident memory.
-    buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
-    with open(tmp, "wb") as f:
-        f.write(header)
-        h.update(header)
-        s = int(np.searchsorted(seg_ends, lo, side="right"))
-        pos = lo
-        while pos < hi:
-            unit = int(segs["unit"][s])
-            seg_off = pos - int(seg_starts[s])
-            take = min(int(segs["length"][s]) - seg_off, hi - pos)
-            src_lo = int(segs["start"][s]) + seg_off
-            with open(_part_paths(staging, unit)[0], "rb") as part:
-                part.seek(src_lo * dtype.itemsize)
-                done_tokens = 0
-                while done_tokens < take:
-                    n = min(len(buf), take - done_tokens)
-                    view = memoryview(buf[:n]).cast("B")
-                    if part.readinto(view) != len(view):
-                        raise ValidationError(f"{part.name}: shorter than the layout says; the staging area is damaged")
-                    f.write(view)
-                    h.update(view)
-                    done_tokens += n
-            pos += take
-            s += 1
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, shard_path)
+    idx_path = bosidx.index_path(shard_path)
     starts = np.memmap(staging / "layout" / f"{split}.starts.i64", dtype="<i8", mode="r")
     a, b = np.searchsorted(starts, [lo, hi], side="left")
     local = np.asarray(starts[a:b], dtype=np.int64) - lo
-    idx_path = bosidx.index_path(shard_path)
     idx_bytes = bosidx.encode(local)
-    tmp_idx = tmp_path_for(idx_path)
-    with open(tmp_idx, "wb") as f:
-        f.write(idx_bytes)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_idx, idx_path)
+    idx_sha = hashlib.sha256(idx_bytes).hexdigest()
+    same = _same_parent_shard(plan, pieces, hi - lo)
+    linked = same is not None
+    if same is not None:
+        directory, parent_shard = same
+        header_len = len(fmt.header(hi - lo, dtype))
+        if parent_shard.bytes != header_len + (hi - lo) * dtype.itemsize:
+            raise _parent_damaged(plan, directory / parent_shard.file, "its manifest entry does not fit its format")
+        _link_or_copy(directory / parent_shard.file, shard_path)
+        fault("shard-linked", shard_path)
+        nbytes, digest = parent_shard.bytes, parent_shard.sha256
+    else:
+        header = fmt.header(hi - lo, dtype)
+        tmp = tmp_path_for(shard_path)
+        h = hashlib.sha256()
+        # Copy through one bounded buffer with plain reads: memory-mapping the parts
+        # would count every copied page towards the process's resident memory.
+        buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                h.update(header)
+                for n, (unit, src_lo, take) in enumerate(pieces):
+                    if unit >= 0:
+                        with open(_part_paths(staging, unit)[0], "rb") as part:
+                            part.seek(src_lo * dtype.itemsize)
+                            _copy_exact(part, f, h, buf, take)
+                    else:
+                        _copy_parent_range(f, h, buf, plan, SPLITS[-1 - unit], src_lo, take)
+                    if n == 0:
+                        fault("shard-mid", tmp)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, shard_path)
+        except BaseException:
+            remove_quietly(tmp)  # a failed write (a full disk) leaves no temporary file
+            raise
+        fault("shard-written", shard_path)
+        nbytes, digest = len(header) + (hi - lo) * dtype.itemsize, h.hexdigest()
+    if same is not None and same[1].index.sha256 == idx_sha:
+        _link_or_copy(same[0] / same[1].index.file, idx_path)
+    else:
+        tmp_idx = tmp_path_for(idx_path)
+        try:
+            with open(tmp_idx, "wb") as f:
+                f.write(idx_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_idx, idx_path)
+        except BaseException:
+            remove_quietly(tmp_idx)
+            raise
+    fault("shard-indexed", idx_path)
     entry = ShardEntry(
         file=shard_path.name,
-        bytes=len(header) + (hi - lo) * dtype.itemsize,
-        sha256=h.hexdigest(),
+        bytes=nbytes,
+        sha256=digest,
         tokens=hi - lo,
         documents=len(local),
-        index=FileEntry(file=idx_path.name, bytes=len(idx_bytes), sha256=hashlib.sha256(idx_bytes).hexdigest()),
+        index=FileEntry(file=idx_path.name, bytes=len(idx_bytes), sha256=idx_sha),
     ).to_dict()
+    entry["linked"] = linked
     atomic_write_text(done, json.dumps(entry))
+    log.info("%s %s shard %d (%d tokens)", "linked" if linked else "wrote", split, k, hi - lo)
     return entry
 
 
@@ -541,26 +1089,49 @@ def staged_manifest(staging: str | os.PathLike[str]) -> Manifest:
     info = _layout_info(staging)
     results = [_read_unit_result(_part_paths(staging, u)[2]) for u in range(len(plan.units))]
     splits: dict[str, SplitEntry] = {}
+    linked = 0
     for split, sinfo in info["splits"].items():
-        shards = tuple(
-            ShardEntry.from_dict(write_shard(staging, split, k), f"{split} shard {k}") for k in range(sinfo["shards"])
-        )
+        written = [write_shard(staging, split, k) for k in range(sinfo["shards"])]
+        linked += sum(1 for w in written if w.get("linked"))
+        shards = tuple(ShardEntry.from_dict(w, f"{split} shard {k}") for k, w in enumerate(written))
         splits[split] = SplitEntry(documents=sinfo["documents"], tokens=sinfo["tokens"], shards=shards)
-    per_input: dict[int, int] = {}
+    # Per input: its counts (from its work units, or from the parent version for
+    # a reused input) and where its documents are in each split's stream.
+    counted = ("rows", "null_texts", "empty_texts", "invalid_utf8", "skipped_invalid_utf8", "max_token_id")
+    per_input = [dict.fromkeys(counted, 0) for _ in plan.inputs]
     for r in results:
-        per_input[plan.units[r.unit].input] = per_input.get(plan.units[r.unit].input, 0) + r.rows
+        c = per_input[plan.units[r.unit].input]
+        c["rows"] += r.rows
+        c["null_texts"] += r.nulls
+        c["empty_texts"] += r.empties
+        c["invalid_utf8"] += r.invalid_utf8
+        c["skipped_invalid_utf8"] += r.skipped_invalid
+        c["max_token_id"] = max(c["max_token_id"], r.max_id)
+    reused = (plan.reuse or {}).get("inputs", {})
+    for key, entry in reused.items():
+        per_input[int(key)] = {k: int(entry[k]) for k in counted}
     totals = {
         "documents": sum(s.documents for s in splits.values()),
         "tokens": sum(s.tokens for s in splits.values()),
         "shards": sum(len(s.shards) for s in splits.values()),
         "bytes": sum(sh.bytes + sh.index.bytes for s in splits.values() for sh in s.shards),
-        "input_rows": sum(r.rows for r in results),
-        "null_texts": sum(r.nulls for r in results),
-        "empty_texts": sum(r.empties for r in results),
-        "invalid_utf8": sum(r.invalid_utf8 for r in results),
-        "skipped_invalid_utf8": sum(r.skipped_invalid for r in results),
-        "max_token_id": max(r.max_id for r in results),
+        "input_rows": sum(c["rows"] for c in per_input),
+        "null_texts": sum(c["null_texts"] for c in per_input),
+        "empty_texts": sum(c["empty_texts"] for c in per_input),
+        "invalid_utf8": sum(c["invalid_utf8"] for c in per_input),
+        "skipped_invalid_utf8": sum(c["skipped_invalid_utf8"] for c in per_input),
+        "max_token_id": max(c["max_token_id"] for c in per_input),
     }
+    extra: dict[str, Any] = {}
+    if plan.reuse:
+        extra["reuse"] = {
+            "parent": plan.reuse["parent"],
+            "reused_inputs": [plan.inputs[int(i)].relname for i in sorted(reused, key=int)],
+            "tokenized_inputs": [
+                inp.relname for n, inp in enumerate(plan.inputs) if str(n) not in reused
+            ],
+            "linked_shards": linked,
+        }
     return Manifest(
         schema_version=SCHEMA_VERSION,
         name=cfg.name,
@@ -589,12 +1160,15 @@ def staged_manifest(staging: str | os.PathLike[str]) -> Manifest:
         boundary={"token": tokenizer.eot_token, "token_id": tokenizer.eot_id, "placement": cfg.boundary},
         splits=splits,
         totals=totals,
-        inputs=[{**i.to_dict(), "rows": per_input.get(n, 0)} for n, i in enumerate(plan.inputs)],
+        inputs=[
+            {**i.to_dict(), **per_input[n], "splits": info["inputs"][n]} for n, i in enumerate(plan.inputs)
+        ],
         config=cfg.to_dict(),
         tools=_tools(tokenizer),
         build_key=plan.build_key,
         created_at=_now(),
         parent=plan.parent,
+        extra=extra,
     )
 
 
@@ -610,7 +1184,9 @@ def finalize(staging: str | os.PathLike[str]) -> Manifest:
     for stray in out.glob(".*.tmp-*"):
         stray.unlink(missing_ok=True)
     write_manifest(out, manifest)
+    fault("finalize-manifest", out)
     validate_dir(out, manifest, checksums=True)
+    fault("finalize-done", out)
     return manifest
 
 
@@ -675,9 +1251,12 @@ def publish_out(
                 parent = f"{name}@{latest}" if latest else None
             manifest = manifest.replace(version=version, dataset_path=str(final), parent=parent)
             write_manifest(out, manifest)
+            fault("publish-stamped", out)
             os.replace(out, final)
             fsync_dir(dataset_dir)
+            fault("publish-renamed", final)
         manifest = read_manifest(final)
+        manifest_sha = sha256_file(final / MANIFEST_NAME)
         cat.add(
             name,
             VersionEntry(
@@ -687,8 +1266,10 @@ def publish_out(
                 build_key=build_key,
                 parent=manifest.parent,
                 totals={k: manifest.totals[k] for k in ("documents", "tokens", "shards", "bytes")},
+                manifest_sha256=manifest_sha,
             ),
         )
+        fault("publish-cataloged", final)
     if cleanup is not None:
         shutil.rmtree(cleanup, ignore_errors=True)
     log.info("published %s@%s at %s", name, version, final)
@@ -777,6 +1358,31 @@ class BuildResult:
     """False when an identical version already existed and nothing was published."""
 
 
+_T = TypeVar("_T")
+
+
+def retrying(step: Callable[..., _T], *args: Any, retries: int | None = None, **kwargs: Any) -> _T:
+    """Run a build step, retrying it up to ``retries`` (``STEP_RETRIES``) times on a transient I/O error.
+
+    Steps are idempotent, so a retry redoes only what did not finish. Bad input
+    and configuration errors (``ShardflowError``), and I/O errors that need a
+    person (a full disk, a missing path, permissions), are raised at once: see
+    ``errors.is_transient``.
+    """
+    retries = STEP_RETRIES if retries is None else retries
+    for attempt in range(retries + 1):
+        try:
+            return step(*args, **kwargs)
+        except OSError as exc:
+            if attempt >= retries or not is_transient(exc):
+                raise
+            log.warning(
+                "%s: transient I/O error (%s); retry %d of %d", getattr(step, "__name__", step), exc, attempt + 1, retries
+            )
+            time.sleep(RETRY_DELAY * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def build(
     config: BuildConfig,
     *,
@@ -784,23 +1390,38 @@ def build(
     catalog: str | os.PathLike[str] | None = None,
     workers: int = 1,
     on_unit: Callable[[UnitResult], None] | None = None,
+    lock_timeout: float | None = 0,
+    reuse: bool | None = None,
 ) -> BuildResult:
-    """Run the whole pipeline in this process, ``workers`` threads wide (no Prefect needed)."""
+    """Run the whole pipeline in this process, ``workers`` threads wide (no Prefect needed).
+
+    Holds the build's ``build_lock`` throughout: a second run of the same build
+    fails at once with a clear message (``lock_timeout`` seconds: waits, and
+    then reports the version the other run published). Transient I/O errors
+    are retried per step (``retrying``).
+    """
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}")
-    plan = plan_build(config, data_root=data_root, catalog=catalog)
+    plan = retrying(plan_build, config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
     cat = Catalog(plan.catalog)
     if plan.existing:
         return BuildResult(ref=plan.existing, manifest_path=str(cat.resolve(plan.existing) / "metadata.yaml"), created=False)
-    with file_lock(Path(plan.staging).parent / f"{plan.build_key[:16]}.lock", timeout=0, what=f"the build of {config.name!r}"):
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for result in pool.map(lambda u: tokenize_unit(plan.staging, u), range(len(plan.units))):
+    with build_lock(plan, timeout=lock_timeout) as plan:
+        if plan.existing:
+            return BuildResult(ref=plan.existing, manifest_path=str(cat.resolve(plan.existing) / "metadata.yaml"), created=False)
+        staging = plan.staging
+        pool = ThreadPoolExecutor(max_workers=workers)
+        try:
+            for result in pool.map(lambda u: retrying(tokenize_unit, staging, u), range(len(plan.units))):
                 if on_unit is not None:
                     on_unit(result)
-            layout = make_layout(plan.staging)
+            layout = retrying(make_layout, staging)
             jobs = [(s, k) for s, n in layout.items() for k in range(n)]
-            list(pool.map(lambda sk: write_shard(plan.staging, *sk), jobs))
-        finalize(plan.staging)
-        embed_staged(plan.staging)
-        ref = publish(plan.staging)
+            list(pool.map(lambda sk: retrying(write_shard, staging, *sk), jobs))
+        finally:
+            # On the first error, queued work is dropped (what finished is kept for the rerun).
+            pool.shutdown(wait=True, cancel_futures=True)
+        retrying(finalize, staging)
+        embed_staged(staging)
+        ref = retrying(publish, staging)
     return BuildResult(ref=ref, manifest_path=str(cat.resolve(ref) / "metadata.yaml"), created=True)

@@ -25,9 +25,10 @@ from typing import Any, Iterator
 
 import yaml
 
-from ._io import atomic_write_text
+from ._io import atomic_write_text, is_stale_tmp, safe_load_yaml
 from .config import check_name
 from .errors import CatalogError
+from .faults import fault
 from .manifest import MANIFEST_NAME
 
 __all__ = [
@@ -89,6 +90,9 @@ class VersionEntry:
     build_key: str
     parent: str | None = None
     totals: dict[str, Any] = field(default_factory=dict)
+    manifest_sha256: str = ""
+    """SHA-256 of the version's ``metadata.yaml`` as published (empty in older catalogs): an edited
+    manifest is detected against it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,7 +123,7 @@ class Catalog:
         if not path.exists():
             return {"schema_version": CATALOG_SCHEMA_VERSION, "name": name, "latest": None, "versions": []}
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = safe_load_yaml(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise CatalogError(f"{path}: the catalog file is not valid YAML ({exc})") from None
         if not isinstance(data, dict) or data.get("schema_version") != CATALOG_SCHEMA_VERSION:
@@ -131,7 +135,8 @@ class Catalog:
 
     def versions(self, name: str) -> list[VersionEntry]:
         """The published versions of ``name``, oldest first."""
-        return [VersionEntry(**v) for v in self._load(name).get("versions", [])]
+        known = set(VersionEntry.__dataclass_fields__)
+        return [VersionEntry(**{k: x for k, x in v.items() if k in known}) for v in self._load(name).get("versions", [])]
 
     def latest(self, name: str) -> str | None:
         return self._load(name).get("latest")
@@ -165,7 +170,31 @@ class Catalog:
         data["versions"].append({**entry.to_dict(), "path": rel})
         data["latest"] = entry.version
         self.path.mkdir(parents=True, exist_ok=True)
+        # Temporary files of a writer that was killed mid-update (this runs under the lock).
+        for stray in self.path.glob(f".{name}.yaml.tmp-*"):
+            if is_stale_tmp(stray):
+                stray.unlink(missing_ok=True)
+        fault("catalog-write", self._file(name))
         atomic_write_text(self._file(name), yaml.safe_dump(data, sort_keys=False, width=120))
+
+    def entry_for_dir(self, directory: Path, name: str | None = None) -> tuple[str, VersionEntry] | None:
+        """The catalog entry ``(name, entry)`` whose version directory is ``directory``, if any.
+
+        ``name``: look only at that dataset (the manifest's name), not the whole catalog.
+        """
+        directory = Path(directory).resolve()
+        names = self.datasets()
+        if name is not None:
+            names = [name] if name in names else []
+        for name in names:
+            try:
+                versions = self.versions(name)
+            except CatalogError:
+                continue
+            for entry in versions:
+                if self.version_dir(entry) == directory:
+                    return name, entry
+        return None
 
     def resolve(self, ref: str) -> Path:
         """The version directory a reference names; ``CatalogError`` says why not."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ._io import atomic_write_text
+from ._io import atomic_write_text, safe_load_yaml
 from .errors import ManifestError
 
 __all__ = [
@@ -224,7 +224,7 @@ def read_manifest(path: Path | str) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest here; is this a published version directory?") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_yaml(text)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML ({exc})") from None
     return Manifest.from_dict(data, str(path))

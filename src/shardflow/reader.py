@@ -153,8 +153,13 @@ def open_version(
     ref: str | os.PathLike[str], *, catalog: Catalog | str | os.PathLike[str] | None = None, verify: bool = False
 ) -> Version:
     """Open ``NAME@VERSION``, ``NAME@latest`` or a version directory / ``metadata.yaml`` path."""
+    from .validation import published_manifest_problems
+
     directory = resolve_ref(ref, catalog)
     manifest = read_manifest(directory)
+    edited = published_manifest_problems(directory, manifest, catalog)
+    if edited:
+        raise ValidationError(edited[0])
     check_files(directory, manifest)
     if verify:
         from .validation import validate_dir

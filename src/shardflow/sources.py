@@ -192,7 +192,8 @@ def fingerprint_inputs(inputs: list[InputFile], cache_dir: Path | None = None) -
 
     def stat_key(inp: InputFile) -> str:
         st = os.stat(inp.path)
-        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        # ctime too: a rewrite that keeps size and mtime (cp -p, rsync -t, os.utime) still changes it.
+        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
     def digest(inp: InputFile) -> str:
         key = stat_key(inp)
@@ -224,7 +225,7 @@ def _check_schema(inp: InputFile, schema: pa.Schema, text_column: str, id_column
             "Pick the text column with --text-column NAME"
         )
     ty = schema.field(text_column).type
-    if not (pa.types.is_string(ty) or pa.types.is_large_string(ty) or pa.types.is_binary(ty) or pa.types.is_large_binary(ty)):
+    if not _is_text_type(ty):
         raise InputError(
             f"{inp.path}: column {text_column!r} has type {ty}, not a string type; "
             "pick a string column with --text-column NAME"
@@ -301,10 +302,27 @@ def plan_units(
     return units
 
 
+def _is_text_type(ty: pa.DataType) -> bool:
+    """String or binary, plain, large, view (polars writes Arrow IPC with views) or dictionary-encoded."""
+    if pa.types.is_dictionary(ty):
+        ty = ty.value_type
+    return (
+        pa.types.is_string(ty)
+        or pa.types.is_large_string(ty)
+        or pa.types.is_binary(ty)
+        or pa.types.is_large_binary(ty)
+        or str(ty) in ("string_view", "binary_view")
+    )
+
+
 def _clean(col: pa.Array, inp: InputFile, first_row: int, utf8_errors: str) -> TextBatch:
     """Drop nulls and empties, decode binary text; keep the row number of every kept text."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if str(col.type) in ("string_view", "binary_view"):  # tokenizers read offsets + data buffers
+        col = col.cast(pa.large_string() if str(col.type) == "string_view" else pa.large_binary())
     n = len(col)
     invalid = skipped = 0
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
@@ -360,9 +378,31 @@ def iter_text_batches(
             yield _clean(col, inp, row, utf8_errors)
             row += len(col)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # an I/O error of the disk or mount (EIO, ...), not bad data: the caller may retry
+        where = (_damaged_row_group(inp, unit, text_column) if inp.kind == "parquet" else None) or f"near row {row}"
+        detail = " ".join(str(exc).split())
         raise InputError(
-            f"{inp.path}: reading failed near row {row} ({exc}); the file is corrupt or truncated"
+            f"{inp.path}: reading failed {where} ({detail}); the file is corrupt or truncated: "
+            "replace it, or remove it from the sources"
         ) from None
+
+
+def _damaged_row_group(inp: InputFile, unit: WorkUnit, text_column: str) -> str | None:
+    """Which row group of a unit cannot be read, as ``"in row group G (rows A to B)"``."""
+    try:
+        pf = pq.ParquetFile(inp.path)
+        first = unit.first_row
+        for g in range(unit.start, unit.stop):
+            n = pf.metadata.row_group(g).num_rows
+            try:
+                pf.read_row_group(g, columns=[text_column])
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+                return f"in row group {g} (rows {first} to {first + n - 1})"
+            first += n
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+        return None
+    return None
 
 
 def split_scores(relname: str, rows: np.ndarray, seed: int) -> np.ndarray:

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from .errors import ValidationError
+from .faults import fault
 from .formats import bosidx, get_format
 from .manifest import Manifest, ShardEntry, read_manifest
 
-__all__ = ["ValidationReport", "validate_dir", "validate_shard"]
+__all__ = ["ValidationReport", "validate_dir", "validate_shard", "published_manifest_problems"]
 
 _BLOCK = 16 << 20  # tokens per scan block
 
@@ -55,10 +56,23 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _starts_document(directory: Path, manifest: Manifest, split: str, k: int, boundary: int) -> bool | None:
+    """With EOS placement: whether shard ``k`` begins a document (None when that cannot be read)."""
+    if k == 0:
+        return True
+    prev = manifest.splits[split].shards[k - 1]
+    try:
+        tokens = get_format(manifest.format_name).open(directory / prev.file, np.dtype(manifest.dtype).newbyteorder("<"))
+        return len(tokens) > 0 and int(tokens[-1]) == boundary
+    except (ValidationError, OSError, ValueError):
+        return None
+
+
 def validate_shard(
     directory: Path, manifest: Manifest, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
 ) -> list[str]:
     """Problems with one shard and its index (empty list when both are right)."""
+    fault("validate", directory / entry.file)
     problems: list[str] = []
     fmt = get_format(manifest.format_name)
     dtype = np.dtype(manifest.dtype).newbyteorder("<")
@@ -90,6 +104,8 @@ def validate_shard(
     vocab = int(manifest.tokenized_info["vocab_size"])
     boundary = int(manifest.boundary["token_id"])
     placement = manifest.boundary["placement"]
+    # With EOS placement token 0 starts a document when the previous shard ends with EOS.
+    first_is_start = _starts_document(directory, manifest, split, k, boundary) if placement == "eos" else None
     n = len(tokens)
     header_bytes = path.stat().st_size - n * dtype.itemsize
     # One pass of plain reads through a bounded buffer: hash, range check and
@@ -125,7 +141,10 @@ def validate_shard(
     else:
         after = positions + 1
         expected = after[after < n]
-        if len(starts) and starts[0] == 0:
+        first = first_is_start
+        if first is None:  # the previous shard is unreadable (reported on its own): trust the index
+            first = bool(len(starts)) and starts[0] == 0
+        if first:
             expected = np.concatenate(([0], expected))
     if len(expected) != len(starts) or not np.array_equal(expected, starts):
         missing = np.setdiff1d(expected, starts)
@@ -144,11 +163,53 @@ def validate_shard(
     return problems
 
 
-def validate_dir(directory: Path | str, manifest: Manifest | None = None, *, checksums: bool = True) -> ValidationReport:
-    """Validate a version directory; raises ``ValidationError`` listing every problem."""
+def published_manifest_problems(directory: Path | str, manifest: Manifest, catalog: Any = None) -> list[str]:
+    """Whether ``metadata.yaml`` is still the one published: its SHA-256 against the catalog's record.
+
+    A manifest edited after publication (even consistently with the files, or
+    together with them) no longer has the SHA-256 the catalog entry of its
+    version recorded. Versions the catalog does not list, or lists without a
+    checksum (older catalogs), are not checked.
+    """
+    from .catalog import Catalog
+    from .errors import ShardflowError
+
+    directory = Path(directory)
+    try:
+        cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+        found = cat.entry_for_dir(directory, name=manifest.name)
+    except (ShardflowError, OSError):
+        return []
+    if found is None or not found[1].manifest_sha256:
+        return []
+    path = directory / "metadata.yaml"
+    if _sha256(path) != found[1].manifest_sha256:
+        return [
+            f"{path}: the manifest was changed after {found[0]}@{found[1].version} was published (its SHA-256 is not "
+            f"the one recorded in the catalog {cat.path}); versions are immutable: restore the file, or rebuild"
+        ]
+    return []
+
+
+def validate_dir(
+    directory: Path | str,
+    manifest: Manifest | None = None,
+    *,
+    checksums: bool = True,
+    published: bool = False,
+    catalog: Any = None,
+) -> ValidationReport:
+    """Validate a version directory; raises ``ValidationError`` listing every problem.
+
+    ``published=True`` also checks the manifest against the SHA-256 that the
+    catalog (``catalog``, default ``$SHARDFLOW_CATALOG`` or ``./manifests``)
+    recorded when the version was published.
+    """
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
     report = ValidationReport(directory=str(directory))
+    if published:
+        report.problems.extend(published_manifest_problems(directory, manifest, catalog))
     jobs = [(split, k, shard) for split, entry in manifest.splits.items() for k, shard in enumerate(entry.shards)]
     # hashlib and numpy release the GIL on large buffers, so threads use every core.
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:

@@ -1,0 +1,90 @@
+"""Shared fixtures of the core tests: real corpora, a small uint16 vocabulary, and a ``built`` build factory.
+
+Everything runs on real files in temporary directories; nothing on the data
+path is mocked. Expensive things (the real 302-document corpus, a build of the
+sample corpus, Prefect's temporary server) are session-scoped. Plain helpers
+and constants live in ``core_support``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from core_support import MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
+
+
+@pytest.fixture(scope="session")
+def sample_texts() -> list[str]:
+    """The texts of tests/assets/sample.parquet (61 real documents, 4 row groups), in file order."""
+    return pq.read_table(SAMPLE, columns=["text"]).column("text").to_pylist()
+
+
+@pytest.fixture(scope="session")
+def small_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local ``.tiktoken`` rank file: the first 5000 ranks of cl100k (uint16 ids, ``<|endoftext|>`` = 5000)."""
+    import tiktoken_ext
+
+    full = Path(list(tiktoken_ext.__path__)[0]) / "data" / "cl100k_base.tiktoken"
+    lines = full.read_bytes().splitlines()[:SMALL_VOCAB_RANKS]
+    path = tmp_path_factory.mktemp("vocab") / "small5000.tiktoken"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_parquet(tmp_path_factory.mktemp("tiny") / "tiny.parquet", TINY_TEXTS)
+
+
+@pytest.fixture(scope="session")
+def real_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real 302 documents (WikiText-2 valid/test articles, Tiny Shakespeare) as Parquet."""
+    if not MAKE_CORPUS.exists():
+        pytest.skip(f"{MAKE_CORPUS} is not available")
+    out = tmp_path_factory.mktemp("real-corpus")
+    subprocess.run([sys.executable, str(MAKE_CORPUS), str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_texts(real_corpus: Path) -> list[str]:
+    files = sorted(real_corpus.glob("*.parquet"))
+    return [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> BuildFactory:
+    """``built(sources, name=..., workers=..., root=..., **BuildConfig options)`` builds into tmp_path."""
+    return make_builder(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def sample_built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The sample corpus, cl100k, nanogpt, 3 shards of <= 50,000 tokens. Read-only: copy before changing."""
+    return make_builder(tmp_path_factory.mktemp("sample-built"))(SAMPLE, name="sample", shard_tokens=50_000)
+
+
+@pytest.fixture
+def version_copy(sample_built: Built, tmp_path: Path) -> Path:
+    """A private copy of the sample version directory, to corrupt."""
+    dest = tmp_path / "v1"
+    shutil.copytree(sample_built.directory, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's temporary API server and database, for the tests that run flows (slow to start).
+
+    Only the tests that run a flow request it.
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

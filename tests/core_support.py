@@ -1,0 +1,79 @@
+"""Helpers shared by the core tests (imported by name: ``from core_support import ...``).
+
+Kept out of ``conftest.py`` because several conftest modules exist under
+tests/ and ``from conftest import`` would pick whichever was imported first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardflow.build import BuildResult, build
+from shardflow.config import BuildConfig
+from shardflow.reader import Version, open_version
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+ASSETS = TESTS / "assets"
+SAMPLE = ASSETS / "sample.parquet"
+SHARED = REPO.parent / "shared"
+CORPORA = SHARED / "corpora"
+MAKE_CORPUS = SHARED / "tools" / "make_corpus.py"
+
+# The tiny fixed corpus of the golden-bytes tests. Every token of these texts
+# has a cl100k id below 5000, so the truncated 5000-rank vocabulary encodes
+# them with the same ids: "a b" = [64, 293], "ok" = [564], "The end." = [791, 842, 13].
+TINY_TEXTS = ["a b", "ok", "The end."]
+TINY_IDS = [[64, 293], [564], [791, 842, 13]]
+SMALL_VOCAB_RANKS = 5000
+
+
+def write_parquet(path: Path, texts: list[Any], *, column: str = "text", row_group_size: int | None = None, **extra: list[Any]) -> Path:
+    """A Parquet file with a string ``column`` (and any ``extra`` columns)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({column: pa.array(texts, type=pa.string()), **extra})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+@dataclass
+class Built:
+    """A finished build: its result, where it lives, and the opened version."""
+
+    result: BuildResult
+    data_root: Path
+    catalog: Path
+
+    @property
+    def ref(self) -> str:
+        return self.result.ref
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.result.manifest_path).parent
+
+    def open(self) -> Version:
+        return open_version(self.ref, catalog=self.catalog)
+
+
+BuildFactory = Callable[..., Built]
+
+
+def make_builder(base: Path) -> BuildFactory:
+    """``make(sources, name=..., workers=..., root=..., **BuildConfig options)``: build under ``base`` (or ``root``)."""
+
+    def make(sources: Any, *, name: str = "t", workers: int = 1, root: Path | None = None, **options: Any) -> Built:
+        root = base if root is None else root
+        if isinstance(sources, (str, Path)):
+            sources = (sources,)
+        config = BuildConfig(name=name, sources=tuple(str(s) for s in sources), **options)
+        data_root, catalog = root / "data", root / "catalog"
+        result = build(config, data_root=data_root, catalog=catalog, workers=workers)
+        return Built(result=result, data_root=data_root, catalog=catalog)
+
+    return make

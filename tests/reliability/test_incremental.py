@@ -1,0 +1,281 @@
+"""Incremental versions: a rebuild tokenizes only new or changed inputs and hard-links unchanged shards.
+
+A scheduled run over a growing source directory: v1 from A, B; C added -> v2;
+B changed -> v3; A removed -> v4; nothing changed -> no new version. Every
+version must be byte-identical to a full build of the same inputs in another
+data root (every shard, every index, and the manifest but for when, where,
+which version and how its tokens were obtained).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from rel_support import (
+    assert_same_version,
+    build_in,
+    copy_into,
+    leftovers,
+    make_corpus,
+    split_sample,
+    versions,
+)
+from shardflow.build import NO_REUSE_ENV
+from shardflow.errors import ValidationError
+from shardflow.manifest import read_manifest
+
+NAME = "inc"
+OPTIONS: dict[str, Any] = dict(shard_tokens=60_000, val_fraction=0.1, seed=5)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The scheduled-run history, each version next to a full build of the same inputs."""
+    base = tmp_path_factory.mktemp("incremental")
+    a, b, c = make_corpus(base / "corpus", mb=1.2, files=3)
+    src = copy_into([a, b], base / "src")
+    root = base / "sched"
+    caplog_records: dict[str, list[str]] = {}
+    handler = _Collect()
+    logger = logging.getLogger("shardflow.build")
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        out: dict[str, Any] = {"base": base, "src": src, "root": root, "names": (a.name, b.name, c.name)}
+
+        def step(key: str) -> None:
+            handler.lines.clear()
+            result = build_in(root, src, NAME, OPTIONS, workers=2)
+            caplog_records[key] = [m.group(1) for line in handler.lines if (m := re.match(r"tokenized unit \d+ of (\S+):", line))]
+            full = build_in(base / f"full-{key}", src, NAME, OPTIONS, workers=2, reuse=False)
+            out[key] = (result, Path(result.manifest_path).parent, Path(full.manifest_path).parent)
+
+        step("v1")
+        shutil.copy(c, src / c.name)  # a new file arrives
+        step("v2")
+        table = pq.read_table(src / b.name)  # B is rewritten under the same name
+        pq.write_table(table.slice(0, table.num_rows - 5), src / b.name, row_group_size=64)
+        step("v3")
+        os.remove(src / a.name)  # A is withdrawn
+        step("v4")
+        handler.lines.clear()
+        before = (root / "catalog" / f"{NAME}.yaml").read_bytes()
+        out["again"] = build_in(root, src, NAME, OPTIONS, workers=2)
+        out["again_catalog"] = (before, (root / "catalog" / f"{NAME}.yaml").read_bytes())
+        caplog_records["again"] = list(handler.lines)
+        out["tokenized"] = caplog_records
+        return out
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_every_version_is_byte_identical_to_a_full_build(chain):
+    for key in ("v1", "v2", "v3", "v4"):
+        result, version, full = chain[key]
+        assert result.created and result.ref == f"{NAME}@{key}"
+        assert_same_version(version, full)
+    assert versions(chain["root"], NAME) == ["v1", "v2", "v3", "v4"]
+    assert leftovers(chain["root"] / "data") == []
+
+
+def test_an_added_input_is_the_only_one_tokenized(chain):
+    a, b, c = chain["names"]
+    assert sorted(set(chain["tokenized"]["v1"])) == [a, b]
+    assert set(chain["tokenized"]["v2"]) == {c}
+    m = read_manifest(chain["v2"][1])
+    assert m.parent == f"{NAME}@v1"
+    assert m.extra["reuse"]["parent"] == f"{NAME}@v1"
+    assert m.extra["reuse"]["reused_inputs"] == [a, b]
+    assert m.extra["reuse"]["tokenized_inputs"] == [c]
+    assert [i["relname"] for i in m.inputs] == [a, b, c]
+    assert "reuse" not in read_manifest(chain["v1"][1]).extra
+
+
+def test_appending_hard_links_every_full_shard_of_the_parent(chain):
+    v1, v2 = chain["v1"][1], chain["v2"][1]
+    m1, m2 = read_manifest(v1), read_manifest(v2)
+    linked = 0
+    for split, entry in m1.splits.items():
+        full = entry.tokens // OPTIONS["shard_tokens"]  # shards of v1 that are complete
+        assert full >= (1 if split == "train" else 0)
+        for k, shard in enumerate(entry.shards):
+            old, new = (v1 / shard.file).stat(), (v2 / m2.splits[split].shards[k].file).stat()
+            if k < full:
+                assert old.st_ino == new.st_ino and new.st_nlink >= 2, f"{split} shard {k} was not hard-linked"
+                assert m2.splits[split].shards[k].sha256 == shard.sha256
+                linked += 1
+            else:
+                assert old.st_ino != new.st_ino  # the tail shard was rewritten with the new tokens
+    assert linked >= 2
+    assert m2.extra["reuse"]["linked_shards"] == linked
+    # Only the tail is new: v2 holds v1's tokens plus the new file's.
+    assert m2.totals["tokens"] > m1.totals["tokens"]
+
+
+def test_a_changed_input_is_detected_by_its_fingerprint_and_retokenized(chain):
+    a, b, c = chain["names"]
+    assert set(chain["tokenized"]["v3"]) == {b}
+    m2, m3 = read_manifest(chain["v2"][1]), read_manifest(chain["v3"][1])
+    assert m3.extra["reuse"]["reused_inputs"] == [a, c]
+    old_b = next(i for i in m2.inputs if i["relname"] == b)
+    new_b = next(i for i in m3.inputs if i["relname"] == b)
+    assert old_b["sha256"] != new_b["sha256"] and new_b["rows"] == old_b["rows"] - 5
+    # Inputs before the change keep their shards: A's complete shards stay hard-linked.
+    v2, v3 = chain["v2"][1], chain["v3"][1]
+    first = m2.splits["train"].shards[0]
+    assert (v2 / first.file).stat().st_ino == (v3 / first.file).stat().st_ino
+
+
+def test_a_removed_input_leaves_the_new_version(chain):
+    a, b, c = chain["names"]
+    m4 = read_manifest(chain["v4"][1])
+    assert [i["relname"] for i in m4.inputs] == [b, c]
+    assert chain["tokenized"]["v4"] == []  # B and C come from v3
+    assert m4.extra["reuse"]["reused_inputs"] == [b, c]
+    assert m4.totals["input_rows"] == sum(i["rows"] for i in m4.inputs)
+
+
+def test_no_change_publishes_no_new_version(chain):
+    again = chain["again"]
+    assert not again.created and again.ref == f"{NAME}@v4"
+    before, after = chain["again_catalog"]
+    assert before == after
+    assert not [line for line in chain["tokenized"]["again"] if line.startswith(("tokenized", "wrote", "linked"))]
+
+
+def test_manifest_records_each_inputs_place_in_each_split(chain):
+    m = read_manifest(chain["v2"][1])
+    for split, entry in m.splits.items():
+        token = doc = 0
+        for inp in m.inputs:
+            rng = inp["splits"][split]
+            assert (rng["first_token"], rng["first_document"]) == (token, doc)
+            token += rng["tokens"]
+            doc += rng["documents"]
+        assert (token, doc) == (entry.tokens, entry.documents)
+    for inp in m.inputs:
+        for key in ("rows", "null_texts", "empty_texts", "invalid_utf8", "skipped_invalid_utf8", "max_token_id"):
+            assert key in inp
+
+
+def test_other_options_or_val_count_reuse_nothing(tmp_path):
+    src = split_sample(tmp_path / "src", (30, 31))
+    part1 = src / "part1.parquet"
+    held = tmp_path / "part1.parquet"
+    shutil.move(part1, held)
+    root = tmp_path / "r"
+    build_in(root, src, "o", dict(shard_tokens=40_000))
+    shutil.move(held, part1)
+    # Another shard size: a different layout, nothing reusable.
+    other = build_in(root, src, "o", dict(shard_tokens=30_000))
+    assert "reuse" not in read_manifest(Path(other.manifest_path).parent).extra
+    # val_count picks documents over the whole corpus: never reused.
+    vc = build_in(root, src, "o", dict(shard_tokens=30_000, val_count=5))
+    shutil.move(part1, held)
+    vc_less = build_in(root, src, "o", dict(shard_tokens=30_000, val_count=5))
+    assert "reuse" not in read_manifest(Path(vc_less.manifest_path).parent).extra
+    assert vc.ref != vc_less.ref
+
+
+def test_reuse_can_be_turned_off(tmp_path, monkeypatch):
+    src = split_sample(tmp_path / "src", (30, 31))
+    held = tmp_path / "part1.parquet"
+    shutil.move(src / "part1.parquet", held)
+    root = tmp_path / "r"
+    build_in(root, src, "off", dict(shard_tokens=40_000))
+    shutil.move(held, src / "part1.parquet")
+    monkeypatch.setenv(NO_REUSE_ENV, "1")
+    v2 = build_in(root, src, "off", dict(shard_tokens=40_000))
+    assert "reuse" not in read_manifest(Path(v2.manifest_path).parent).extra
+
+
+def _grown(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """v1 of dataset 'dmg' from the sample's first 45 rows; the rest then arrives as a second file."""
+    src = split_sample(tmp_path / "src", (45, 16))
+    held = tmp_path / "part1.parquet"
+    shutil.move(src / "part1.parquet", held)
+    root = tmp_path / "r"
+    v1 = Path(build_in(root, src, "dmg", dict(shard_tokens=30_000)).manifest_path).parent
+    shutil.move(held, src / "part1.parquet")
+    return src, root, v1
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    # Replace the file (new inode) so that no hard-linked twin changes with it.
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, path)
+
+
+def test_a_damaged_parent_shard_is_never_copied_into_a_new_version(tmp_path):
+    src, root, v1 = _grown(tmp_path)
+    m1 = read_manifest(v1)
+    tail = m1.splits["train"].shards[-1]  # partial: its tokens are read and copied, not linked
+    _flip_byte(v1 / tail.file, 2000)
+    with pytest.raises(ValidationError, match=rf"{re.escape(tail.file)}: the shard does not match its SHA-256 .*"
+                       rf"shardflow validate dmg@v1.*{NO_REUSE_ENV}=1"):
+        build_in(root, src, "dmg", dict(shard_tokens=30_000))
+    assert versions(root, "dmg") == ["v1"]
+    # Without reuse the new version is built from the inputs alone.
+    v2 = build_in(root, src, "dmg", dict(shard_tokens=30_000), reuse=False)
+    full = build_in(tmp_path / "full", src, "dmg", dict(shard_tokens=30_000))
+    assert_same_version(Path(v2.manifest_path).parent, Path(full.manifest_path).parent)
+
+
+def test_a_damaged_parent_shard_that_would_be_linked_fails_validation(tmp_path):
+    src, root, v1 = _grown(tmp_path)
+    first = read_manifest(v1).splits["train"].shards[0]  # complete: it would be hard-linked
+    _flip_byte(v1 / first.file, 5000)
+    with pytest.raises(ValidationError, match=r"SHA-256 .* does not match the manifest"):
+        build_in(root, src, "dmg", dict(shard_tokens=30_000))
+    assert versions(root, "dmg") == ["v1"]
+
+
+def test_catalog_lists_parents(chain):
+    data = yaml.safe_load((chain["root"] / "catalog" / f"{NAME}.yaml").read_text())
+    assert [v["parent"] for v in data["versions"]] == [None, f"{NAME}@v1", f"{NAME}@v2", f"{NAME}@v3"]
+
+
+def test_a_same_size_change_with_the_old_mtime_is_still_detected(tmp_path):
+    """The fingerprint cache is keyed by stat, ctime included: restoring size and mtime cannot hide an edit."""
+    import pyarrow as pa
+
+    src = tmp_path / "src"
+    src.mkdir()
+    f = src / "a.parquet"
+    texts = ["alpha beta gamma", "delta epsilon"]
+    pq.write_table(pa.table({"text": texts}), f, compression="none")
+    root = tmp_path / "r"
+    v1 = build_in(root, src, "same", dict(shard_tokens=1000))
+    st = f.stat()
+    pq.write_table(pa.table({"text": ["alpha beta gamma", "delta epsiloN"]}), f, compression="none")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    v2 = build_in(root, src, "same", dict(shard_tokens=1000))
+    assert v2.created and v2.ref == "same@v2" and v1.ref == "same@v1"
+    m = read_manifest(Path(v2.manifest_path).parent)
+    assert m.extra.get("reuse") is None or m.extra["reuse"]["tokenized_inputs"] == ["a.parquet"]
+    train = build_in(tmp_path / "fresh", src, "same", dict(shard_tokens=1000))
+    assert_same_version(Path(v2.manifest_path).parent, Path(train.manifest_path).parent)

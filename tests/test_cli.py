@@ -1,0 +1,194 @@
+"""The ``shardflow`` command line (``flows.cli.main``), run in-process without Prefect."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from core_support import SAMPLE, write_parquet
+from flows.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run ``shardflow ARGS`` in tmp_path with relative --data-root/--catalog; returns (status, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+BUILD = ("--data-root", "data", "--catalog", "cat", "--no-prefect")
+
+
+def test_build_prints_the_ref_and_last_the_absolute_manifest_path(cli, tmp_path):
+    status, out, err = cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", "--workers", "2", *BUILD)
+    assert status == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0] == "published demo@v1"
+    last = Path(lines[-1])
+    assert last.is_absolute() and last == tmp_path / "data" / "demo" / "v1" / "metadata.yaml" and last.is_file()
+    # An identical rebuild reports the same version.
+    status, out, _ = cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)
+    assert status == 0
+    assert out.strip().splitlines() == ["published demo@v1", str(last)]
+
+
+def test_build_options_reach_the_manifest(cli, small_vocab, tmp_path):
+    from shardflow.manifest import read_manifest
+
+    status, out, err = cli(
+        "build", str(SAMPLE), "--name", "opts", "--eos", "--format", "nanogpt-legacy", "--tokenizer", str(small_vocab),
+        "--val-count", "5", "--seed", "3", "--description", "a test", *BUILD,
+    )
+    assert status == 0, err
+    m = read_manifest(out.strip().splitlines()[-1])
+    assert m.boundary["placement"] == "eos" and m.format_name == "nanogpt-legacy" and m.dtype == "uint16"
+    assert m.splits["val"].documents == 5 and m.config["seed"] == 3 and m.description == "a test"
+
+
+def test_validate_prints_training_settings(cli):
+    assert cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)[0] == 0
+    status, out, err = cli("validate", "demo@latest", "--catalog", "cat")
+    assert status == 0, err
+    assert out.startswith("OK demo@v1: 3 shards, 148378 tokens, 61 documents\n")
+    for expected in (
+        "settings for a training job:",
+        "file pattern:  demo_{split}_*.bin",
+        "format:        nanogpt (header 1024 bytes)",
+        "dtype:         uint32",
+        "vocab_size:    100277",
+        "boundary:      <|endoftext|> = 100257 (bos)",
+    ):
+        assert expected in out
+    assert re.search(r"\n  train\s+3 shards, 148378 tokens, 61 documents\n", out)
+    assert "path:" in out and str(Path("data/demo/v1").absolute()) in out
+    assert cli("validate", "demo@v1", "--catalog", "cat", "--no-checksums")[0] == 0
+
+
+def test_validate_fails_on_a_corrupted_version(cli, tmp_path):
+    assert cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)[0] == 0
+    shard = tmp_path / "data" / "demo" / "v1" / "demo_train_000001.bin"
+    with open(shard, "r+b") as f:
+        f.seek(1024 + 4 * 500)
+        f.write(struct.pack("<I", 7))
+    status, out, err = cli("validate", "demo@v1", "--catalog", "cat")
+    assert status == 2
+    assert "OK" not in out
+    assert err.startswith(f"shardflow: error: validation of {tmp_path / 'data' / 'demo' / 'v1'} failed (1 problem):")
+    assert "demo_train_000001.bin: SHA-256" in err and "Traceback" not in err
+
+
+def test_ls_and_show(cli, tmp_path):
+    status, out, _ = cli("ls", "--catalog", "cat")
+    assert status == 0 and out.strip() == f"no datasets in {tmp_path / 'cat'}"
+    src = write_parquet(tmp_path / "in.parquet", ["one", None, "", "two"])
+    assert cli("build", str(src), "--name", "small", *BUILD)[0] == 0
+    assert cli("build", str(src), "--name", "small", "--format", "npy", *BUILD)[0] == 0
+    status, out, _ = cli("ls", "--catalog", "cat")
+    assert status == 0 and out.strip() == "small\t2 versions\tlatest v2"
+    status, out, _ = cli("ls", "small", "--catalog", "cat")
+    lines = out.splitlines()
+    assert status == 0 and len(lines) == 2
+    assert lines[0].startswith("  small@v1\t") and "\t2 docs\t" in lines[0] and "parent -" in lines[0]
+    assert lines[1].startswith("* small@v2\t") and "parent small@v1" in lines[1]
+    assert lines[1].endswith(str(tmp_path / "data" / "small" / "v2"))
+    status, out, err = cli("show", "small@v1", "--catalog", "cat")
+    assert status == 0, err
+    assert out.startswith(f"small@v1  ({tmp_path / 'data' / 'small' / 'v1'})")
+    assert "tokenizer cl100k_base" in out and "dtype uint32" in out and "format nanogpt" in out
+    assert "totals: 2 documents" in out and "4 input rows, 1 null, 1 empty" in out
+    assert "train: 2 documents" in out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("build", "{sample}", "--name", "x", "--text-column", "body"),
+         r"no column 'body'; the columns are id, text, source\. Pick the text column with --text-column NAME"),
+        (("build", "{sample}", "--name", "x", "--format", "nanogpt-legacy"),
+         r"format 'nanogpt-legacy' stores uint16 tokens only, but this tokenizer needs uint32"),
+        (("build", "nope.parquet", "--name", "x"), r"nope\.parquet: no such file or directory"),
+        (("build", "{sample}", "--name", "Bad Name"), r"dataset name 'Bad Name' is not allowed"),
+        (("build", "{sample}", "--name", "x", "--workers", "0"), r"--workers must be at least 1, not 0"),
+        (("validate", "ghost@v1", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
+        (("show", "ghost", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
+        (("ls", "ghost", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
+    ],
+)
+def test_user_errors_exit_2_with_one_message(cli, args, message):
+    args = tuple(a.replace("{sample}", str(SAMPLE)) for a in args)
+    if args[0] == "build":
+        args += BUILD
+    status, out, err = cli(*args)
+    assert status == 2
+    assert out == ""
+    # Exactly one message, on the last line of stderr (progress lines may precede it).
+    assert err.count("shardflow: error:") == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("shardflow: error: ")
+    assert "Traceback" not in err
+    assert re.search(message, last), err
+
+
+def test_usage_errors_exit_2(cli, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(SAMPLE)])  # --name is required
+    assert info.value.code == 2
+    assert "--name" in capsys.readouterr().err
+
+
+def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tmp_path, monkeypatch):
+    """The one Prefect test: the ``build_dataset`` flow (directly and via ``shardflow build``) vs ``--no-prefect``.
+
+    No capsys here: Prefect's log handlers keep the stream they were created
+    with, and a capsys stream is closed after the test (later tests would log
+    into a closed file). Standard output is redirected by hand instead.
+    """
+    import contextlib
+    import io
+
+    from flows.build import build_dataset
+    from shardflow.config import BuildConfig
+    from shardflow.manifest import read_manifest
+
+    def files(directory: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "metadata.yaml"}
+
+    def run_main(*args: str) -> list[str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(list(args)) == 0
+        return out.getvalue().strip().splitlines()
+
+    monkeypatch.chdir(tmp_path)
+    # The CLI sets this (setdefault) for the process; setting it here makes monkeypatch undo it.
+    monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+    common = ["build", str(SAMPLE), "--name", "pf", "--shard-tokens", "40000", "--val-fraction", "0.1", "--eos"]
+    plain = Path(run_main(*common, "--data-root", "plain/data", "--catalog", "plain/cat", "--no-prefect")[-1]).parent
+
+    # The flow itself, 4 work units (one per row group) two at a time.
+    config = BuildConfig(name="pf", sources=(str(SAMPLE),), shard_tokens=40_000, val_fraction=0.1, boundary="eos", unit_bytes=1)
+    ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
+    assert ref == "pf@v1"
+    flow_dir = tmp_path / "flow" / "data" / "pf" / "v1"
+    assert files(flow_dir) == files(plain)
+    assert len(files(plain)) >= 8
+
+    # And through the command line without --no-prefect.
+    lines = run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat")
+    assert lines[0] == "published pf@v1"
+    cli_dir = Path(lines[-1]).parent
+    assert cli_dir == tmp_path / "cli" / "data" / "pf" / "v1"
+    assert files(cli_dir) == files(plain)
+
+    a, b = read_manifest(plain), read_manifest(flow_dir)
+    assert (a.splits, a.totals, a.build_key, a.boundary) == (b.splits, b.totals, b.build_key, b.boundary)

