@@ -198,3 +198,29 @@ def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
+    assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",
+                 "--embed-codec", "e4m3", *args]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "published cli@v1" and out[-1].endswith("cli/v1/metadata.yaml")
+    assert read_manifest(Path(out[-1])).extra["embeddings"]["codec"] == "e4m3"
+
+    assert main(["embed", "cli@v1", "--codec", "int8", "--catalog", str(tmp_path / "manifests")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "published cli@v2 (embeddings of cli@v1)"
+    assert main(["show", "cli@v2", "--catalog", str(tmp_path / "manifests")]) == 0
+    shown = capsys.readouterr().out
+    assert "codec int8" in shown and "recall@10" in shown and "mean cosine 0.9999" in shown
+
+    # below the floor: one message, exit 2, nothing published
+    assert main(["embed", "cli@v1", "--codec", "e5m2", "--min-cosine", "0.99999", "--catalog", str(tmp_path / "manifests")]) == 2
+    err = capsys.readouterr().err
+    assert "is below the floor 0.99999" in err and "Traceback" not in err
+    from shardflow.catalog import Catalog
+
+    assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1", "v2"]

@@ -12,7 +12,7 @@ from .errors import ConfigError
 from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
 
-__all__ = ["BuildConfig", "EmbedOptions", "NAME_RE", "check_name"]
+__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "NAME_RE", "check_name"]
 
 # Tokenizer backends; defined here (not in tokenizers.py) so that importing the
 # config does not import pyarrow and tiktoken: the training runtime needs neither.

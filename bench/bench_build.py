@@ -1,0 +1,158 @@
+"""Benchmark: end-to-end build throughput against the raw tokenizer on the same cores.
+
+    python bench/bench_build.py                      # makes a 1000 MB corpus with make_corpus.py
+    python bench/bench_build.py --corpus DIR --small-mb 100
+
+For each backend it measures, each in a fresh process (so no warm caches are
+shared between measurements):
+
+* raw: the tokenizer alone encoding the corpus's texts already in memory
+  (``encode_batch`` over 4096-document batches), in tokens/s;
+* end-to-end: ``shardflow.build.build`` (read Parquet, tokenize, write shards
+  and indexes, validate with checksums, publish), in tokens/s, and its peak RSS;
+* the ratio end-to-end / raw (target: >= 0.60 for the fast backend).
+
+The tiktoken backend runs on a smaller corpus (``--small-mb``) because it is
+about 10x slower. Peak memory is reported for the small and the large corpus,
+to show it does not grow with the corpus. Prefect's temporary-server start-up
+is measured separately (a trivial flow in a fresh process), and so is the
+Prefect flow's own end-to-end time on the large corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAKE_CORPUS = ROOT.parent / "shared" / "tools" / "make_corpus.py"
+
+RAW = r"""
+import glob, json, sys, time
+import pyarrow.parquet as pq
+from shardflow.tokenizers import load_tokenizer
+corpus, backend, batch_rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tok = load_tokenizer("cl100k_base", backend=backend)
+batches = []  # Arrow string arrays already in memory: the same input the pipeline passes
+for f in sorted(glob.glob(corpus + "/**/*.parquet", recursive=True)):
+    col = pq.read_table(f, columns=["text"]).column(0).combine_chunks()
+    batches.extend(col.slice(i, batch_rows) for i in range(0, len(col), batch_rows))
+t0 = time.perf_counter()
+n = 0
+for texts in batches:
+    tokens, offsets = tok.encode_batch(texts)
+    n += len(tokens)
+dt = time.perf_counter() - t0
+print(json.dumps({"tokens": n, "seconds": dt, "backend": tok.backend}))
+"""
+
+E2E = r"""
+import json, sys, time, resource
+from shardflow.build import build
+from shardflow.config import BuildConfig
+from shardflow.reader import open_version
+corpus, backend, out = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.perf_counter()
+r = build(BuildConfig(name="bench", sources=(corpus,), backend=backend), data_root=out + "/data", catalog=out + "/manifests", workers=2)
+dt = time.perf_counter() - t0
+m = open_version(r.ref, catalog=out + "/manifests").manifest
+print(json.dumps({"tokens": m.totals["tokens"], "documents": m.totals["documents"], "seconds": dt,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+PREFECT_STARTUP = r"""
+import json, time
+t0 = time.perf_counter()
+from prefect import flow
+@flow
+def noop() -> int:
+    return 1
+noop()
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+"""
+
+PREFECT_E2E = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from flows.build import build_dataset
+from shardflow.config import BuildConfig
+corpus, out = sys.argv[1], sys.argv[2]
+ref = build_dataset(config=BuildConfig(name="bench", sources=(corpus,)), workers=2, data_root=out + "/data", catalog=out + "/manifests")
+print(json.dumps({"seconds": time.perf_counter() - t0, "ref": ref}))
+"""
+
+
+def run_py(code: str, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark step failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def make_corpus(path: Path, mb: int, files: int) -> Path:
+    if not path.exists():
+        print(f"making a {mb} MB corpus in {path} ...", flush=True)
+        subprocess.run([sys.executable, str(MAKE_CORPUS), str(path), "--mb", str(mb), "--files", str(files)], check=True)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", type=Path, help="a Parquet corpus directory (default: make a --mb corpus)")
+    ap.add_argument("--mb", type=int, default=1000)
+    ap.add_argument("--small-mb", type=int, default=100)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--skip-prefect", action="store_true")
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    big = args.corpus or make_corpus(work / f"corpus-{args.mb}mb", args.mb, 16)
+    small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, 4)
+    print(f"cores: {os.cpu_count()}  corpus: {big}  small corpus: {small}\n", flush=True)
+
+    rows = []
+    big_tokens = 0
+    for backend, corpus in (("gigatoken", big), ("tiktoken", small)):
+        # The raw rate is the tokenizer's best in-memory rate: batches of 4096 rows (as the
+        # pipeline feeds it) and whole files at once, each in a fresh process; the faster wins.
+        raws = [run_py(RAW, str(corpus), backend, str(rows)) for rows in (4096, 10**9)]
+        raw = max(raws, key=lambda r: r["tokens"] / r["seconds"])
+        out = tempfile.mkdtemp(prefix="e2e-", dir=work)
+        e2e = run_py(E2E, str(corpus), backend, out)
+        assert raw["tokens"] + e2e["documents"] == e2e["tokens"], "raw and built token counts disagree"
+        raw_rate = raw["tokens"] / raw["seconds"]
+        e2e_rate = e2e["tokens"] / e2e["seconds"]
+        if backend == "gigatoken":
+            big_tokens = e2e["tokens"]
+        rows.append((backend, corpus.name, raw_rate, e2e_rate, e2e_rate / raw_rate, e2e["peak_rss_mb"]))
+        print(f"{backend}: raw {raw_rate/1e6:.1f} M tok/s, end-to-end {e2e_rate/1e6:.1f} M tok/s "
+              f"({e2e['seconds']:.1f} s, peak RSS {e2e['peak_rss_mb']:.0f} MB)", flush=True)
+    out = tempfile.mkdtemp(prefix="e2e-", dir=work)
+    small_fast = run_py(E2E, str(small), "gigatoken", out)
+
+    print("\n| backend | corpus | raw tokenizer (M tok/s) | end-to-end build (M tok/s) | ratio | peak RSS (MB) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for b, c, r, e, ratio, rss in rows:
+        print(f"| {b} | {c} | {r/1e6:.1f} | {e/1e6:.1f} | {ratio:.2f} | {rss:.0f} |")
+    print(f"\npeak RSS, gigatoken end-to-end: {small_fast['peak_rss_mb']:.0f} MB on {small.name}, "
+          f"{rows[0][5]:.0f} MB on {big.name} (bounded by batch size x workers, not corpus size)")
+
+    if not args.skip_prefect:
+        start = run_py(PREFECT_STARTUP)
+        out = tempfile.mkdtemp(prefix="e2e-", dir=work)
+        flow = run_py(PREFECT_E2E, str(big), out)
+        print(f"\nPrefect temporary server start-up + trivial flow: {start['seconds']:.1f} s (one-off per process)")
+        print(f"Prefect flow end-to-end on {big.name}: {flow['seconds']:.1f} s including start-up; "
+              f"{big_tokens / max(flow['seconds'] - start['seconds'], 1e-9) / 1e6:.1f} M tok/s excluding it")
+
+
+if __name__ == "__main__":
+    main()

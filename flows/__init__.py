@@ -1,0 +1,1 @@
+"""Prefect flows composing shardflow's tasks, and the ``shardflow`` command line."""

@@ -1,0 +1,381 @@
+"""The ``build_dataset`` Prefect flow: plan, tokenize units in parallel, write shards, validate, publish.
+
+The flow only composes tasks; every step is a core function in
+``shardflow.build`` that is idempotent on disk, so a rerun after a crash
+resumes where the last run stopped. At most ``workers`` tasks run at once (a
+sliding window), which bounds memory by ``workers x batch size`` whatever the
+corpus size and whichever task runner executes them.
+
+Where the work units run (``runner``):
+
+* ``threads`` (default): a thread pool in the flow's process.
+* ``dask``: an existing Dask cluster (``address="tcp://HOST:8786"``), through
+  prefect-dask's ``DaskTaskRunner`` (``pip install 'shardflow[dask]'``). The
+  tokenize and write-shard tasks run on the workers; plan, layout, validate and
+  publish run in the flow's process. The workers report their task runs to the
+  Prefect API, so it must be a real server they can reach
+  (``PREFECT_API_URL=http://HOST:4200/api``), not the temporary one, and
+  ``data_root`` must be storage that the flow process and every worker see at
+  the same path (a shared mount).
+
+What the UI shows for a run is described in ``flows.report``: a progress
+artifact, a shard table, a markdown summary and a link to the manifest, keyed
+per dataset; the flow run is named ``build <dataset>`` and tagged
+``shardflow`` and ``dataset:<name>``, task runs are named after their work unit
+or shard, and the core library's log lines go to the run logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import urlparse
+
+from prefect import flow, get_run_logger, tags
+from prefect.futures import PrefectFuture, as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from shardflow.build import build_lock
+from shardflow.catalog import Catalog, default_data_root
+from shardflow.config import BuildConfig
+from shardflow.errors import ConfigError
+from shardflow.manifest import read_manifest
+
+from flows.progress import Progress, emit
+from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
+from tasks.build import (
+    TAGS,
+    core_logs_to_prefect,
+    embed_task,
+    layout_task,
+    plan_task,
+    publish_task,
+    stage_task,
+    tokenize_task,
+    validate_task,
+    write_shard_task,
+)
+from tasks.sources import local_sources, needs_staging
+
+__all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
+
+RUNNERS = ("threads", "dask")
+log = logging.getLogger("shardflow.flows")
+
+
+def dataset_tag(name: str) -> str:
+    return f"dataset:{name}"
+
+
+def run_windowed(
+    submit: Callable[[Any], PrefectFuture[Any]],
+    items: Iterable[Any],
+    *,
+    workers: int,
+    on_done: Callable[[Any, Any], None] | None = None,
+) -> list[Any]:
+    """Submit ``items`` keeping at most ``workers`` in flight; results in item order."""
+    pending: dict[PrefectFuture[Any], int] = {}
+    items = list(items)
+    results: list[Any] = [None] * len(items)
+    nxt = 0
+    while nxt < len(items) or pending:
+        while nxt < len(items) and len(pending) < workers:
+            pending[submit(items[nxt])] = nxt
+            nxt += 1
+        fut = next(as_completed(list(pending)))
+        i = pending.pop(fut)
+        results[i] = fut.result()  # re-raises the task's exception: the flow fails on the first error
+        if on_done is not None:
+            on_done(items[i], results[i])
+    return results
+
+
+def api_url() -> str | None:
+    """The Prefect API this process talks to, or None on the temporary (ephemeral) server."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    return str(url) if url else None
+
+
+def require_real_api(runner: str, address: str | None) -> None:
+    """Dask workers report task runs to the API: refuse the temporary server, warn about localhost."""
+    url = api_url()
+    if url is None:
+        raise ConfigError(
+            f"--runner {runner} needs a Prefect server that the Dask workers can reach, not the temporary one: "
+            "start one with 'prefect server start' and set PREFECT_API_URL=http://HOST:4200/api "
+            "(in this shell and on the workers)"
+        )
+    api_host = urlparse(url).hostname or ""
+    dask_host = urlparse(address if address and "://" in address else f"tcp://{address}").hostname or ""
+    local = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+    if api_host in local and dask_host and dask_host not in local:
+        log.warning(
+            "PREFECT_API_URL is %s, but the Dask scheduler %s is on another host: its workers cannot reach a "
+            "localhost API. Set PREFECT_API_URL to an address the workers can reach",
+            url,
+            address,
+        )
+
+
+def make_task_runner(runner: str, address: str | None) -> Any:
+    """The task runner for the work units: None for the flow's own thread pool, or a DaskTaskRunner."""
+    if runner not in RUNNERS:
+        raise ConfigError(f"unknown runner {runner!r}; use one of {', '.join(RUNNERS)}")
+    if runner == "threads":
+        if address:
+            raise ConfigError("--address is for --runner dask; the threads runner runs in this process")
+        return None
+    if not address:
+        raise ConfigError("--runner dask needs --address tcp://HOST:PORT, the address of a running Dask scheduler")
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise ConfigError(
+            "--runner dask needs prefect-dask and distributed: pip install 'shardflow[dask]'"
+        ) from None
+    require_real_api(runner, address)
+    return DaskTaskRunner(address=address)
+
+
+def _tag_flow_run(wanted: list[str]) -> None:
+    """Add the dataset's tags to this flow run (deployments and direct calls alike); best effort."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    have = list(ctx.flow_run.tags or [])
+    missing = [t for t in wanted if t not in have]
+    if not missing:
+        return
+    try:
+        get_client(sync_client=True).update_flow_run(ctx.flow_run.id, tags=have + missing)
+    except Exception:  # tags are a convenience; never fail a build for them
+        log.debug("could not tag the flow run", exc_info=True)
+
+
+class _RunProgress:
+    """Keeps the run's progress artifact and the in-process listeners up to date."""
+
+    # Shares of the bar: tokenizing is most of the work, shards most of the rest.
+    TOKENIZE, WRITE = 85.0, 12.0
+
+    def __init__(self, name: str) -> None:
+        from prefect.artifacts import create_progress_artifact
+
+        self.name = name
+        self.artifact_id = create_progress_artifact(
+            0.0, key=artifact_key(name, "progress"), description=f"{name}: planning"
+        )
+        self._last = 0.0
+
+    def update(self, percent: float, description: str, *, force: bool = False) -> None:
+        from prefect.artifacts import update_progress_artifact
+
+        now = time.monotonic()
+        if not force and now - self._last < 1.0:
+            return
+        self._last = now
+        try:
+            update_progress_artifact(self.artifact_id, progress=min(100.0, percent), description=description)
+        except Exception:  # the UI's bar is a convenience; never fail a build for it
+            log.debug("could not update the progress artifact", exc_info=True)
+
+    def step(self, phase: str, done: int, total: int, tokens: int, started: float, ref: str | None = None) -> None:
+        elapsed = time.monotonic() - started
+        emit(Progress(dataset=self.name, phase=phase, done=done, total=total, tokens=tokens, elapsed=elapsed, ref=ref))
+        last = done >= total
+        if phase == "tokenize":
+            pct = self.TOKENIZE * (done / total if total else 1.0)
+            rate = f", {tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
+            self.update(pct, f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}", force=last)
+        elif phase == "write":
+            pct = self.TOKENIZE + self.WRITE * (done / total if total else 1.0)
+            self.update(pct, f"{self.name}: {done}/{total} shards written", force=last)
+        elif phase == "finish":
+            self.update(self.TOKENIZE + self.WRITE, f"{self.name}: validating and publishing", force=True)
+        elif phase == "done":
+            self.update(100.0, f"{self.name}: done, {ref}", force=True)
+
+
+def _publish_artifacts(
+    *, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]
+) -> None:
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+    directory = Catalog(catalog).resolve(ref)
+    manifest = read_manifest(directory)
+    manifest_path = directory / "metadata.yaml"
+    create_table_artifact(
+        shard_rows(manifest),
+        key=artifact_key(name, "shards"),
+        description=f"Shards of {ref}: {manifest.totals['shards']} files, {manifest.totals['tokens']:,} tokens",
+    )
+    create_markdown_artifact(
+        summary_markdown(manifest, manifest_path=manifest_path, created=created, **stats),
+        key=artifact_key(name, "summary"),
+        description=summary_description(manifest, created=created),
+    )
+    create_link_artifact(
+        manifest_link(manifest_path),
+        link_text=f"{ref} metadata.yaml",
+        key=artifact_key(name, "manifest"),
+        description=f"Manifest of {ref}: {manifest_path}",
+    )
+
+
+def _failure_summary(name: str, step: str, exc: BaseException) -> None:
+    from prefect.artifacts import create_markdown_artifact
+
+    try:
+        create_markdown_artifact(
+            f"# Build summary: {name}\n\n**FAILED** in step `{step}`: {exc}\n\nNothing was published.\n",
+            key=artifact_key(name, "summary"),
+            description=f"{name}: failed in {step}: {str(exc)[:200]}",
+        )
+    except Exception:
+        log.debug("could not record the failure summary", exc_info=True)
+
+
+@flow(
+    name="build-dataset",
+    flow_run_name="build {config.name}",
+    task_runner=ThreadPoolTaskRunner(max_workers=8),
+    persist_result=False,
+)
+def build_dataset(
+    config: BuildConfig,
+    workers: int = 2,
+    data_root: str | None = None,
+    catalog: str | None = None,
+    runner: str = "threads",
+    address: str | None = None,
+) -> str:
+    """Build ``config`` into a published version; returns its ``NAME@VERSION``.
+
+    ``runner="dask"`` with ``address="tcp://HOST:PORT"`` runs the work units on
+    an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
+    fsspec URLs (``s3://...``), which are staged under ``<data_root>/<name>/.sources/``.
+    """
+    with core_logs_to_prefect():
+        return _build(config, workers, data_root, catalog, runner, address)
+
+
+def _build(
+    config: BuildConfig, workers: int, data_root: str | None, catalog: str | None, runner: str, address: str | None
+) -> str:
+    started = time.monotonic()
+    logger = get_run_logger()
+    name = config.name
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, not {workers}")
+    task_runner = make_task_runner(runner, address)
+    _tag_flow_run([*TAGS, dataset_tag(name)])
+    with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
+        progress = _RunProgress(name)
+        if needs_staging(config.sources):
+            cache_root = default_data_root(data_root) / name / ".sources"
+            logger.info("staging %d URL source(s) of %s into %s", len(config.sources), name, cache_root)
+            config = config.replace(sources=stage_task(config.sources, str(cache_root), name))
+        elif any(s.lower().startswith("file://") for s in config.sources):
+            config = config.replace(sources=local_sources(config.sources))
+
+        plan = plan_task(config, data_root, catalog)
+        if plan.existing:
+            logger.info("%s: nothing to do, identical to the published %s", name, plan.existing)
+            progress.step("done", 1, 1, 0, started, ref=plan.existing)
+            _publish_artifacts(name=name, ref=plan.existing, catalog=plan.catalog, created=False, stats={})
+            return plan.existing
+        # One run per build at a time, to the end of the flow: a second run of the same
+        # build fails here with a clear message; it re-reads the plan under the lock.
+        plan = held.enter_context(build_lock(plan))
+        if plan.existing:
+            logger.info("%s: published meanwhile by another run as %s", name, plan.existing)
+            progress.step("done", 1, 1, 0, started, ref=plan.existing)
+            _publish_artifacts(name=name, ref=plan.existing, catalog=plan.catalog, created=False, stats={})
+            return plan.existing
+
+        staging, units = plan.staging, plan.units
+        logger.info(
+            "%s: %d input file(s), %d work unit(s), runner %s, %d in flight",
+            name, len(plan.inputs), len(units), runner, workers,
+        )
+        labels = [
+            f"{name} unit {u.index + 1}/{len(units)} {Path(plan.inputs[u.input].relname).name}[{u.start}:{u.stop}]"
+            for u in units
+        ]
+        with task_runner if task_runner is not None else contextlib.nullcontext() as tr:
+
+            def submit(task: Any, **params: Any) -> PrefectFuture[Any]:
+                return tr.submit(task, parameters=params) if tr is not None else task.submit(**params)
+
+            t0 = time.monotonic()
+            counts = {"units": 0, "tokens": 0, "shards": 0, "written": 0}
+
+            def unit_done(_u: int, result: dict[str, Any]) -> None:
+                counts["units"] += 1
+                counts["tokens"] += int(result["tokens"])
+                progress.step("tokenize", counts["units"], len(units), counts["tokens"], t0)
+
+            progress.step("tokenize", 0, len(units), 0, t0)
+            run_windowed(
+                lambda u: submit(tokenize_task, staging=staging, unit=u, label=labels[u]),
+                range(len(units)),
+                workers=workers,
+                on_done=unit_done,
+            )
+            tokenize_seconds = time.monotonic() - t0
+
+            layout = layout_task(staging, name)
+            jobs = [(split, k) for split, n in layout.items() for k in range(n)]
+            t1 = time.monotonic()
+
+            def shard_done(_job: Any, entry: dict[str, Any]) -> None:
+                counts["shards"] += 1
+                counts["written"] += int(entry["tokens"])
+                progress.step("write", counts["shards"], len(jobs), counts["written"], t1)
+
+            progress.step("write", 0, len(jobs), 0, t1)
+            run_windowed(
+                lambda sk: submit(write_shard_task, staging=staging, name=name, split=sk[0], index=sk[1]),
+                jobs,
+                workers=workers,
+                on_done=shard_done,
+            )
+        progress.step("finish", 0, 1, 0, started)
+        try:
+            validate_task(staging, name)
+        except Exception as exc:
+            _failure_summary(name, "validate", exc)
+            raise
+        if getattr(plan.config, "embed", None) is not None:
+            try:
+                embed_task(staging, name)
+            except Exception as exc:
+                _failure_summary(name, "embed", exc)
+                raise
+        ref = publish_task(staging, name)
+        _publish_artifacts(
+            name=name,
+            ref=ref,
+            catalog=plan.catalog,
+            created=True,
+            stats=dict(
+                seconds=time.monotonic() - started,
+                tokenize_seconds=tokenize_seconds,
+                units=len(units),
+                runner=runner if address is None else f"{runner} ({address})",
+                input_bytes=sum(i.size for i in plan.inputs),
+                tokenized_tokens=counts["tokens"],
+            ),
+        )
+        progress.step("done", 1, 1, counts["tokens"], started, ref=ref)
+        logger.info("%s: published %s", name, ref)
+    return ref

@@ -1,0 +1,476 @@
+"""The ``shardflow`` command line: build, validate, ls, show, serve.
+
+``build`` runs the ``build_dataset`` Prefect flow (on Prefect's temporary local
+server unless ``PREFECT_API_URL`` points at a real one), prints the published
+reference, and prints the absolute path of the version's ``metadata.yaml`` as
+the last line of standard output. ``--no-prefect`` runs the same core steps in
+this process without Prefect. ``--runner dask --address tcp://HOST:PORT`` runs
+the work units on an existing Dask cluster. Progress goes to standard error: a
+bar on a terminal, plain lines when piped or under CI.
+
+``serve`` registers scheduled deployments of the build flow (from a schedules
+file, or one dataset from the command line) and runs their flow runs.
+
+A user error (bad input, bad option, failed validation) is one message on
+standard error and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from shardflow.errors import ShardflowError
+
+__all__ = ["main", "build_parser"]
+
+EXIT_USER_ERROR = 2
+EXIT_IO_ERROR = 1
+
+
+def _add_catalog(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", help="catalog directory (default: $SHARDFLOW_CATALOG or ./manifests)")
+
+
+def _add_embed_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
+    """Options of the embedding stage; ``prefix`` is "embed-" on build/serve and "" on ``embed``."""
+    from shardflow.config import EMBED_CODECS
+
+    p.add_argument(f"--{prefix}codec", dest="embed_codec", default="int8", choices=EMBED_CODECS,
+                   help="how embeddings are stored (default int8: row-wise absmax, float32 scales)")
+    p.add_argument(f"--{prefix}long-docs", dest="embed_long_docs", default="truncate", choices=["truncate", "chunk"],
+                   help="documents longer than the model's 256-token window: truncate (default) or chunk and mean-pool")
+    p.add_argument(f"--{prefix}precision", dest="embed_precision", default="bf16", choices=["bf16", "fp32"],
+                   help="model precision (bf16 autocast is ~1.8x faster on CPU, cosine 0.99998 to fp32)")
+    p.add_argument(f"--{prefix}device", dest="embed_device", default="auto", help="auto (GPU when present), cpu, cuda[:N]")
+    p.add_argument(f"--{prefix}min-cosine", dest="embed_min_cosine", type=float, default=0.99,
+                   help="validation floor: mean cosine of the stored codes to float32 (default 0.99)")
+    p.add_argument(f"--{prefix}min-recall", dest="embed_min_recall", type=float, default=0.90,
+                   help="validation floor: recall@10 of nearest neighbours against float32 (default 0.90)")
+
+
+def _embed_options(args: argparse.Namespace) -> Any:
+    from shardflow.config import EmbedOptions
+
+    return EmbedOptions(
+        codec=args.embed_codec,
+        long_docs=args.embed_long_docs,
+        precision=args.embed_precision,
+        device=args.embed_device,
+        min_mean_cosine=args.embed_min_cosine,
+        min_recall_at_10=args.embed_min_recall,
+    )
+
+
+def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> None:
+    b.add_argument("--name", required=name_required, help="dataset name (lowercase letters, digits, '.', '_', '-')")
+    b.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
+    b.add_argument("--tokenizer", default="cl100k_base", help="tiktoken encoding name or .tiktoken rank file")
+    b.add_argument("--backend", default="auto", choices=["auto", "gigatoken", "tiktoken"], help="tokenizer backend")
+    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy or bin")
+    b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
+    g = b.add_mutually_exclusive_group()
+    g.add_argument("--bos", dest="boundary", action="store_const", const="bos", help="prepend <|endoftext|> (default)")
+    g.add_argument("--eos", dest="boundary", action="store_const", const="eos", help="append <|endoftext|> instead")
+    b.set_defaults(boundary="bos")
+    b.add_argument("--val-fraction", type=float, default=0.0, help="hold out this fraction of documents as 'val'")
+    b.add_argument("--val-count", type=int, default=0, help="hold out this many documents as 'val'")
+    b.add_argument("--seed", type=int, default=0, help="seed of the validation split (default 0)")
+    b.add_argument("--utf8-errors", default="replace", choices=["replace", "skip"], help="invalid UTF-8 in binary text")
+    b.add_argument("--description", default="", help="free text stored in the manifest")
+    b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
+    b.add_argument("--batch-rows", type=int, default=4096, help="rows read and tokenized at once (bounds memory)")
+    b.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
+    _add_catalog(b)
+    b.add_argument("--embed", action="store_true",
+                   help="also compute one embedding per document (needs: pip install 'shardflow[embed]')")
+    _add_embed_options(b, prefix="embed-")
+    b.add_argument(
+        "--runner", default="threads", choices=["threads", "dask"],
+        help="where work units run: threads in this process (default) or a Dask cluster (needs --address)",
+    )
+    b.add_argument(
+        "--address", default=None,
+        help="Dask scheduler address for --runner dask, e.g. tcp://10.0.0.5:8786 (needs shardflow[dask] and "
+        "a real Prefect server in PREFECT_API_URL)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", help="tokenize sources into a new published version")
+    b.add_argument(
+        "sources", nargs="+",
+        help="Parquet/Arrow files, directories, globs, save_to_disk datasets, or URLs (file://, s3://...)",
+    )
+    _add_build_options(b, name_required=True)
+    b.add_argument("--no-prefect", action="store_true", help="run the steps in this process, without Prefect")
+    b.add_argument(
+        "--progress", default="auto", choices=["auto", "bar", "plain", "none"],
+        help="progress on stderr: a bar on a terminal, plain lines when piped or under CI (default auto)",
+    )
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve scheduled build deployments (from a schedules file, or one dataset given here)",
+        description="Register build_dataset deployments with cron schedules and run their flow runs "
+        "until interrupted. Start a run by hand with: prefect deployment run build-dataset/DEPLOYMENT",
+    )
+    sv.add_argument("sources", nargs="*", help="sources of the one dataset to serve (with --name and --cron)")
+    sv.add_argument("--schedules", metavar="FILE", help="YAML schedules file (see flows/schedules.py, docs/OPERATIONS.md)")
+    _add_build_options(sv, name_required=False)
+    sv.add_argument("--cron", help="cron schedule of the one dataset, e.g. '0 2 * * *' (02:00 daily)")
+    sv.add_argument("--timezone", default=None, help="timezone of --cron (IANA name, default UTC)")
+    sv.add_argument("--deployment", help="deployment name (default: the dataset name)")
+    sv.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
+    sv.add_argument("--dry-run", action="store_true", help="print the deployments as JSON and exit")
+
+    v = sub.add_parser("validate", help="check a published version against its manifest")
+    v.add_argument("ref", help="NAME@VERSION, NAME@latest, or a version directory / metadata.yaml")
+    v.add_argument("--no-checksums", action="store_true", help="skip SHA-256 checks (faster)")
+    _add_catalog(v)
+
+    ls = sub.add_parser("ls", help="list datasets, or the versions of one dataset")
+    ls.add_argument("name", nargs="?")
+    _add_catalog(ls)
+
+    e = sub.add_parser(
+        "embed",
+        help="add embeddings to a published version (a new version; token shards hard-linked)",
+        description="Compute one embedding per document of every split of REF and publish them as a new "
+        "version whose parent is REF. The token shards are hard-linked from REF, not copied.",
+    )
+    e.add_argument("ref", help="NAME@VERSION, NAME@latest, or a version directory / metadata.yaml")
+    _add_embed_options(e, prefix="")
+    e.add_argument("--data-root", help="where the new version is written (default: beside REF)")
+    _add_catalog(e)
+
+    s = sub.add_parser("show", help="print a version's manifest summary")
+    s.add_argument("ref")
+    s.add_argument("--split", default=None, help="split to sample from (default: train)")
+    s.add_argument("--samples", type=int, default=2, help="decoded samples to print")
+    _add_catalog(s)
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from shardflow.config import BuildConfig
+
+    return BuildConfig(
+        name=args.name,
+        sources=tuple(args.sources),
+        text_column=args.text_column,
+        id_column=args.id_column,
+        tokenizer=args.tokenizer,
+        backend=args.backend,
+        format=args.format,
+        shard_tokens=args.shard_tokens,
+        boundary=args.boundary,
+        val_fraction=args.val_fraction,
+        val_count=args.val_count,
+        seed=args.seed,
+        utf8_errors=args.utf8_errors,
+        description=args.description,
+        batch_rows=args.batch_rows,
+        embed=_embed_options(args) if args.embed else None,
+    )
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed task's traceback; for a ShardflowError the message is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ShardflowError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_prefect_tracebacks() -> None:
+    flt = _NoTracebackForUserErrors()
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(flt)
+
+
+def _check_runner(args: argparse.Namespace) -> None:
+    if args.runner == "dask" and not args.address:
+        raise ShardflowError("--runner dask needs --address tcp://HOST:PORT, the address of a running Dask scheduler")
+    if args.runner != "dask" and args.address:
+        raise ShardflowError("--address is for --runner dask")
+    if args.runner == "dask" and getattr(args, "no_prefect", False):
+        raise ShardflowError("--runner dask runs Prefect tasks on the cluster; it cannot be combined with --no-prefect")
+
+
+def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) -> str:
+    import time
+
+    from shardflow.build import build, plan_build
+    from shardflow.catalog import default_data_root
+
+    from flows.progress import Progress
+
+    if any("://" in s for s in config.sources):
+        # Imported here: the tasks package imports Prefect (seconds), which --no-prefect does not need.
+        from tasks.sources import stage_sources
+
+        cache_root = default_data_root(args.data_root) / config.name / ".sources"
+        config = config.replace(sources=stage_sources(config.sources, cache_root))
+    # Planning first tells the display how many units there are; build() plans again,
+    # which is cheap (input fingerprints are cached) and returns the same plan.
+    plan = plan_build(config, data_root=args.data_root, catalog=args.catalog)
+    total = len(plan.units)
+    state = {"done": 0, "tokens": 0, "t0": time.monotonic()}
+
+    def on_unit(result: Any) -> None:
+        state["done"] += 1
+        state["tokens"] += result.tokens
+        display(Progress(dataset=config.name, phase="tokenize", done=state["done"], total=total,
+                         tokens=state["tokens"], elapsed=time.monotonic() - state["t0"]))
+
+    if not plan.existing:
+        display(Progress(dataset=config.name, phase="tokenize", done=0, total=total))
+    result = build(config, data_root=args.data_root, catalog=args.catalog, workers=args.workers, on_unit=on_unit)
+    display(Progress(dataset=config.name, phase="done", done=1, total=1, ref=result.ref))
+    return result.ref
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from shardflow.catalog import Catalog
+
+    from flows.progress import ProgressDisplay, listening
+
+    config = _config(args)
+    if args.workers < 1:
+        raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
+    _check_runner(args)
+    display = ProgressDisplay(args.progress)
+    if args.no_prefect:
+        with display:
+            ref = _build_without_prefect(args, config, display)
+    else:
+        # The core's log lines go to the Prefect run logs too.
+        os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+        from prefect import tags
+
+        from flows.build import build_dataset, dataset_tag, require_real_api
+        from tasks.build import TAGS
+
+        if args.runner == "dask":
+            import importlib.util
+
+            if importlib.util.find_spec("prefect_dask") is None:
+                raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
+            require_real_api(args.runner, args.address)
+        _quiet_prefect_tracebacks()
+        with display, listening(display), tags(*TAGS, dataset_tag(config.name)):
+            ref = build_dataset(
+                config=config,
+                workers=args.workers,
+                data_root=args.data_root,
+                catalog=args.catalog,
+                runner=args.runner,
+                address=args.address,
+            )
+    directory = Catalog(args.catalog).resolve(ref)
+    print(f"published {ref}")
+    print(str(directory / "metadata.yaml"))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import json
+
+    from flows.schedules import ScheduledBuild, load_schedules, to_deployments
+
+    if args.schedules:
+        if args.sources or args.name or args.cron:
+            raise ShardflowError("give either --schedules FILE or one dataset (SOURCES --name --cron), not both")
+        builds = load_schedules(args.schedules)
+    else:
+        if not (args.sources and args.name):
+            raise ShardflowError(
+                "nothing to serve: give --schedules FILE, or SOURCES with --name NAME and --cron 'MIN HOUR DOM MON DOW'"
+            )
+        _check_runner(args)
+        if args.workers < 1:
+            raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
+        from flows.schedules import _abs, _check_cron
+
+        if args.cron:
+            _check_cron(args.cron, args.timezone, "--cron")
+        config = _config(args)
+        cwd = Path.cwd()
+        config = config.replace(sources=tuple(_abs(s, cwd) or s for s in config.sources))
+        builds = [
+            ScheduledBuild(
+                deployment=args.deployment or config.name,
+                config=config,
+                cron=args.cron,
+                timezone=args.timezone,
+                workers=args.workers,
+                data_root=_abs(args.data_root, cwd),
+                catalog=_abs(args.catalog, cwd),
+                runner=args.runner,
+                address=args.address,
+                description=f"Build the {config.name} dataset",
+            )
+        ]
+    if args.dry_run:
+        print(json.dumps([b.to_dict() for b in builds], indent=2))
+        return 0
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+    from prefect import serve
+
+    deployments = to_deployments(builds)
+    for b in builds:
+        when = f"cron {b.cron!r}" + (f" ({b.timezone})" if b.timezone else "") if b.cron else "no schedule (run by hand)"
+        print(f"serving build-dataset/{b.deployment}: {b.config.name} from {', '.join(b.config.sources)}, {when}",
+              flush=True)
+    serve(*deployments, limit=args.limit)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from shardflow.catalog import resolve_ref
+    from shardflow.manifest import read_manifest
+    from shardflow.validation import validate_dir
+
+    directory = resolve_ref(args.ref, args.catalog)
+    manifest = read_manifest(directory)
+    report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+    fmt = manifest.format
+    print(f"OK {manifest.ref}: {report.shards} shards, {report.tokens} tokens, {report.documents} documents")
+    print("settings for a training job:")
+    print(f"  path:          {directory}")
+    print(f"  file pattern:  {fmt.get('file_pattern')}")
+    print(f"  format:        {fmt['name']} (header {fmt.get('header_bytes', 0)} bytes)")
+    print(f"  dtype:         {manifest.dtype}")
+    print(f"  vocab_size:    {manifest.tokenized_info['vocab_size']}")
+    print(f"  boundary:      {manifest.boundary['token']} = {manifest.boundary['token_id']} ({manifest.boundary['placement']})")
+    for split, entry in manifest.splits.items():
+        print(f"  {split:6s}         {len(entry.shards)} shards, {entry.tokens} tokens, {entry.documents} documents")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from shardflow.catalog import Catalog
+
+    cat = Catalog(args.catalog)
+    if args.name is None:
+        names = cat.datasets()
+        if not names:
+            print(f"no datasets in {cat.path}")
+        for name in names:
+            versions = cat.versions(name)
+            print(f"{name}\t{len(versions)} version{'s' if len(versions) != 1 else ''}\tlatest {cat.latest(name)}")
+        return 0
+    if args.name not in cat.datasets():
+        raise ShardflowError(f"no dataset {args.name!r} in the catalog {cat.path}")
+    latest = cat.latest(args.name)
+    for v in cat.versions(args.name):
+        mark = "*" if v.version == latest else " "
+        t = v.totals
+        print(
+            f"{mark} {args.name}@{v.version}\t{v.created_at}\t{t.get('documents')} docs\t{t.get('tokens')} tokens\t"
+            f"{t.get('shards')} shards\tparent {v.parent or '-'}\t{cat.version_dir(v)}"
+        )
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from shardflow.build import embed_version
+
+    result = embed_version(args.ref, _embed_options(args), catalog=args.catalog, data_root=args.data_root)
+    if result.created:
+        print(f"published {result.ref} (embeddings of {args.ref})")
+    else:
+        print(f"{result.ref} already holds these embeddings of {args.ref}; nothing new was published")
+    print(result.manifest_path)
+    return 0
+
+
+def _print_embeddings(m: Any) -> None:
+    info = m.extra.get("embeddings")
+    if not info:
+        return
+    print(f"  embeddings: {info['model']} ({info['dim']} dims, {info['precision']}, {info['long_docs']} long documents), "
+          f"codec {info['codec']}; floors: mean cosine >= {info['floors']['min_mean_cosine']}, "
+          f"recall@10 >= {info['floors']['min_recall_at_10']}")
+    for split, entry in m.splits.items():
+        section = entry.extra.get("embeddings")
+        if not section:
+            continue
+        q = section.get("quality") or {}
+        quality = (f"mean cosine {q['mean_cosine']:.5f}, min cosine {q['min_cosine']:.5f}, "
+                   f"recall@{q['k']} {q['recall_at_k']:.3f} on {q['rows']} rows") if q else "quality not measured"
+        print(f"    {split}: {section['rows']} rows in {section['file']} ({section['bytes']} bytes; "
+              f"{section['truncated']} truncated); {quality}")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from shardflow.reader import open_version
+
+    version = open_version(args.ref, catalog=args.catalog)
+    m = version.manifest
+    print(f"{m.ref}  ({version.directory})")
+    if m.description:
+        print(f"  {m.description}")
+    print(f"  created {m.created_at}, parent {m.parent or '-'}")
+    print(f"  tokenizer {m.tokenized_info['tokenizer']} ({m.tokenized_info.get('backend')}), dtype {m.dtype}, "
+          f"vocab {m.tokenized_info['vocab_size']}, format {m.format_name}")
+    print(f"  boundary {m.boundary['token']} = {m.boundary['token_id']} ({m.boundary['placement']})")
+    t = m.totals
+    print(f"  totals: {t['documents']} documents, {t['tokens']} tokens, {t['shards']} shards, {t['bytes']} bytes; "
+          f"{t['input_rows']} input rows, {t['null_texts']} null, {t['empty_texts']} empty")
+    for split, entry in m.splits.items():
+        print(f"  {split}: {entry.documents} documents, {entry.tokens} tokens in {len(entry.shards)} shards")
+    _print_embeddings(m)
+    try:
+        from shardflow.runtime.inspect import inspect_version
+    except ImportError:
+        inspect_version = None  # type: ignore[assignment]
+    if inspect_version is not None:
+        # inspect_version takes a reference; the resolved version directory is one.
+        print(inspect_version(version.directory, split=args.split or "train", samples=args.samples))
+    return 0
+
+
+COMMANDS = {
+    "build": cmd_build,
+    "embed": cmd_embed,
+    "validate": cmd_validate,
+    "ls": cmd_ls,
+    "show": cmd_show,
+    "serve": cmd_serve,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``shardflow`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ShardflowError as exc:
+        print(f"shardflow: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:
+        # A full disk, a read-only or flaky mount: one line, no traceback. Nothing partial is published.
+        from shardflow.errors import describe_os_error
+
+        print(f"shardflow: error: {describe_os_error(exc)}", file=sys.stderr)
+        return EXIT_IO_ERROR
+    except KeyboardInterrupt:
+        print("shardflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

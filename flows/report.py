@@ -1,0 +1,169 @@
+"""What a build run shows in the Prefect UI: artifact keys and contents.
+
+Every ``build_dataset`` run creates, per dataset (keys from :func:`artifact_key`):
+
+* ``<dataset>-progress``: a progress artifact, updated as work units and shards finish;
+* ``<dataset>-shards``: a table of the version's shards (split, file, tokens, documents, bytes, sha256);
+* ``<dataset>-summary``: a markdown summary (reference, manifest path, validation, tokenizer,
+  dtype, format, totals per split, throughput);
+* ``<dataset>-manifest``: a link to the version's ``metadata.yaml``.
+
+Artifact keys may hold only lowercase letters, digits and dashes, so the
+dataset name is slugged (``wiki_en.v2`` becomes ``wiki-en-v2``). Because the
+keys are stable per dataset, each run adds a new version of the same keys, and
+the Artifacts page of the UI lists a dataset's builds over time.
+
+The content builders are plain functions (no Prefect), tested on their own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from shardflow.manifest import Manifest
+
+__all__ = ["artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_link"]
+
+_KEY_KINDS = ("progress", "shards", "summary", "manifest")
+
+
+def dataset_slug(name: str) -> str:
+    """A dataset name as an artifact key part: lowercase letters, digits and single dashes."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "dataset"
+
+
+def artifact_key(name: str, kind: str) -> str:
+    """``<dataset slug>-<kind>``, e.g. ``artifact_key("wiki_en", "summary") == "wiki-en-summary"``."""
+    if kind not in _KEY_KINDS:
+        raise ValueError(f"unknown artifact kind {kind!r}; one of {', '.join(_KEY_KINDS)}")
+    return f"{dataset_slug(name)}-{kind}"
+
+
+def shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
+    """One row per shard, in manifest order: the table artifact's content."""
+    rows = []
+    for split, entry in manifest.splits.items():
+        for shard in entry.shards:
+            rows.append(
+                {
+                    "split": split,
+                    "file": shard.file,
+                    "tokens": shard.tokens,
+                    "documents": shard.documents,
+                    "bytes": shard.bytes,
+                    "sha256": shard.sha256,
+                }
+            )
+    return rows
+
+
+def manifest_link(manifest_path: str | Path) -> str:
+    return Path(manifest_path).resolve().as_uri()
+
+
+def _cell(text: Any) -> str:
+    """Text for a markdown table cell: a '|' would end the cell, so it is escaped."""
+    return str(text).replace("|", "\\|")
+
+
+def _n(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def _rate(tokens: int, seconds: float | None) -> str:
+    if not seconds or seconds <= 0:
+        return "n/a"
+    return f"{tokens / seconds:,.0f} tokens/s"
+
+
+def summary_description(manifest: Manifest, *, created: bool) -> str:
+    """One line for the artifact card on the flow run page."""
+    t = manifest.totals
+    head = f"{manifest.ref}" + ("" if created else " (unchanged, no new version)")
+    return (
+        f"{head}: {_n(t['shards'])} shards, {_n(t['tokens'])} tokens, {_n(t['documents'])} documents; "
+        f"validation passed"
+    )
+
+
+def summary_markdown(
+    manifest: Manifest,
+    *,
+    manifest_path: str | Path,
+    created: bool,
+    seconds: float | None = None,
+    tokenize_seconds: float | None = None,
+    units: int | None = None,
+    runner: str = "threads",
+    input_bytes: int | None = None,
+    tokenized_tokens: int | None = None,
+) -> str:
+    """The run's markdown summary."""
+    t = manifest.totals
+    ti = manifest.tokenized_info
+    fmt = manifest.format
+    b = manifest.boundary
+    status = (
+        f"Published **`{manifest.ref}`**" + (f" (parent `{manifest.parent}`)" if manifest.parent else " (first version)")
+        if created
+        else f"**No new version**: the inputs and options are unchanged since **`{manifest.ref}`**"
+    )
+    lines = [
+        f"# Build summary: {manifest.name}",
+        "",
+        status + ".",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Published reference | `{manifest.ref}` |",
+        f"| Manifest | `{Path(manifest_path)}` |",
+        f"| Validation | passed: {_n(t['shards'])} shards and their indexes match the manifest (sizes, SHA-256) |",
+        f"| Tokenizer | `{ti['tokenizer']}` ({ti.get('backend', '?')} backend), vocab {_n(ti['vocab_size'])} |",
+        f"| dtype | `{manifest.dtype}` |",
+        f"| Format | `{fmt['name']}` (header {fmt.get('header_bytes', 0)} bytes, files `{fmt.get('file_pattern', '')}`) |",
+        f"| Boundary | `{_cell(b['token'])}` = {b['token_id']} ({b['placement']}) |",
+        f"| Build key | `{manifest.build_key[:16]}` |",
+        f"| Created | {manifest.created_at} |",
+        "",
+        "## Totals",
+        "",
+        "| split | documents | tokens | shards |",
+        "|---|---:|---:|---:|",
+    ]
+    for split, entry in manifest.splits.items():
+        lines.append(f"| {split} | {_n(entry.documents)} | {_n(entry.tokens)} | {_n(len(entry.shards))} |")
+    lines += [
+        f"| **total** | **{_n(t['documents'])}** | **{_n(t['tokens'])}** | **{_n(t['shards'])}** |",
+        "",
+        f"Input: {_n(len(manifest.inputs))} files, {_n(t['input_rows'])} rows "
+        f"({_n(t['null_texts'])} null and {_n(t['empty_texts'])} empty texts skipped, "
+        f"{_n(t.get('invalid_utf8', 0))} with invalid UTF-8). Output: {_n(t['bytes'])} bytes.",
+        "",
+        "## Throughput",
+        "",
+    ]
+    if created:
+        lines += [
+            "| step | time | rate |",
+            "|---|---:|---:|",
+        ]
+        if tokenize_seconds is not None:
+            new_tokens = t["tokens"] if tokenized_tokens is None else tokenized_tokens
+            unit_part = f" ({_n(units)} work units)" if units is not None else ""
+            lines.append(f"| tokenize{unit_part} | {tokenize_seconds:.1f} s | {_rate(new_tokens, tokenize_seconds)} |")
+        if seconds is not None:
+            mb = f", {input_bytes / seconds / 1e6:,.1f} MB/s of input" if input_bytes and seconds > 0 else ""
+            lines.append(f"| whole build | {seconds:.1f} s | {_rate(t['tokens'], seconds)}{mb} |")
+        lines += ["", f"Task runner: `{runner}`."]
+        if tokenized_tokens is not None and tokenized_tokens != t["tokens"]:
+            lines += [
+                "",
+                f"Incremental: {_n(tokenized_tokens)} tokens were tokenized in this run; the other "
+                f"{_n(t['tokens'] - tokenized_tokens)} came unchanged from `{manifest.parent}`.",
+            ]
+    else:
+        lines.append("Nothing was tokenized: this run found the identical version already published.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,187 @@
+"""Prefect tasks for the build steps; the logic lives in ``shardflow.build``.
+
+Retries: only the tasks that move bytes to or from storage that may be remote
+or shared (staging sources, fingerprinting and reading the inputs, writing
+shards, publishing) retry, and only on a transient ``OSError`` (a flaky mount,
+a dropped connection). Bad input, bad config and failed validation are
+deterministic and never retried; the compute and check steps (``layout``,
+``validate``) have no retries at all.
+
+Results: every task returns small JSON-able metadata (counts, a shard's
+manifest entry, a path, a reference), never token arrays, and nothing is
+persisted by Prefect (``persist_result=False``, no cache key to hash). Work
+already done is not redone because every core step first looks for its own
+output on disk (``parts/unit-N.json``, ``layout/SPLIT-K.shard.json``): a task
+that runs again, after a retry, a flow-run retry or on another Dask worker,
+returns the recorded result without recomputing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from shardflow import build as core
+from shardflow.config import BuildConfig
+from shardflow.errors import ShardflowError
+from shardflow.errors import is_transient as core_is_transient
+
+from .sources import stage_sources
+
+__all__ = [
+    "stage_task",
+    "plan_task",
+    "tokenize_task",
+    "layout_task",
+    "write_shard_task",
+    "validate_task",
+    "embed_task",
+    "publish_task",
+    "is_transient",
+    "attach_core_logs",
+    "core_logs_to_prefect",
+    "IO_TASKS",
+    "TAGS",
+]
+
+TAGS = ("shardflow",)
+
+# Deterministic OSErrors: retrying cannot make a missing file appear or a permission change.
+_PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def is_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry I/O failures (a flaky disk or network mount), never bad input or bad config."""
+    exc = state.data
+    return (
+        isinstance(exc, OSError)
+        and not isinstance(exc, ShardflowError)
+        and not isinstance(exc, _PERMANENT_OS_ERRORS)
+        and core_is_transient(exc)  # the same rule as the core's in-process retries (a full disk is not transient)
+    )
+
+
+def _api_handler(logger: logging.Logger) -> logging.Handler | None:
+    from prefect.logging.handlers import APILogHandler
+
+    return next((h for h in logger.handlers if isinstance(h, APILogHandler)), None)
+
+
+def _new_api_handler() -> logging.Handler:
+    from prefect.logging.handlers import APILogHandler
+
+    handler = APILogHandler()
+    handler.addFilter(_in_a_run)
+    return handler
+
+
+def attach_core_logs() -> None:
+    """Send the core library's ``shardflow.*`` log lines (INFO and up) to the Prefect run logs.
+
+    ``PREFECT_LOGGING_EXTRA_LOGGERS=shardflow`` attaches Prefect's API handler
+    when Prefect starts, but leaves the logger at the root's WARNING level, and
+    a Dask worker or a served flow-run process may not have that variable at
+    all. Every task calls this first, so it holds wherever the task runs (a
+    worker process keeps the setting). In the flow's own process
+    :func:`core_logs_to_prefect` has already done it, for the run only, and
+    this is a no-op. Idempotent and cheap.
+    """
+    logger = logging.getLogger("shardflow")
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if _api_handler(logger) is None:
+        logger.addHandler(_new_api_handler())
+
+
+@contextlib.contextmanager
+def core_logs_to_prefect() -> Iterator[None]:
+    """Like :func:`attach_core_logs` for the duration of a flow run, then put the logger back as it was.
+
+    So a process that runs a flow and then goes on (a test session, a notebook)
+    does not keep the ``shardflow`` logger at INFO.
+    """
+    logger = logging.getLogger("shardflow")
+    old_level = logger.level
+    added = None
+    if _api_handler(logger) is None:
+        added = _new_api_handler()
+        logger.addHandler(added)
+    if old_level == logging.NOTSET or old_level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(old_level)
+        if added is not None:
+            logger.removeHandler(added)
+
+
+def _in_a_run(record: logging.LogRecord) -> bool:
+    """Core log lines outside any flow or task run (``--no-prefect``, a library user) stay local."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+_COMMON: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, tags=list(TAGS))
+# NO_CACHE: results are tiny and steps are idempotent on disk already; hashing
+# inputs for a cache key would only cost time.
+_IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_condition_fn=is_transient)
+_NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
+
+
+@task(name="stage-sources", task_run_name="stage sources of {name}", **_IO)
+def stage_task(sources: tuple[str, ...], cache_root: str, name: str) -> tuple[str, ...]:
+    """Mirror URL sources (``s3://...``) to local disk; returns the local paths."""
+    attach_core_logs()
+    return stage_sources(sources, cache_root)
+
+
+@task(name="plan", task_run_name="plan {config.name}", **_IO)
+def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -> core.BuildPlan:
+    attach_core_logs()
+    return core.plan_build(config, data_root=data_root, catalog=catalog)
+
+
+@task(name="tokenize-unit", task_run_name="tokenize {label}", **_IO)
+def tokenize_task(staging: str, unit: int, label: str) -> dict[str, Any]:
+    attach_core_logs()
+    return core.tokenize_unit(staging, unit).to_dict()
+
+
+@task(name="layout", task_run_name="layout {name}", **_NO_RETRY)
+def layout_task(staging: str, name: str) -> dict[str, int]:
+    attach_core_logs()
+    return core.make_layout(staging)
+
+
+@task(name="write-shard", task_run_name="write {name} {split} shard {index}", **_IO)
+def write_shard_task(staging: str, name: str, split: str, index: int) -> dict[str, Any]:
+    attach_core_logs()
+    return core.write_shard(staging, split, index)
+
+
+@task(name="validate", task_run_name="validate {name}", **_NO_RETRY)
+def validate_task(staging: str, name: str) -> dict[str, Any]:
+    attach_core_logs()
+    return core.finalize(staging).totals
+
+
+@task(name="embed", task_run_name="embed {name}", **_NO_RETRY)
+def embed_task(staging: str, name: str) -> dict[str, Any]:
+    """The optional embedding stage (``config.embed``) of a validated staged build; returns the totals."""
+    attach_core_logs()
+    return core.embed_staged(staging).totals
+
+
+@task(name="publish", task_run_name="publish {name}", **_IO)
+def publish_task(staging: str, name: str) -> str:
+    attach_core_logs()
+    return core.publish(staging)
+
+
+IO_TASKS = (stage_task, plan_task, tokenize_task, write_shard_task, publish_task)

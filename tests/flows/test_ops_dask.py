@@ -1,0 +1,70 @@
+"""Scale-out: ``shardflow build --runner dask --address tcp://...`` on a 2-worker ``distributed.LocalCluster``
+writes exactly the bytes of the local (threads) runner, with the work units run by the cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ops_support import PrefectServer, run_cli, version_files
+
+pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional extra: pip install 'shardflow[dask]'")
+distributed = pytest.importorskip("distributed")
+
+
+def test_dask_runner_output_is_byte_identical_to_the_local_runner(
+    prefect_server: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workers (spawned processes) get the server's environment; the tasks they run report to it.
+    for key, value in prefect_server.env.items():
+        if key.startswith("PREFECT_"):
+            monkeypatch.setenv(key, value)
+    env = {**prefect_server.env, "CI": "true"}
+    common = ["build", str(corpus), "--name", "scale", "--shard-tokens", "200000", "--val-fraction", "0.1"]
+
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
+    ) as cluster:
+        res = run_cli(
+            [*common, "--runner", "dask", "--address", cluster.scheduler_address, "--workers", "4",
+             "--data-root", "dask/data", "--catalog", "dask/cat"],
+            env, tmp_path,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"Connecting to an existing Dask cluster at {cluster.scheduler_address}" in res.stderr
+        # The cluster ran the work: 4 tokenize tasks and 4 shard writes, spread over both workers.
+        with distributed.Client(cluster) as client:
+            per_worker = client.run(
+                lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory")
+            )
+    assert sum(per_worker.values()) == 4 + 4, per_worker
+    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
+
+    assert res.stdout.splitlines()[0] == "published scale@v1"
+    dask_dir = Path(res.stdout.strip().splitlines()[-1]).parent
+
+    res = run_cli([*common, "--data-root", "local/data", "--catalog", "local/cat"], env, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    local_dir = Path(res.stdout.strip().splitlines()[-1]).parent
+    assert dask_dir != local_dir
+    dask_files, local_files = version_files(dask_dir), version_files(local_dir)
+    assert sorted(dask_files) == sorted(local_files) and len(local_files) >= 8  # shards + .bos.idx
+    assert dask_files == local_files
+
+
+def test_dask_runner_refuses_the_temporary_server_and_a_missing_address(tmp_path: Path, corpus: Path) -> None:
+    import os
+
+    from ops_support import client_env
+
+    env = client_env("", tmp_path / "home")
+    env.pop("PREFECT_API_URL")
+    base = ["build", str(corpus), "--name", "x", "--data-root", "d", "--catalog", "c", "--runner", "dask"]
+    res = run_cli(base, env, tmp_path)
+    assert res.returncode == 2 and "--runner dask needs --address" in res.stderr
+    res = run_cli([*base, "--address", "tcp://127.0.0.1:9"], env, tmp_path)
+    assert res.returncode == 2
+    assert "needs a Prefect server that the Dask workers can reach" in res.stderr and "PREFECT_API_URL" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not os.path.exists(tmp_path / "d")

@@ -1,0 +1,80 @@
+"""Schedules: ``shardflow serve`` registers a cron-scheduled deployment on a real server, and a run
+started by hand with ``prefect deployment run`` is executed by the serving process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+from ops_support import PYTHON, SHARDFLOW, PrefectServer
+
+
+def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
+    prefect_server: PrefectServer, corpus: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "schedules.yaml").write_text(textwrap.dedent(f"""
+        defaults:
+          data_root: out/data
+          catalog: out/manifests
+          timezone: UTC
+        datasets:
+          - name: nightly-ops
+            sources: [{corpus}/]
+            cron: "0 2 * * *"
+            options: {{shard_tokens: 300000, val_fraction: 0.1}}
+            tags: [nightly]
+        """))
+    env = {**prefect_server.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "CI": "true"}
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*SHARDFLOW, "serve", "--schedules", "schedules.yaml"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                dep = prefect_server.request("GET", "/deployments/name/build-dataset/nightly-ops")
+                break
+            except Exception:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        (schedule,) = dep["schedules"]
+        assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
+        assert schedule["active"] is True
+        assert set(dep["tags"]) == {"shardflow", "dataset:nightly-ops", "nightly"}
+        params = dep["parameters"]
+        assert params["config"]["name"] == "nightly-ops" and params["config"]["shard_tokens"] == 300000
+        assert params["data_root"] == str(tmp_path / "out" / "data")
+
+        # Started by hand, the way the README says.
+        res = subprocess.run(
+            [PYTHON, "-m", "prefect", "deployment", "run", "build-dataset/nightly-ops"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", res.stdout).group(1)  # type: ignore[union-attr]
+        run = prefect_server.wait_flow_run(flow_run_id, timeout=120)
+        assert run["state"]["type"] == "COMPLETED", log.read_text()[-3000:]
+        assert run["name"] == "build nightly-ops"
+        assert {"dataset:nightly-ops", "nightly"} <= set(run["tags"])
+        assert (tmp_path / "out" / "data" / "nightly-ops" / "v1" / "metadata.yaml").exists()
+        arts = prefect_server.request("POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+        assert {a["key"] for a in arts} >= {"nightly-ops-summary", "nightly-ops-shards", "nightly-ops-manifest"}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # On shutdown the served deployment's schedule is paused (Prefect's serve default).
+    dep = prefect_server.request("GET", "/deployments/name/build-dataset/nightly-ops")
+    assert dep["paused"] is True or dep["schedules"][0]["active"] is False

@@ -1,0 +1,80 @@
+"""The Prefect UI, checked in a real browser: a build run against ``prefect server start`` shows its
+summary and its shard table.
+
+Headless Chromium (Debian's ``chromium``) is driven over the DevTools protocol
+(``ops_browser.py``): it opens the flow run's page, waits for the app to render,
+clicks the Artifacts tab and then each artifact, and reads the rendered text.
+Screenshots go to the test's tmp directory, or to ``docs/`` with
+``SHARDFLOW_UPDATE_SCREENSHOTS=1`` (how ``docs/ui-*.png`` are made).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shardflow.manifest import read_manifest
+
+from ops_browser import Browser, find_chromium
+from ops_support import REPO, PrefectServer, run_cli
+
+pytestmark = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="the UI test needs a real browser: Chromium is not installed (apt-get install -y chromium)",
+)
+
+
+def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
+    prefect_server: PrefectServer, corpus: Path, tmp_path: Path
+) -> None:
+    name = "ui-demo"
+    env = {**prefect_server.env, "CI": "true"}
+    res = run_cli(
+        ["build", str(corpus), "--name", name, "--shard-tokens", "200000", "--val-fraction", "0.1",
+         "--data-root", "data", "--catalog", "cat"],
+        env, tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest_path = Path(res.stdout.strip().splitlines()[-1])
+    m = read_manifest(manifest_path.parent)
+    ref = m.ref
+    (run,) = prefect_server.flow_runs(f"build {name}")
+    shards = [s for e in m.splits.values() for s in e.shards]
+    assert len(shards) >= 3
+
+    update = os.environ.get("SHARDFLOW_UPDATE_SCREENSHOTS") == "1"
+    shots = REPO / "docs" if update else tmp_path
+    with Browser(width=1400, height=1100) as b:
+        b.open(f"{prefect_server.url}/runs/flow-run/{run['id']}")
+        # The run's header (name, state, dataset tag) and, in the default Logs tab, the core's log lines.
+        text = b.wait_for_text(f"build {name}", "Completed", f"dataset:{name}", "shardflow.build", timeout=60)
+        assert "Can't connect to Server API" not in text
+
+        b.click_text("Artifacts")
+        b.wait_for_text(
+            f"{name}-summary", f"{name}-shards", f"{name}-manifest", f"{name}-progress",
+            f"{ref}: {len(shards)} shards",  # the summary card's description
+        )
+        b.screenshot(shots / "ui-flow-run.png")
+
+        # The summary artifact, rendered.
+        b.click_text(f"{name}-summary")
+        summary = b.wait_for_text(
+            f"Build summary: {name}", ref, str(manifest_path), "Validation", "passed", "cl100k_base",
+            m.dtype, m.format_name, "Totals", f"{m.totals['tokens']:,}", "Throughput", "tokens/s",
+        )
+        assert "<|endoftext|>" in summary  # the escaped table cell renders as the token
+        b.screenshot(shots / "ui-summary.png")
+
+        # The shard table, rendered: every file with its checksum.
+        b.evaluate("history.back()")
+        b.click_text("Artifacts")
+        b.click_text(f"{name}-shards")
+        table = b.wait_for_text("split", "file", "tokens", "documents", "bytes", "sha256", *(s.file for s in shards))
+        for s in shards:
+            assert s.sha256[:16] in table, s.file
+        b.screenshot(shots / "ui-shards.png")
+    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png"):
+        assert (shots / png).stat().st_size > 10_000

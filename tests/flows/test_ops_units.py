@@ -1,0 +1,362 @@
+"""Operations pieces that need no Prefect server: artifact contents and keys, progress display,
+URL sources, the tasks' retry and result settings, and the schedules file."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from flows.progress import Progress, ProgressDisplay, choose_mode, format_eta, format_rate
+from flows.report import artifact_key, dataset_slug, shard_rows, summary_description, summary_markdown
+from shardflow.build import build
+from shardflow.config import BuildConfig
+from shardflow.errors import ConfigError, InputError, ValidationError
+from shardflow.manifest import read_manifest
+from tasks.sources import file_url_to_path, is_url, needs_staging, stage_source, stage_sources
+
+from ops_support import SAMPLE, version_files
+
+KEY_RE = re.compile(r"^[a-z0-9-]+$")
+
+
+@pytest.fixture(scope="module")
+def small_version(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample corpus built without Prefect (3 train + 1 val shards); returns the version directory."""
+    root = tmp_path_factory.mktemp("small")
+    cfg = BuildConfig(name="wiki_en.v2", sources=(str(SAMPLE),), shard_tokens=50_000, val_fraction=0.1, unit_bytes=1)
+    result = build(cfg, data_root=root / "data", catalog=root / "cat", workers=2)
+    return Path(result.manifest_path).parent
+
+
+# -- artifact keys and contents -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [("wiki", "wiki"), ("wiki_en.v2", "wiki-en-v2"), ("a--b__c", "a-b-c"), ("0day", "0day"), ("x.", "x")],
+)
+def test_artifact_keys_are_lowercase_letters_digits_and_dashes(name, slug):
+    assert dataset_slug(name) == slug
+    for kind in ("progress", "shards", "summary", "manifest"):
+        key = artifact_key(name, kind)
+        assert KEY_RE.match(key), key
+        assert key == f"{slug}-{kind}"
+    with pytest.raises(ValueError):
+        artifact_key(name, "other")
+
+
+def test_shard_table_rows_follow_the_manifest(small_version):
+    m = read_manifest(small_version)
+    rows = shard_rows(m)
+    assert [r["file"] for r in rows] == [s.file for e in m.splits.values() for s in e.shards]
+    assert {r["split"] for r in rows} == {"train", "val"}
+    assert set(rows[0]) == {"split", "file", "tokens", "documents", "bytes", "sha256"}
+    assert sum(r["tokens"] for r in rows) == m.totals["tokens"]
+    assert sum(r["documents"] for r in rows) == m.totals["documents"]
+    for r in rows:
+        assert (small_version / r["file"]).stat().st_size == r["bytes"]
+        assert re.fullmatch(r"[0-9a-f]{64}", r["sha256"])
+    json.dumps(rows)  # a table artifact must be JSON
+
+
+def test_summary_has_totals_throughput_tokenizer_dtype_format_validation_ref_and_manifest(small_version):
+    m = read_manifest(small_version)
+    path = small_version / "metadata.yaml"
+    md = summary_markdown(m, manifest_path=path, created=True, seconds=2.0, tokenize_seconds=1.0, units=4,
+                          input_bytes=1_000_000)
+    for needle in (
+        m.ref, str(path), "Validation", "passed", m.tokenized_info["tokenizer"], m.dtype, m.format_name,
+        "Totals", "Throughput", f"{m.totals['tokens']:,}", f"{m.totals['tokens'] / 2.0:,.0f} tokens/s",
+        "4 work units", "| train |", "| val |",
+    ):
+        assert needle in md, needle
+    # The boundary token's '|' would split the table cell; it is escaped.
+    assert "`<\\|endoftext\\|>`" in md
+    assert m.ref in summary_description(m, created=True)
+    unchanged = summary_markdown(m, manifest_path=path, created=False)
+    assert "No new version" in unchanged and "Nothing was tokenized" in unchanged
+
+
+# -- progress display -------------------------------------------------------------------------------
+
+
+def _events(n: int = 4) -> list[Progress]:
+    evs = [Progress(dataset="d", phase="tokenize", done=i, total=n, tokens=1000 * i, elapsed=0.5 * i) for i in range(n + 1)]
+    evs += [Progress(dataset="d", phase="write", done=i, total=2, tokens=10 * i, elapsed=0.1 * i) for i in range(3)]
+    return evs + [Progress(dataset="d", phase="done", done=1, total=1, ref="d@v1")]
+
+
+def test_progress_math_and_formatting():
+    ev = Progress(dataset="d", phase="tokenize", done=2, total=8, tokens=4_000_000, elapsed=2.0)
+    assert ev.fraction == 0.25 and ev.tokens_per_second == 2e6 and ev.eta == 6.0
+    assert format_rate(2e6) == "2.0M tokens/s" and format_rate(512) == "512 tokens/s"
+    assert format_eta(3725) == "ETA 1:02:05" and format_eta(None) == "ETA ?"
+
+
+def test_auto_mode_is_plain_when_piped_or_under_ci(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert choose_mode("auto", Tty()) == "bar"
+    assert choose_mode("auto", io.StringIO()) == "plain"  # piped
+    monkeypatch.setenv("CI", "true")
+    assert choose_mode("auto", Tty()) == "plain"
+    assert choose_mode("bar", io.StringIO()) == "bar"
+
+
+def test_plain_lines_are_throttled_but_keep_first_and_last_of_each_phase():
+    out = io.StringIO()
+    with ProgressDisplay("plain", stream=out, interval=3600) as display:
+        for ev in _events():
+            display(ev)
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "shardflow: d: tokenize 0/4 work units (0%), 0 tokens, 0 tokens/s, ETA ?",
+        "shardflow: d: tokenize 4/4 work units (100%), 4,000 tokens, 2.0k tokens/s",
+        "shardflow: d: write 0/2 shards (0%), ETA ?",
+        "shardflow: d: write 2/2 shards (100%)",
+        "shardflow: d: done, d@v1",
+    ]
+    out = io.StringIO()
+    with ProgressDisplay("plain", stream=out, interval=0) as display:
+        for ev in _events():
+            display(ev)
+    assert len(out.getvalue().splitlines()) == len(_events())
+    assert "ETA 0:00:01" in out.getvalue()  # 2 of 4 units in 1 s
+
+
+def test_bar_shows_units_tokens_per_second_and_eta():
+    out = io.StringIO()
+    with ProgressDisplay("bar", stream=out) as display:
+        for ev in _events()[:3]:
+            display(ev)
+    text = out.getvalue()
+    assert "d tokenize" in text and "2/4" in text and "work units" in text
+    assert "2.0k tokens/s" in text and "ETA 0:00:01" in text
+    assert "\x1b[" in text  # drawn for a terminal
+
+
+def test_cli_without_prefect_prints_plain_progress_and_keeps_stdout_clean(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHARDFLOW_PROGRESS_INTERVAL", "0")
+    status = main(["build", str(SAMPLE), "--name", "p", "--data-root", "d", "--catalog", "c", "--no-prefect",
+                   "--progress", "plain", "--shard-tokens", "100000"])
+    assert status == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["published p@v1", str(tmp_path / "d" / "p" / "v1" / "metadata.yaml")]
+    assert "shardflow: p: tokenize 1/1 work units (100%)" in err and "tokens/s" in err
+    assert "shardflow: p: done, p@v1" in err
+
+
+# -- URL sources ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memfs():
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    root = "/shardflow-test-bucket"
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    yield fs, root
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def test_file_urls_map_to_local_paths():
+    assert is_url("s3://b/x") and is_url("file:///x") and not is_url("/data/x.parquet") and not is_url("a/b")
+    assert file_url_to_path("file:///data/my%20corpus/x.parquet") == "/data/my corpus/x.parquet"
+    assert file_url_to_path("file://localhost/data/x.parquet") == "/data/x.parquet"
+    with pytest.raises(InputError, match="local path"):
+        file_url_to_path("file://otherhost/data/x.parquet")
+    assert not needs_staging(["/a", "file:///b"]) and needs_staging(["memory://x"])
+    assert stage_sources(["file:///a/b.parquet", "rel/c"], "/unused") == ("/a/b.parquet", "rel/c")
+
+
+def test_memory_urls_are_mirrored_with_the_same_relative_names(memfs, tmp_path):
+    fs, root = memfs
+    fs.put_file(str(SAMPLE), f"{root}/corpus/a.parquet")
+    fs.put_file(str(SAMPLE), f"{root}/corpus/sub/b.parquet")
+    fs.pipe(f"{root}/corpus/notes.txt", b"not data")
+    cache = tmp_path / "cache"
+    d = Path(stage_source(f"memory://{root}/corpus/", cache))
+    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*.parquet")) == ["a.parquet", "sub/b.parquet"]
+    assert not (d / "notes.txt").exists()
+    g = Path(stage_source(f"memory://{root}/corpus/*.parquet", cache))
+    assert sorted(p.name for p in g.glob("*.parquet")) == ["a.parquet"]
+    f = Path(stage_source(f"memory://{root}/corpus/sub/b.parquet", cache))
+    assert f.name == "b.parquet" and f.read_bytes() == SAMPLE.read_bytes()
+
+    # Unchanged files are not downloaded again; files gone remotely leave the mirror.
+    calls = []
+    real_get = type(fs).get_file
+    try:
+        type(fs).get_file = lambda self, *a, **k: (calls.append(a[0]), real_get(self, *a, **k))[1]
+        stage_source(f"memory://{root}/corpus/", cache)
+        assert calls == []
+        fs.rm(f"{root}/corpus/sub/b.parquet")
+        stage_source(f"memory://{root}/corpus/", cache)
+        assert calls == [] and not (d / "sub" / "b.parquet").exists()
+    finally:
+        type(fs).get_file = real_get
+
+
+def test_bad_urls_are_user_errors(memfs, tmp_path):
+    fs, root = memfs
+    with pytest.raises(InputError, match="no such file"):
+        stage_source(f"memory://{root}/missing/", tmp_path)
+    fs.pipe(f"{root}/empty/readme.txt", b"x")
+    with pytest.raises(InputError, match="no Parquet or Arrow"):
+        stage_source(f"memory://{root}/empty/", tmp_path)
+    with pytest.raises(InputError, match="matches no files"):
+        stage_source(f"memory://{root}/empty/*.parquet", tmp_path)
+    with pytest.raises(InputError, match="no fsspec filesystem|not a usable"):
+        stage_source("nosuchscheme://bucket/x.parquet", tmp_path)
+
+
+def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, monkeypatch, capsys):
+    fs, root = memfs
+    local = tmp_path / "local-corpus"
+    (local / "sub").mkdir(parents=True)
+    shutil.copy(SAMPLE, local / "a.parquet")
+    shutil.copy(SAMPLE, local / "sub" / "b.parquet")
+    fs.put(str(local), f"{root}/corpus", recursive=True)
+    monkeypatch.chdir(tmp_path)
+    common = ["--name", "u", "--shard-tokens", "60000", "--no-prefect", "--progress", "none"]
+    assert main(["build", str(local), *common, "--data-root", "a", "--catalog", "ca"]) == 0
+    a = Path(capsys.readouterr().out.splitlines()[-1]).parent
+    assert main(["build", f"memory://{root}/corpus/", *common, "--data-root", "b", "--catalog", "cb"]) == 0
+    b = Path(capsys.readouterr().out.splitlines()[-1]).parent
+    assert (tmp_path / "b" / "u" / ".sources").is_dir()
+    assert version_files(a) == version_files(b) and len(version_files(a)) >= 4
+    assert read_manifest(a).build_key == read_manifest(b).build_key
+    assert main(["build", f"file://{local}", *common, "--data-root", "c", "--catalog", "cc"]) == 0
+    c = Path(capsys.readouterr().out.splitlines()[-1]).parent
+    assert version_files(a) == version_files(c)
+
+
+# -- retries and results -------------------------------------------------------------------------------
+
+
+def test_only_io_tasks_retry_and_only_on_transient_os_errors():
+    from tasks.build import (
+        IO_TASKS, is_transient, layout_task, plan_task, publish_task, stage_task, tokenize_task, validate_task,
+        write_shard_task,
+    )
+
+    assert set(IO_TASKS) == {stage_task, plan_task, tokenize_task, write_shard_task, publish_task}
+    for t in IO_TASKS:
+        assert t.retries == 2 and t.retry_condition_fn is is_transient, t.name
+    for t in (layout_task, validate_task):
+        assert t.retries == 0, t.name
+    for t in (*IO_TASKS, layout_task, validate_task):
+        assert t.persist_result is False, t.name  # results are small metadata, never persisted
+
+    class State:
+        def __init__(self, exc):
+            self.data = exc
+
+    assert is_transient(None, None, State(OSError("stale NFS handle")))
+    assert is_transient(None, None, State(TimeoutError("read timed out")))
+    for exc in (InputError("bad row"), ValidationError("checksum"), ConfigError("opt"), FileNotFoundError("x"),
+                PermissionError("x"), ValueError("x")):
+        assert not is_transient(None, None, State(exc)), exc
+
+
+# -- schedules -------------------------------------------------------------------------------------------
+
+
+def _schedules(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "schedules.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_schedules_file_becomes_deployments_with_cron_and_parameters(tmp_path, capsys):
+    from flows.build import build_dataset
+    from flows.schedules import load_schedules, to_deployments
+
+    path = _schedules(tmp_path, """
+        defaults:
+          data_root: out/data
+          catalog: out/manifests
+          timezone: Europe/Paris
+          options: {shard_tokens: 1000000}
+        datasets:
+          - name: wiki
+            sources: [corpora/wiki/]
+            cron: "0 2 * * *"
+            options: {val_fraction: 0.01}
+          - name: code
+            deployment: code-weekly
+            sources: ["s3://corpora/code/*.parquet"]
+            cron: "30 3 * * 0"
+            runner: dask
+            address: tcp://10.0.0.5:8786
+            workers: 8
+            tags: [weekly]
+        """)
+    wiki, code = load_schedules(path)
+    assert wiki.deployment == "wiki" and wiki.cron == "0 2 * * *" and wiki.timezone == "Europe/Paris"
+    assert wiki.config.sources == (str(tmp_path / "corpora" / "wiki"),)  # relative to the file
+    assert wiki.data_root == str(tmp_path / "out" / "data")
+    assert wiki.config.shard_tokens == 1_000_000 and wiki.config.val_fraction == 0.01
+    assert code.config.sources == ("s3://corpora/code/*.parquet",) and code.runner == "dask" and code.workers == 8
+    assert code.all_tags() == ["shardflow", "dataset:code", "weekly"]
+    # The parameters are what the flow accepts.
+    for b in (wiki, code):
+        params = build_dataset.validate_parameters(b.parameters())
+        assert isinstance(params["config"], BuildConfig) and params["config"].name == b.config.name
+    deployments = to_deployments([wiki, code])
+    assert [d.name for d in deployments] == ["wiki", "code-weekly"]
+    assert deployments[0].schedules[0].schedule.cron == "0 2 * * *"
+    assert deployments[1].tags == ["shardflow", "dataset:code", "weekly"]
+    assert deployments[1].parameters["address"] == "tcp://10.0.0.5:8786"
+
+    assert main(["serve", "--schedules", str(path), "--dry-run"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [d["deployment"] for d in shown] == ["build-dataset/wiki", "build-dataset/code-weekly"]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("datasets: []", "non-empty 'datasets'"),
+        ("datasets: [{name: w, sources: [x], cron: '0 25 * * *'}]", "Invalid cron"),
+        ("datasets: [{name: w, sources: [x], cron: '0 2 * * *', timezone: Mars/Base}]", "Invalid timezone"),
+        ("datasets: [{name: w, sources: [x], crontab: '0 2 * * *'}]", "unknown keys crontab"),
+        ("datasets: [{name: w, sources: [x], runner: dask}]", "needs 'address"),
+        ("datasets: [{name: W!, sources: [x]}]", "not allowed"),
+        ("datasets: [{name: w, sources: [x], options: {shard_tokenz: 5}}]", "bad build option"),
+        ("datasets: [{name: w, sources: [x]}, {name: w, sources: [y]}]", "two datasets deploy as 'w'"),
+    ],
+)
+def test_bad_schedules_are_one_line_user_errors(tmp_path, capsys, body, message):
+    path = _schedules(tmp_path, body)
+    assert main(["serve", "--schedules", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err and "Traceback" not in err
+
+
+def test_serve_one_dataset_from_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "corpus/", "--name", "nightly", "--cron", "0 2 * * *", "--val-fraction", "0.01",
+                 "--data-root", "d", "--dry-run"]) == 0
+    (dep,) = json.loads(capsys.readouterr().out)
+    assert dep["deployment"] == "build-dataset/nightly" and dep["cron"] == "0 2 * * *"
+    assert dep["parameters"]["config"]["sources"] == [str(tmp_path / "corpus")]
+    assert dep["parameters"]["data_root"] == str(tmp_path / "d")
+    assert main(["serve", "--dry-run"]) == 2
+    assert "nothing to serve" in capsys.readouterr().err
+    assert main(["serve", "x", "--name", "n", "--cron", "every night", "--dry-run"]) == 2
+    assert "Invalid cron" in capsys.readouterr().err
