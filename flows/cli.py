@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "until interrupted. Start a run by hand with: prefect deployment run build-dataset/DEPLOYMENT",
     )
     sv.add_argument("sources", nargs="*", help="sources of the one dataset to serve (with --name and --cron)")
-    sv.add_argument("--schedules", metavar="FILE", help="YAML schedules file (see flows/schedules.py and the README, "Run it on a schedule")")
+    sv.add_argument("--schedules", metavar="FILE", help="YAML schedules file (see flows/schedules.py and the README section Run it on a schedule)")
     _add_build_options(sv, name_required=False)
     sv.add_argument("--cron", help="cron schedule of the one dataset, e.g. '0 2 * * *' (02:00 daily)")
     sv.add_argument("--timezone", default=None, help="timezone of --cron (IANA name, default UTC)")
