@@ -84,7 +84,8 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--utf8-errors", default="replace", choices=["replace", "skip"], help="invalid UTF-8 in binary text")
     b.add_argument("--description", default="", help="free text stored in the manifest")
     b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
-    b.add_argument("--batch-rows", type=int, default=4096, help="rows read and tokenized at once (bounds memory)")
+    b.add_argument("--batch-mb", type=int, default=32, help="MB of text read and tokenized at once per worker (bounds memory)")
+    b.add_argument("--batch-rows", type=int, default=65536, help="at most this many rows per batch")
     b.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
     _add_catalog(b)
     b.add_argument("--embed", action="store_true",
@@ -178,6 +179,7 @@ def _config(args: argparse.Namespace) -> Any:
         seed=args.seed,
         utf8_errors=args.utf8_errors,
         description=args.description,
+        batch_bytes=args.batch_mb << 20,
         batch_rows=args.batch_rows,
         embed=_embed_options(args) if args.embed else None,
     )

@@ -33,6 +33,7 @@ def stable_manifest(directory: Path) -> dict:
     m["config"].pop("backend")
     m["config"].pop("unit_bytes")
     m["config"].pop("batch_rows")
+    m["config"].pop("batch_bytes")
     m["tokenized_info"].pop("backend")
     return m
 

@@ -496,6 +496,13 @@ def _read_unit_result(path: Path) -> UnitResult:
     return UnitResult(**json.loads(path.read_text()))
 
 
+def _rows_per_batch(cfg: BuildConfig, unit: WorkUnit) -> int:
+    """Rows per batch so that a batch holds about ``batch_bytes`` of text (at most ``batch_rows``)."""
+    if unit.rows == 0 or unit.text_bytes <= 0:
+        return cfg.batch_rows
+    return max(1, min(cfg.batch_rows, cfg.batch_bytes * unit.rows // unit.text_bytes))
+
+
 def tokenize_unit(staging: str | os.PathLike[str], unit: int) -> UnitResult:
     """Tokenize one work unit into ``parts/``; a unit already done is not redone."""
     staging = Path(staging)
@@ -553,7 +560,7 @@ def _tokenize_into(
     limit = np.iinfo(dtype).max
     with open(tmp_tok, "wb") as out:
         for batch in iter_text_batches(
-            inp, wu, text_column=cfg.text_column, batch_rows=cfg.batch_rows, utf8_errors=cfg.utf8_errors
+            inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors
         ):
             counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid
             counts["nulls"] += batch.nulls

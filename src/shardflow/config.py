@@ -23,7 +23,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # Fields that change nothing in the output bytes: how the work is cut up and
 # which (identical) backend runs it. They stay out of the build key, so a
 # rebuild that only changes them reports the existing version.
-_NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_rows", "description"})
+_NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes", "batch_rows", "description"})
 
 
 def check_name(name: str) -> str:
@@ -96,7 +96,12 @@ class BuildConfig:
     description: str = ""
     unit_bytes: int = 64 << 20
     """Target size of one work unit, in uncompressed text bytes (row groups are never split)."""
-    batch_rows: int = 4096
+    batch_bytes: int = 32 << 20
+    """Text bytes read and tokenized at once (estimated from each unit's bytes per row);
+    memory is bounded by this x workers, not by the corpus size. Bigger batches let the
+    fast tokenizer spread one call over every core."""
+    batch_rows: int = 65536
+    """Upper bound on the rows of one batch, whatever their size."""
     """Rows read and tokenized at once; memory is bounded by this, not by the corpus size."""
     embed: EmbedOptions | None = None
     """Compute one embedding per document (``--embed``); None: no embedding stage."""
@@ -136,8 +141,8 @@ class BuildConfig:
             raise ConfigError("give val_fraction or val_count, not both")
         if self.utf8_errors not in ("replace", "skip"):
             raise ConfigError(f"utf8_errors must be 'replace' or 'skip', not {self.utf8_errors!r}")
-        if self.unit_bytes < 1 or self.batch_rows < 1:
-            raise ConfigError("unit_bytes and batch_rows must be positive")
+        if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
+            raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
 
     @property
     def has_val(self) -> bool:
