@@ -67,6 +67,49 @@ print(json.dumps({"tokens": m.totals["tokens"], "documents": m.totals["documents
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
+PHASES = r"""
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from shardflow import build as b
+from shardflow.config import BuildConfig
+corpus, out = sys.argv[1], sys.argv[2]
+t = {}
+t0 = time.perf_counter()
+plan = b.plan_build(BuildConfig(name="bench", sources=(corpus,)), data_root=out + "/data", catalog=out + "/manifests")
+t["plan (fingerprint inputs)"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+with ThreadPoolExecutor(2) as pool:
+    tokens = sum(r.tokens for r in pool.map(lambda u: b.tokenize_unit(plan.staging, u), range(len(plan.units))))
+t["read + tokenize + write parts"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+layout = b.make_layout(plan.staging)
+with ThreadPoolExecutor(2) as pool:
+    list(pool.map(lambda sk: b.write_shard(plan.staging, *sk), [(s, k) for s, n in layout.items() for k in range(n)]))
+t["layout + write shards"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+b.finalize(plan.staging)
+t["validate (re-read, SHA-256)"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+b.publish(plan.staging)
+t["publish"] = time.perf_counter() - t0
+print(json.dumps({"tokens": tokens, "phases": t}))
+"""
+
+DISK = r"""
+import json, os, sys, time
+path = sys.argv[1]
+block = b"\0" * (8 << 20)
+t0 = time.perf_counter()
+with open(path, "wb") as f:
+    for _ in range(128):
+        f.write(block)
+    f.flush()
+    os.fsync(f.fileno())
+dt = time.perf_counter() - t0
+os.remove(path)
+print(json.dumps({"mb_per_s": 1024 / dt}))
+"""
+
 PREFECT_STARTUP = r"""
 import json, time
 t0 = time.perf_counter()
@@ -108,14 +151,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, help="a Parquet corpus directory (default: make a --mb corpus)")
     ap.add_argument("--mb", type=int, default=1000)
-    ap.add_argument("--small-mb", type=int, default=100)
+    ap.add_argument("--small-mb", type=int, default=300)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--skip-prefect", action="store_true")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     big = args.corpus or make_corpus(work / f"corpus-{args.mb}mb", args.mb, 16)
-    small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, 4)
+    # Same size of file as the big corpus (1000 MB / 16 files), so peak memory compares like with like.
+    small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, max(1, round(args.small_mb * 16 / args.mb)))
     print(f"cores: {os.cpu_count()}  corpus: {big}  small corpus: {small}\n", flush=True)
 
     rows = []
@@ -124,6 +168,8 @@ def main() -> None:
         # The raw rate is the tokenizer's best in-memory rate: batches of 4096 rows (as the
         # pipeline feeds it) and whole files at once, each in a fresh process; the faster wins.
         raws = [run_py(RAW, str(corpus), backend, str(rows)) for rows in (4096, 10**9)]
+        for how, r in zip(("4096-row batches", "whole files"), raws):
+            print(f"  {backend} raw, {how}: {r['tokens'] / r['seconds'] / 1e6:.1f} M tok/s", flush=True)
         raw = max(raws, key=lambda r: r["tokens"] / r["seconds"])
         out = tempfile.mkdtemp(prefix="e2e-", dir=work)
         e2e = run_py(E2E, str(corpus), backend, out)
@@ -144,6 +190,14 @@ def main() -> None:
         print(f"| {b} | {c} | {r/1e6:.1f} | {e/1e6:.1f} | {ratio:.2f} | {rss:.0f} |")
     print(f"\npeak RSS, gigatoken end-to-end: {small_fast['peak_rss_mb']:.0f} MB on {small.name}, "
           f"{rows[0][5]:.0f} MB on {big.name} (bounded by batch size x workers, not corpus size)")
+
+    phases = run_py(PHASES, str(big), tempfile.mkdtemp(prefix="phases-", dir=work))
+    disk = run_py(DISK, str(work / "disk-test.bin"))
+    total = sum(phases["phases"].values())
+    print(f"\nwhere the end-to-end time goes on {big.name} ({phases['tokens'] / 1e6:.0f} M tokens, "
+          f"{phases['tokens'] / total / 1e6:.1f} M tok/s; this disk writes {disk['mb_per_s']:.0f} MB/s with fsync):")
+    for phase, seconds in phases["phases"].items():
+        print(f"  {phase:32s} {seconds:6.2f} s  {100 * seconds / total:4.0f}%")
 
     if not args.skip_prefect:
         start = run_py(PREFECT_STARTUP)
