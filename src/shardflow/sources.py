@@ -5,7 +5,7 @@ Inputs are Parquet files, Arrow IPC files or streams (``.arrow``, ``.feather``,
 with ``save_to_disk`` (a directory with ``state.json``; its Arrow files are
 read directly, in the dataset's order). A work unit is a run of whole row
 groups (or record batches) of one file, about ``unit_bytes`` of text; units
-are read with ``iter_batches`` in ``batch_rows``-row batches, so memory depends
+are read with ``iter_batches`` in batches of about ``batch_bytes`` of text, so memory depends
 on the batch size and never on the corpus size.
 
 Null and empty texts are skipped and counted; invalid UTF-8 in a binary text
