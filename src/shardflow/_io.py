@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .faults import fault
 
@@ -24,9 +24,6 @@ def safe_load_yaml(text: str) -> Any:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader, never the full loader
 
-
-# 8 MiB reads keep hashlib in its fast path while using little memory.
-_CHUNK = 8 << 20
 
 
 def tmp_path_for(path: Path) -> Path:
@@ -97,16 +94,6 @@ def remove_quietly(path: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """``atomic_write_bytes`` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def iter_chunks(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
-    """The bytes of a file in chunks of at most ``chunk`` bytes."""
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                return
-            yield block
 
 
 def sha256_file(path: Path) -> str:

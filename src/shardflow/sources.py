@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, InputError
+from .errors import InputError
 
 __all__ = [
     "InputFile",
@@ -421,9 +421,3 @@ def split_scores(relname: str, rows: np.ndarray, seed: int) -> np.ndarray:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
     return z
-
-
-def check_unit_inputs(unit: WorkUnit, inputs: list[InputFile]) -> InputFile:
-    if not 0 <= unit.input < len(inputs):
-        raise ConfigError(f"work unit {unit.index} names input {unit.input}, but there are {len(inputs)}")
-    return inputs[unit.input]

@@ -285,9 +285,9 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
                 f"tokenizer rank file {str(path)!r} is not a valid .tiktoken file ({exc}); "
                 "each line must be '<base64 token> <rank>'"
             ) from None
-        pretok, pattern, specials = _KNOWN_FILES.get(stem, ("gpt4", _CL100K_PAT, {ENDOFTEXT: len(ranks)}))
-        if stem not in _KNOWN_FILES:
-            specials = {ENDOFTEXT: max(ranks.values()) + 1}
+        # A file named after a known encoding takes its pattern and specials; any other
+        # takes cl100k's pattern, with <|endoftext|> as the next free id.
+        pretok, pattern, specials = _KNOWN_FILES.get(stem, ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1}))
         encoding = tiktoken.Encoding(name=stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
         spec = TokenizerSpec(
             name=stem, rank_file=str(path.resolve()), rank_file_sha256=_sha256(str(path)), pretokenizer=pretok
