@@ -20,10 +20,29 @@ from shardflow.manifest import read_manifest
 from ops_support import SAMPLE, PrefectServer
 
 
-def _flow_run(server: PrefectServer, name: str) -> dict[str, Any]:
-    runs = server.flow_runs(name)
-    assert runs, f"no flow run named {name!r}"
-    return runs[0]
+def _flow_run(server: PrefectServer, name: str, timeout: float = 15) -> dict[str, Any]:
+    """The flow run named ``name``, once its final state reached the server.
+
+    Prefect reports states in the background, so right after the flow returns
+    the server may still show RUNNING; wait (bounded) rather than read once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = server.flow_runs(name)
+        assert runs, f"no flow run named {name!r}"
+        if runs[0]["state"]["type"] not in ("PENDING", "RUNNING") or time.monotonic() > deadline:
+            return runs[0]
+        time.sleep(0.2)
+
+
+def _task_runs(server: PrefectServer, flow_run_id: str, timeout: float = 15) -> list[dict[str, Any]]:
+    """The flow run's task runs, once none is still reported PENDING or RUNNING (states arrive in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+        if all(t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks) or time.monotonic() > deadline:
+            return tasks
+        time.sleep(0.2)
 
 
 def _artifacts(server: PrefectServer, flow_run_id: str) -> dict[str, dict[str, Any]]:
@@ -62,7 +81,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert {"shardflow", f"dataset:{name}"} <= set(run["tags"])
 
     # Task runs say what they are, and carry the dataset's tags.
-    tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}, "limit": 200})
+    tasks = _task_runs(server, run["id"])
     names = {t["name"] for t in tasks}
     units = [f"tokenize {name} unit {i + 1}/4 part-{i}.parquet[0:" for i in range(4)]
     for prefix in units:
@@ -169,7 +188,7 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
 
     run = _flow_run(server, "build ops-retry")
     assert run["state"]["type"] == "COMPLETED" and run["run_count"] == 2
-    tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}, "limit": 200})
+    tasks = _task_runs(server, run["id"])
     flaky = [t for t in tasks if t["name"] == "write ops-retry train shard 1"]
     assert flaky and flaky[0]["run_count"] == 2 and flaky[0]["state"]["type"] == "COMPLETED"
     # Tasks return small metadata and Prefect persists none of it.
