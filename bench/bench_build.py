@@ -10,7 +10,11 @@ shared between measurements):
   (``encode_batch`` over 4096-document batches), in tokens/s;
 * end-to-end: ``shardflow.build.build`` (read Parquet, tokenize, write shards
   and indexes, validate with checksums, publish), in tokens/s, and its peak RSS;
-* the ratio end-to-end / raw (target: >= 0.60 for the fast backend).
+* the ratio end-to-end / raw (target: >= 0.60 for the fast backend);
+* a ceiling on that ratio: the CPU work every build must do besides tokenizing
+  (decode the Parquet text column, SHA-256 of the inputs, SHA-256 of the output
+  tokens on write and again at validation), measured in the same process as the
+  tokenizer, spread over all cores with nothing else done.
 
 The tiktoken backend runs on a smaller corpus (``--small-mb``) because it is
 about 10x slower. Peak memory is reported for the small and the large corpus,
@@ -93,6 +97,51 @@ t0 = time.perf_counter()
 b.publish(plan.staging)
 t["publish"] = time.perf_counter() - t0
 print(json.dumps({"tokens": tokens, "phases": t}))
+"""
+
+CEILING = r"""
+import glob, hashlib, json, os, resource, sys, time
+import pyarrow.parquet as pq
+from shardflow.tokenizers import load_tokenizer
+corpus, backend = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(corpus + "/**/*.parquet", recursive=True))
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+# 1. Decode the text column as the pipeline reads it (streamed, one thread per unit).
+c0 = cpu()
+texts = []
+for f in files:
+    pf = pq.ParquetFile(f, buffer_size=1 << 20, pre_buffer=False)
+    texts.extend(b.column(0) for b in pf.iter_batches(batch_size=4096, columns=["text"], use_threads=False))
+decode_cpu = cpu() - c0
+# 2. The tokenizer alone, in memory: its wall time and the CPU time it uses.
+tok = load_tokenizer("cl100k_base", backend=backend)
+t0, c0, n = time.perf_counter(), cpu(), 0
+for batch in texts:
+    tokens, offsets = tok.encode_batch(batch)
+    n += len(tokens) + len(offsets) - 1  # with one boundary token per document
+tok_wall, tok_cpu = time.perf_counter() - t0, cpu() - c0
+# 3. SHA-256 of the inputs (their content fingerprint).
+c0 = cpu()
+for f in files:
+    with open(f, "rb") as fh:
+        hashlib.file_digest(fh, "sha256")
+in_hash_cpu = cpu() - c0
+# 4. SHA-256 of the output bytes (the tokens at 4 bytes each), once.
+block = bytes(64 << 20)
+c0, h, left = cpu(), hashlib.sha256(), n * 4
+while left > 0:
+    h.update(block[: min(left, len(block))])
+    left -= len(block)
+out_hash_cpu = cpu() - c0
+cores = os.cpu_count() or 1
+# No build can take less wall time than its unavoidable CPU work spread over every core:
+# decoding, tokenizing, hashing the inputs, and hashing the outputs twice (on write and at validation).
+floor = max(tok_wall, (decode_cpu + tok_cpu + in_hash_cpu + 2 * out_hash_cpu) / cores)
+print(json.dumps({"tokens": n, "tok_wall": tok_wall, "tok_cpu": tok_cpu, "decode_cpu": decode_cpu,
+                  "in_hash_cpu": in_hash_cpu, "out_hash_cpu": out_hash_cpu, "cores": cores,
+                  "floor_seconds": floor, "ratio_ceiling": tok_wall / floor}))
 """
 
 DISK = r"""
@@ -198,6 +247,17 @@ def main() -> None:
           f"{phases['tokens'] / total / 1e6:.1f} M tok/s; this disk writes {disk['mb_per_s']:.0f} MB/s with fsync):")
     for phase, seconds in phases["phases"].items():
         print(f"  {phase:32s} {seconds:6.2f} s  {100 * seconds / total:4.0f}%")
+
+    ceiling = run_py(CEILING, str(big), "gigatoken")
+    print(f"\nthe best ratio any build with these steps can reach on these cores (gigatoken, {big.name}): "
+          f"{ceiling['ratio_ceiling']:.2f}")
+    print(f"  tokenizer alone: {ceiling['tok_wall']:.2f} s wall, {ceiling['tok_cpu']:.2f} s CPU on {ceiling['cores']} cores")
+    for what, key in (("decode the Parquet text column", "decode_cpu"), ("SHA-256 of the inputs", "in_hash_cpu"),
+                      ("SHA-256 of the output tokens, x2 (write, validate)", "out_hash_cpu")):
+        mult = 2 if key == "out_hash_cpu" else 1
+        print(f"  {what:50s} {mult * ceiling[key]:6.2f} s CPU")
+    print(f"  => no build can take less than {ceiling['floor_seconds']:.2f} s "
+          f"(all that CPU work spread over every core, nothing else done)")
 
     if not args.skip_prefect:
         start = run_py(PREFECT_STARTUP)

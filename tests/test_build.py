@@ -10,9 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core_support import SAMPLE, TINY_TEXTS, write_parquet
-from shardflow.build import build, make_layout, plan_build, tokenize_unit, write_shard
+from shardflow.build import _with_boundaries, build, make_layout, plan_build, tokenize_unit, write_shard
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError
 from shardflow.formats import get_format
@@ -291,3 +293,20 @@ def test_same_texts_from_every_source_kind_give_the_same_shards(built, tmp_path)
         b = built(tmp_path / src, name="kinds", root=tmp_path / f"r{k}")
         outputs.append(files_of(b.directory))
     assert all(o == outputs[0] for o in outputs[1:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=6), max_size=30),
+    bos=st.booleans(),
+    dtype=st.sampled_from([np.uint16, np.uint32]),
+)
+def test_boundaries_are_inserted_like_np_insert(lengths: list[int], bos: bool, dtype: type) -> None:
+    """The fast boundary insertion is ``np.insert`` at each document's start (BOS) or end (EOS)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = (np.arange(offsets[-1], dtype=np.uint32) * 7919) % 50000
+    expected = np.insert(tokens.astype(dtype), offsets[:-1] if bos else offsets[1:], dtype(50256))
+    got = _with_boundaries(tokens, offsets, np.dtype(dtype), 50256, bos=bos)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)

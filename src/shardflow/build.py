@@ -581,9 +581,7 @@ def _tokenize_into(
                         "refusing to truncate it (this tokenizer needs uint32 shards)"
                     )
                 counts["max_id"] = max(counts["max_id"], top)
-            # The boundary token goes before (BOS) or after (EOS) every document.
-            where = offsets[:-1] if cfg.boundary == "bos" else offsets[1:]
-            with_boundary = np.insert(tokens.astype(dtype, copy=False), where, dtype.type(eot))
+            with_boundary = _with_boundaries(tokens, offsets, dtype, eot, bos=cfg.boundary == "bos")
             out.write(with_boundary.data)
             docs = np.empty(len(batch.rows), dtype=_DOC_DTYPE)
             docs["length"] = np.diff(offsets) + 1
@@ -601,6 +599,23 @@ def _tokenize_into(
         np.save(f, docs_all)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _with_boundaries(tokens: np.ndarray, offsets: np.ndarray, dtype: np.dtype, eot: int, *, bos: bool) -> np.ndarray:
+    """The documents' tokens with the boundary token before (BOS) or after (EOS) each one.
+
+    Same result as ``np.insert(tokens, offsets[:-1] or offsets[1:], eot)``, about
+    twice as fast: one scatter of the boundaries and one masked copy of the tokens.
+    """
+    ndocs = len(offsets) - 1
+    out = np.empty(len(tokens) + ndocs, dtype=dtype)
+    # Document i's boundary lands i places further than its offset: i boundaries precede it.
+    where = (offsets[:-1] if bos else offsets[1:]) + np.arange(ndocs, dtype=np.int64)
+    is_token = np.ones(len(out), dtype=bool)
+    is_token[where] = False
+    out[where] = eot
+    out[is_token] = tokens
+    return out
 
 
 def _unit_docs(staging: Path, unit: int) -> np.ndarray:
