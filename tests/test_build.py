@@ -74,8 +74,8 @@ def test_identical_rebuild_publishes_nothing_new(built, tmp_path):
     assert (first.directory / "metadata.yaml").read_bytes() == before_manifest
     after_files = sorted(str(p.relative_to(tmp_path)) for p in first.data_root.rglob("*") if ".fingerprints" not in p.name)
     assert after_files == before_files
-    # No staging directory is left behind (only the build's empty flock file).
-    assert not [p for p in (first.data_root / "same" / ".staging").glob("*") if p.is_dir()]
+    # Nothing is left in the staging area: no directory, no lock file.
+    assert not list((first.data_root / "same" / ".staging").glob("*"))
 
 
 def test_changed_input_publishes_a_new_version_with_its_parent(built, tmp_path):
@@ -310,3 +310,10 @@ def test_boundaries_are_inserted_like_np_insert(lengths: list[int], bos: bool, d
     got = _with_boundaries(tokens, offsets, np.dtype(dtype), 50256, bos=bos)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_val_fraction_that_selects_nothing_warns(built, caplog):
+    with caplog.at_level("WARNING", logger="shardflow.build"):
+        b = built(SAMPLE, name="tinyval", val_fraction=1e-12)
+    assert open_version(b.ref, catalog=b.catalog).manifest.splits["val"].documents == 0
+    assert "the val split is empty: val_fraction=1e-12 selects none of the corpus's" in caplog.text

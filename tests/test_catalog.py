@@ -156,3 +156,34 @@ def test_defaults_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDFLOW_CATALOG")
     monkeypatch.chdir(tmp_path)
     assert default_catalog() == Path(tmp_path) / "manifests"
+
+
+def test_a_removed_lock_file_still_excludes(tmp_path):
+    # With remove=True each holder deletes the lock file on release; a waiter that
+    # locked the deleted file must notice and lock the new one, or two would hold it.
+    lock = tmp_path / "k.lock"
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    inside: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(30):
+                with file_lock(lock, timeout=30, remove=True):
+                    inside.append(1)
+                    assert len(inside) == 1, "two threads hold the lock"
+                    n = int(counter.read_text())
+                    counter.write_text(str(n + 1))
+                    inside.pop()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert counter.read_text() == "180"
+    assert not lock.exists()

@@ -205,7 +205,7 @@ def _lock_path(staging: Path) -> Path:
 
 
 def _staging_lock(staging: Path, name: str, timeout: float | None) -> contextlib.AbstractContextManager[None]:
-    return file_lock(_lock_path(staging), timeout=timeout, what=f"the build of {name!r} ({staging})")
+    return file_lock(_lock_path(staging), timeout=timeout, what=f"the build of {name!r} ({staging})", remove=True)
 
 
 @contextlib.contextmanager
@@ -783,6 +783,13 @@ def make_layout(staging: str | os.PathLike[str]) -> dict[str, int]:
         f.flush()
         os.fsync(f.fileno())
         f.close()
+    if cfg.has_val and totals["val"]["documents"] == 0:
+        log.warning(
+            "the val split is empty: val_fraction=%s selects none of the corpus's %d documents; "
+            "raise --val-fraction or use --val-count N",
+            cfg.val_fraction,
+            totals["train"]["documents"],
+        )
     info: dict[str, Any] = {"splits": {}, "inputs": per_input}
     for split in splits:
         segs = np.concatenate(seg_lists[split]) if seg_lists[split] else np.empty(0, dtype=_SEGMENT_DTYPE)

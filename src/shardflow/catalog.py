@@ -55,28 +55,48 @@ def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, *, timeout: float | None = 60.0, what: str = "the catalog") -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path``; wait up to ``timeout`` seconds (``0``: fail at once)."""
+def file_lock(
+    path: Path, *, timeout: float | None = 60.0, what: str = "the catalog", remove: bool = False
+) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``; wait up to ``timeout`` seconds (``0``: fail at once).
+
+    With ``remove``, the lock file is deleted on release (while still locked), so
+    nothing is left behind. A waiter may then hold a lock on the deleted file, so
+    after locking, the file must still be the one at ``path``; if not, lock again.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise CatalogError(
+                            f"{what} is locked by another process ({path}); another build or publish of this "
+                            "dataset is running. Wait for it to finish and run the command again"
+                        ) from None
+                    time.sleep(0.05)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise CatalogError(
-                        f"{what} is locked by another process ({path}); another build or publish of this "
-                        "dataset is running. Wait for it to finish and run the command again"
-                    ) from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock, also when the process dies
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(fd).st_ino:
+                continue  # its holder deleted it on release: lock the file now at ``path``
+            try:
+                yield
+            finally:
+                if remove:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            return
+        finally:
+            os.close(fd)  # closing releases the lock, also when the process dies
 
 
 @dataclass(frozen=True, kw_only=True)
