@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from core_support import SAMPLE, TINY_TEXTS, write_parquet
 from shardflow.build import _with_boundaries, build, make_layout, plan_build, tokenize_unit, write_shard
 from shardflow.config import BuildConfig
-from shardflow.errors import ConfigError, InputError
+from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.formats import get_format
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
+from shardflow.validation import validate_dir
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -317,3 +318,26 @@ def test_a_val_fraction_that_selects_nothing_warns(built, caplog):
         b = built(SAMPLE, name="tinyval", val_fraction=1e-12)
     assert open_version(b.ref, catalog=b.catalog).manifest.splits["val"].documents == 0
     assert "the val split is empty: val_fraction=1e-12 selects none of the corpus's" in caplog.text
+
+
+def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_vocab, tmp_path):
+    # The version carries a copy of the rank file: it decodes after the original is gone.
+    ranks = tmp_path / "elsewhere" / small_vocab.name
+    ranks.parent.mkdir()
+    ranks.write_bytes(small_vocab.read_bytes())
+    b = built(tiny_parquet, name="ranks", tokenizer=str(ranks))
+    info = read_manifest(b.directory).tokenized_info
+    assert info["rank_file"] == small_vocab.name
+    copy = b.directory / small_vocab.name
+    assert copy.read_bytes() == small_vocab.read_bytes()
+    assert os.stat(copy).st_ino != os.stat(ranks).st_ino  # a copy: editing the original changes no version
+    ranks.unlink()
+    version = open_version(b.ref, catalog=b.catalog)
+    assert version.split("train").text(0) == pq.read_table(tiny_parquet).column("text")[0].as_py()
+    validate_dir(b.directory, published=True, catalog=b.catalog)
+    copy.write_bytes(copy.read_bytes() + b"\n")
+    with pytest.raises(ValidationError, match=r"small5000\.tiktoken: the rank file does not match its SHA-256 in the manifest"):
+        validate_dir(b.directory, checksums=True)
+    copy.unlink()
+    with pytest.raises(ValidationError, match=r"small5000\.tiktoken: missing; the manifest names it as the tokenizer's rank file"):
+        validate_dir(b.directory, checksums=False)

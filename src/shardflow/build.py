@@ -1108,6 +1108,30 @@ def _tools(tokenizer: Tokenizer) -> dict[str, Any]:
     }
 
 
+def _copy_rank_file(tokenizer: Tokenizer, out: Path) -> str | None:
+    """Put a user's local ``.tiktoken`` rank file into ``out/`` under its own name; returns that name."""
+    spec = tokenizer.spec
+    if not spec.local_file or spec.rank_file is None:
+        return None
+    # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), so keep the name.
+    dest = out / Path(spec.rank_file).name
+    if not (dest.exists() and sha256_file(dest) == spec.rank_file_sha256):
+        out.mkdir(exist_ok=True)
+        tmp = tmp_path_for(dest)
+        try:
+            shutil.copyfile(spec.rank_file, tmp)  # a copy, not a link: editing the original must not change a version
+            os.replace(tmp, dest)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        if sha256_file(dest) != spec.rank_file_sha256:
+            raise InputError(
+                f"{spec.rank_file}: the rank file changed during the build (its SHA-256 differs from when the "
+                "build started); keep it unchanged and run the build again"
+            )
+    return dest.name
+
+
 def staged_manifest(staging: str | os.PathLike[str]) -> Manifest:
     """The manifest of a staged build (version not yet assigned)."""
     staging = Path(staging)
@@ -1151,6 +1175,8 @@ def staged_manifest(staging: str | os.PathLike[str]) -> Manifest:
         "skipped_invalid_utf8": sum(c["skipped_invalid_utf8"] for c in per_input),
         "max_token_id": max(c["max_token_id"] for c in per_input),
     }
+    # A local rank file travels with the version, so that it decodes anywhere.
+    rank_copy = _copy_rank_file(tokenizer, staging / "out")
     extra: dict[str, Any] = {}
     if plan.reuse:
         extra["reuse"] = {
@@ -1177,6 +1203,7 @@ def staged_manifest(staging: str | os.PathLike[str]) -> Manifest:
             "vocab_size": tokenizer.vocab_size,
             "backend": tokenizer.backend,
             "rank_file_sha256": tokenizer.spec.rank_file_sha256,
+            **({"rank_file": rank_copy} if rank_copy else {}),
         },
         parent_datasets=[],
         format={
@@ -1351,13 +1378,14 @@ def embed_version(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    for entry in parent.splits.values():
-        for shard in entry.shards:
-            for name in (shard.file, shard.index.file):
-                try:
-                    os.link(src_dir / name, out / name)
-                except OSError:
-                    shutil.copy2(src_dir / name, out / name)
+    names = [name for entry in parent.splits.values() for shard in entry.shards for name in (shard.file, shard.index.file)]
+    if parent.tokenized_info.get("rank_file"):
+        names.append(parent.tokenized_info["rank_file"])
+    for name in names:
+        try:
+            os.link(src_dir / name, out / name)
+        except OSError:
+            shutil.copy2(src_dir / name, out / name)
     base = parent.replace(
         splits={k: SplitEntry(documents=v.documents, tokens=v.tokens, shards=v.shards, extra={}) for k, v in parent.splits.items()},
         extra={k: v for k, v in parent.extra.items() if k != "embeddings"},

@@ -127,7 +127,10 @@ class Version:
     def tokenizer(self) -> Any:
         from .tokenizers import load_tokenizer
 
-        return load_tokenizer(self.manifest.config.get("tokenizer", self.manifest.tokenized_info["tokenizer"]), backend="tiktoken")
+        info = self.manifest.tokenized_info
+        if info.get("rank_file"):  # a local rank file, copied into the version when it was built
+            return load_tokenizer(str(self.directory / info["rank_file"]), backend="tiktoken")
+        return load_tokenizer(self.manifest.config.get("tokenizer", info["tokenizer"]), backend="tiktoken")
 
     def __repr__(self) -> str:
         return f"Version({self.ref!r}, {str(self.directory)!r})"

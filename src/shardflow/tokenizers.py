@@ -88,6 +88,8 @@ class TokenizerSpec:
     rank_file_sha256: str | None
     pretokenizer: str | None
     """gigatoken's name of the split pattern (``gpt2``, ``gpt4``, ``o200k``), when known."""
+    local_file: bool = False
+    """Whether the user named the rank file by its path (it then travels with each version)."""
 
 
 # The split patterns of tiktoken's public encodings, keyed by gigatoken's names.
@@ -290,7 +292,11 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
         pretok, pattern, specials = _KNOWN_FILES.get(stem, ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1}))
         encoding = tiktoken.Encoding(name=stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
         spec = TokenizerSpec(
-            name=stem, rank_file=str(path.resolve()), rank_file_sha256=_sha256(str(path)), pretokenizer=pretok
+            name=stem,
+            rank_file=str(path.resolve()),
+            rank_file_sha256=_sha256(str(path)),
+            pretokenizer=pretok,
+            local_file=True,
         )
         return encoding, spec
 

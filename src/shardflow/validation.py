@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import sha256_file
 from .errors import ValidationError
 from .faults import fault
 from .formats import bosidx, get_format
@@ -191,6 +192,19 @@ def published_manifest_problems(directory: Path | str, manifest: Manifest, catal
     return []
 
 
+def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
+    """The copy of a local rank file that a version carries: present, and the file the build used."""
+    name = manifest.tokenized_info.get("rank_file")
+    if not name:
+        return []
+    path = directory / name
+    if not path.is_file():
+        return [f"{path}: missing; the manifest names it as the tokenizer's rank file"]
+    if sha256_file(path) != manifest.tokenized_info.get("rank_file_sha256"):
+        return [f"{path}: the rank file does not match its SHA-256 in the manifest; it is not the one the build used"]
+    return []
+
+
 def validate_dir(
     directory: Path | str,
     manifest: Manifest | None = None,
@@ -230,6 +244,7 @@ def validate_dir(
         report.shards += len(entry.shards)
         report.tokens += tokens
         report.documents += documents
+    report.problems.extend(_rank_file_problems(directory, manifest))
     from .embeddings import validate_embeddings
 
     report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
