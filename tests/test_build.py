@@ -341,3 +341,12 @@ def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_v
     copy.unlink()
     with pytest.raises(ValidationError, match=r"small5000\.tiktoken: missing; the manifest names it as the tokenizer's rank file"):
         validate_dir(b.directory, checksums=False)
+
+
+def test_two_sources_with_the_same_file_names_build_together(built, tmp_path):
+    a = write_parquet(tmp_path / "a" / "part-00000.parquet", TINY_TEXTS[:2])
+    b = write_parquet(tmp_path / "b" / "part-00000.parquet", TINY_TEXTS[2:])
+    result = built((a.parent, b.parent), name="twodirs")
+    manifest = read_manifest(result.directory)
+    assert [i["relname"] for i in manifest.inputs] == ["a/part-00000.parquet", "b/part-00000.parquet"]
+    assert manifest.totals["input_rows"] == len(TINY_TEXTS)

@@ -194,12 +194,15 @@ def test_truncated_parquet_is_an_input_error(tmp_path):
         read_all([str(tmp_path / "cut.parquet")])
 
 
-def test_duplicate_input_names_are_refused(tmp_path, table):
+def test_clashing_input_names_are_qualified_by_their_directory(tmp_path, table):
     for d in ("a", "b"):
-        (tmp_path / d).mkdir()
-        pq.write_table(table, tmp_path / d / "part.parquet")
-    with pytest.raises(InputError, match=r"two inputs share the name 'part\.parquet'"):
-        discover_inputs([str(tmp_path / "a" / "part.parquet"), str(tmp_path / "b" / "part.parquet")])
+        (tmp_path / d / "sub").mkdir(parents=True)
+        pq.write_table(table, tmp_path / d / "sub" / "part.parquet")
+    # Without a clash, names are relative to their source, as always.
+    assert [i.relname for i in discover_inputs([str(tmp_path / "a")])] == ["sub/part.parquet"]
+    # Two directories that both hold sub/part.parquet: each name gets its directory's name.
+    both = discover_inputs([str(tmp_path / "a"), str(tmp_path / "b" / "*" / "*.parquet")])
+    assert [i.relname for i in both] == ["a/sub/part.parquet", "b/sub/part.parquet"]
 
 
 def test_fingerprints_are_content_hashes_and_cached(tmp_path, table):

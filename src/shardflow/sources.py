@@ -14,6 +14,7 @@ column is replaced or skipped (``utf8_errors``) and counted.
 
 from __future__ import annotations
 
+import dataclasses
 import glob as globmod
 import hashlib
 import json
@@ -123,7 +124,9 @@ def _hf_dataset_inputs(root: Path) -> list[InputFile]:
 def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
     """Expand files, directories, globs and saved datasets into an ordered list of inputs."""
     found: list[InputFile] = []
+    labels: list[str] = []  # per input: the name of the directory its relname is relative to
     for spec in specs:
+        before = len(found)
         if _is_glob(spec):
             matches = sorted(globmod.glob(spec, recursive=True))
             matches = [m for m in matches if Path(m).is_file()]
@@ -132,6 +135,7 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
             base = Path(spec.split("*")[0].split("?")[0].split("[")[0])
             base = base if spec.endswith(os.sep) or base.is_dir() else base.parent
             found.extend(_input(Path(m), os.path.relpath(m, base)) for m in matches)
+            labels.extend([Path(os.path.abspath(base)).name] * (len(found) - before))
             continue
         path = Path(spec).expanduser()
         if not path.exists():
@@ -145,6 +149,7 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
                 )
             if (path / "state.json").exists():
                 found.extend(_hf_dataset_inputs(path))
+                labels.extend([path.resolve().name] * (len(found) - before))
                 continue
             files = sorted(
                 p
@@ -159,13 +164,34 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
             found.extend(_input(p, p.relative_to(path).as_posix()) for p in files)
         else:
             found.append(_input(path, path.name))
-    seen: dict[str, int] = {}
+        labels.extend([path.resolve().parent.name if path.is_file() else path.resolve().name] * (len(found) - before))
+    return _distinct_relnames(found, labels)
+
+
+def _distinct_relnames(found: list[InputFile], labels: list[str]) -> list[InputFile]:
+    """Refuse a file given twice; qualify clashing names (``a/part-0.parquet``, ``b/part-0.parquet``).
+
+    When no two names clash, every name stays as it is, so the manifest, the held-out
+    split and incremental reuse of existing datasets do not change.
+    """
+    by_path: dict[str, str] = {}
     for inp in found:
-        seen[inp.relname] = seen.get(inp.relname, 0) + 1
-    dupes = [name for name, n in seen.items() if n > 1]
-    if dupes:
-        raise InputError(f"two inputs share the name {dupes[0]!r}; give each source a distinct file name")
-    return found
+        if inp.path in by_path:
+            raise InputError(f"{inp.path}: the file is given twice (through two of the sources); give it once")
+        by_path[inp.path] = inp.relname
+    names = [inp.relname for inp in found]
+    if len(set(names)) == len(names):
+        return found
+    qualified = [f"{label}/{inp.relname}" for inp, label in zip(found, labels)]
+    seen: dict[str, str] = {}
+    for inp, name in zip(found, qualified):
+        if name in seen:
+            raise InputError(
+                f"{seen[name]} and {inp.path} both get the input name {name!r}; rename one of them or its "
+                "directory, so that every input has a distinct name"
+            )
+        seen[name] = inp.path
+    return [dataclasses.replace(inp, relname=name) for inp, name in zip(found, qualified)]
 
 
 def _fingerprint_cache_path(cache_dir: Path | None) -> Path | None:

@@ -152,10 +152,22 @@ def test_every_text_null_or_empty(tmp_path, capsys):
     )
 
 
-def test_two_inputs_with_one_name(tmp_path, capsys):
-    a = _parquet(tmp_path / "a" / "x.parquet", {"text": ["a"]})
-    b = _parquet(tmp_path / "b" / "x.parquet", {"text": ["b"]})
-    refused(tmp_path, capsys, r"two inputs share the name 'x\.parquet'", str(a), str(b))
+def test_two_inputs_that_cannot_be_told_apart(tmp_path, capsys):
+    # Same file name in two directories of the same name: no name tells them apart.
+    a = _parquet(tmp_path / "one" / "data" / "x.parquet", {"text": ["a"]})
+    b = _parquet(tmp_path / "two" / "data" / "x.parquet", {"text": ["b"]})
+    refused(
+        tmp_path,
+        capsys,
+        rf"{re.escape(str(a))} and {re.escape(str(b))} both get the input name 'data/x\.parquet'; rename one of them",
+        str(a),
+        str(b),
+    )
+
+
+def test_one_file_given_twice(tmp_path, capsys):
+    a = _parquet(tmp_path / "in" / "x.parquet", {"text": ["a"]})
+    refused(tmp_path, capsys, rf"{re.escape(str(a))}: the file is given twice", str(a), str(tmp_path / "in"))
 
 
 def test_missing_id_column(tmp_path, capsys):
