@@ -41,11 +41,37 @@ def make_mixture(cat, **kw):
     return MixtureDataset({"wiki@v1": 0.6, "eos@v1": 0.4}, **opts)
 
 
-@pytest.fixture(params=["stream", "mixture", "stream-infinite", "stream-packed-aligned"])
+# Phase 0 is one short epoch (its default epoch is about 300 samples); phase 1 has full epochs, then a short one.
+PHASES = [
+    (0, {"wiki@v1": 0.6, "eos@v1": 0.4}),
+    (150, {"wiki@v1": 0.1, "eos@v1": 0.9}),
+    (900, {"wiki@v1": 0.5, "eos@v1": 0.5}),
+]
+
+
+def make_phased(cat, **kw):
+    opts = dict(seq_len=700, catalog=cat.path, seed=11, world_size=2, rank=0)
+    opts.update(kw)
+    return MixtureDataset(phases=PHASES, **opts)
+
+
+def merge_round_robin(slices: list[list], block: int) -> list:
+    """What a DataLoader does with the workers' slices: a block from worker 0, then worker 1, ..."""
+    batches = [[s[i : i + block] for i in range(0, len(s), block)] for s in slices]
+    merged = []
+    for round_ in itertools.zip_longest(*batches):
+        for b in round_:
+            if b:
+                merged.extend(b)
+    return merged
+
+
+@pytest.fixture(params=["stream", "mixture", "mixture-phases", "stream-infinite", "stream-packed-aligned"])
 def factory(request, cat):
     return {
         "stream": lambda: make_stream(cat),
         "mixture": lambda: make_mixture(cat),
+        "mixture-phases": lambda: make_phased(cat),
         "stream-infinite": lambda: make_stream(cat, infinite=True),
         "stream-packed-aligned": lambda: make_stream(cat, pack_sequences=True, align_to_bos=True, seq_len=300),
     }[request.param]
@@ -106,13 +132,7 @@ def test_worker_slices_merged_round_robin_are_the_rank_stream(cat):
     whole = list(make_stream(cat).indices())
     for workers in (1, 2, 5):
         slices = [list(make_stream(cat, worker_id=w, num_workers=workers, block_size=block).indices()) for w in range(workers)]
-        batches = [[s[i : i + block] for i in range(0, len(s), block)] for s in slices]
-        merged = []
-        for round_ in itertools.zip_longest(*batches):
-            for b in round_:
-                if b:
-                    merged.extend(b)
-        assert merged == whole
+        assert merge_round_robin(slices, block) == whole
 
 
 def test_resume_with_another_number_of_workers(cat):
@@ -121,17 +141,40 @@ def test_resume_with_another_number_of_workers(cat):
     stream = make_stream(cat)
     stream.advance(7)
     state = via_json(stream.state_dict())
-    rest = []
     resumed = [make_stream(cat, worker_id=w, num_workers=3, block_size=2) for w in range(3)]
     for r in resumed:
         r.load_state_dict(state)
-    slices = [list(r.indices()) for r in resumed]
-    batches = [[s[i : i + 2] for i in range(0, len(s), 2)] for s in slices]
-    for round_ in itertools.zip_longest(*batches):
-        for b in round_:
-            if b:
-                rest.extend(b)
-    assert whole[:7] + rest == whole
+    assert whole[:7] + merge_round_robin([list(r.indices()) for r in resumed], 2) == whole
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_resume_around_phase_boundaries(cat, rank):
+    """States just before, at and just after each boundary, and in between, continue the uninterrupted sequence."""
+    first = make_phased(cat, rank=rank, infinite=True)
+    b1, b2 = first.phase_start(1), first.phase_start(2)
+    total = b2 + 40
+    reference = take(first, total)
+    for n in (b1 - 1, b1, b1 + 1, (b1 + b2) // 2, b2 - 1, b2, b2 + 1):
+        head_stream = make_phased(cat, rank=rank, infinite=True)
+        head = take(head_stream, n)
+        resumed = make_phased(cat, rank=rank, infinite=True)
+        resumed.load_state_dict(via_json(head_stream.state_dict()))
+        assert resumed.phase == (n >= b1) + (n >= b2)
+        assert head + take(resumed, total - n) == reference, n
+
+
+def test_resume_across_a_phase_boundary_with_other_workers(cat):
+    """Resumed one sample before the last phase by 3 workers, merged as a DataLoader does: the same rank stream."""
+    whole = make_phased(cat, rank=1, infinite=True)
+    stop = whole.phase_start(2) + 30
+    keys = list(whole.indices(0, stop))
+    state = make_phased(cat, rank=1, infinite=True)
+    state.advance(whole.phase_start(2) - 1)
+    resumed = [make_phased(cat, rank=1, infinite=True, worker_id=w, num_workers=3, block_size=2) for w in range(3)]
+    for r in resumed:
+        r.load_state_dict(via_json(state.state_dict()))
+    slices = [list(r.indices(r.position, stop)) for r in resumed]
+    assert keys[: state.position] + merge_round_robin(slices, 2) == keys
 
 
 def test_a_state_of_another_stream_is_refused(cat):

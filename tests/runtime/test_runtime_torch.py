@@ -169,6 +169,22 @@ def test_mixture_through_the_loader(cat):
     assert batch["cu_seqlens"][-1] == 6 * 256 and batch["position_ids"].shape == (6, 256)
 
 
+def test_phased_mixture_resumes_across_the_boundary_through_the_loader(cat):
+    """Five batches of 6 end before the phase boundary at sample 40; the resumed loader reads across it."""
+    phases = [(0, {"wiki@v1": 0.7, "eos@v1": 0.3}), (40, {"wiki@v1": 0.2, "eos@v1": 0.8})]
+
+    def make():
+        return MixtureDataset(phases=phases, seq_len=256, catalog=cat.path, seed=1, infinite=True)
+
+    loader = StreamingLoader(make(), batch_size=6, num_workers=2)
+    first = read_loader(loader, 5)
+    resumed = StreamingLoader(make(), batch_size=6, num_workers=2)
+    resumed.load_state_dict(loader.state_dict())
+    rest = read_loader(resumed, 5)
+    assert resumed.stream.phase == 1
+    assert first + rest == read_loader(StreamingLoader(make(), batch_size=6), 10)
+
+
 def test_tensors_share_nothing_with_the_maps(cat):
     ds = TorchTokenDataset("wiki@v1", seq_len=64, catalog=cat.path)
     item = ds[0]

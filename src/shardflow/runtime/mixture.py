@@ -22,44 +22,137 @@ mixture epoch ``e`` reads positions ``[e * n_d, (e + 1) * n_d)`` of it, so a
 component smaller than its share wraps into its next epoch (upsampling) and a
 larger one moves on through its data (no sample repeats before all were read).
 
-Ranks, workers and ``state_dict`` work exactly as for ``StreamingTokenDataset``.
+**Phases.** ``phases=[(0, {"a": 0.7, "b": 0.3}), (10_000, {"a": 0.2, "b":
+0.8})]`` changes the weights during training (annealing). A phase's step is a
+position in the mixture's global sample sequence -- samples of all ranks
+together, from the start of training -- so the boundary is the same for every
+rank: optimizer step ``k`` with a global batch of ``B`` samples (per-rank batch
+x ranks x accumulation steps) is sample ``k * B``. Each phase is laid out as
+epochs of its own ``M`` (computed from its weights, or ``samples_per_epoch``)
+with the exact counts and interleaving above, and a phase whose length is not a
+multiple of its ``M`` ends with a shorter epoch of the remainder, with exact
+counts of its own. Phase boundaries are thus epoch boundaries: every rank reads
+its share of each epoch, so all ranks reach a boundary together (after
+``start / world_size`` samples each, exactly when the epochs divide by
+``world_size``, else within one sample per epoch before it). Components keep
+their streams across phases: a component continues where the last phase left
+it, without repeating or skipping a sample, so a weight of 0 just pauses it. The
+stream positions at each epoch are computed from the schedule (a few additions
+per phase), so resuming at any position costs the same.
+
+Ranks, workers and ``state_dict`` work exactly as for ``StreamingTokenDataset``;
+the state names the schedule, and a state of another schedule is refused.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeAlias, Union
 
 import numpy as np
 
 from ..catalog import Catalog
 from .dataset import Overflow, TokenDataset, _check_int
 from .order import EpochOrder, coprime_stride
-from .streaming import SampleStream
+from .streaming import SampleStream, check_split
 
-__all__ = ["MixtureDataset", "mixture_counts"]
+__all__ = ["MixtureDataset", "MixturePhase", "mixture_counts"]
 
-def _check_weights(weights: Mapping[Any, Any] | Sequence[tuple[Any, Any]]) -> list[tuple[Any, float]]:
-    items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
+Source: TypeAlias = Union[str, "os.PathLike[str]", TokenDataset]
+"""A mixture's dataset: a reference, a version directory, or an opened ``TokenDataset``."""
+Weights: TypeAlias = Union[Mapping[Source, float], Sequence[tuple[Source, float]]]
+"""``{source: weight}`` or ``(source, weight)`` pairs."""
+
+def _check_weights(weights: Any, *, step: int | None = None) -> list[tuple[Any, float]]:
+    """``(key, weight)`` pairs of a plain mixture (all positive) or of the phase at ``step`` (zeros allowed)."""
+    where = "" if step is None else f" in the phase at step {step}"
+    if isinstance(weights, Mapping):
+        items = list(weights.items())
+    elif isinstance(weights, Iterable) and not isinstance(weights, (str, bytes)):
+        items = list(weights)
+    else:
+        raise ValueError(f"mixture weights{where} are {{dataset: weight, ...}} or (dataset, weight) pairs, not {weights!r}")
     if not items:
-        raise ValueError("a mixture needs at least one dataset: pass {ref: weight, ...}")
+        raise ValueError(f"a mixture needs at least one dataset{where}: pass {{ref: weight, ...}}")
     out: list[tuple[Any, float]] = []
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
             raise ValueError(f"mixture entries are (dataset, weight) pairs, not {item!r}")
         key, w = item
         if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) or not math.isfinite(w):
-            raise ValueError(f"the weight of {_name(key)} is {w!r}; weights must be finite positive numbers")
+            raise ValueError(f"the weight of {_name(key)}{where} is {w!r}; weights must be finite positive numbers")
         out.append((key, float(w)))
     if all(w == 0 for _, w in out):
-        raise ValueError("all mixture weights are 0; give every dataset a positive weight (e.g. {'a@latest': 0.7, 'b@latest': 0.3})")
+        if step is None:
+            raise ValueError("all mixture weights are 0; give every dataset a positive weight (e.g. {'a@latest': 0.7, 'b@latest': 0.3})")
+        raise ValueError(f"all weights of the phase at step {step} are 0; give at least one dataset a positive weight")
     for key, w in out:
         if w < 0:
-            raise ValueError(f"the weight of {_name(key)} is {w}; weights must be positive")
-        if w == 0:
+            allowed = "positive" if step is None else "positive, or 0 to leave a dataset out of a phase"
+            raise ValueError(f"the weight of {_name(key)}{where} is {w}; weights must be {allowed}")
+        if w == 0 and step is None:
             raise ValueError(f"the weight of {_name(key)} is 0; remove that dataset from the mixture instead")
     return out
+
+
+def _normalized(weights: list[float]) -> np.ndarray:
+    total = sum(weights)
+    return np.array([w / total for w in weights], dtype=np.float64)
+
+
+def _check_phases(phases: Any) -> tuple[list[Any], list[tuple[int, np.ndarray]]]:
+    """The datasets (in the first phase's order) and each phase's ``(step, normalized weights)``."""
+    if isinstance(phases, (str, bytes, Mapping)) or not isinstance(phases, Sequence) or not phases:
+        raise ValueError(
+            f"phases is a non-empty list of (step, {{dataset: weight}}) pairs starting at step 0, not {phases!r}"
+        )
+    keys: list[Any] = []
+    schedule: list[tuple[int, np.ndarray]] = []
+    for item in phases:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(f"phases are (step, {{dataset: weight}}) pairs, not {item!r}")
+        step, weights = item
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"a phase's step is a global sample position (an integer >= 0), not {step!r}")
+        step = int(step)
+        if not schedule and step != 0:
+            raise ValueError(
+                f"the first phase starts at step {step}, but the schedule must start at step 0 (no weights would "
+                "apply before it); make it (0, {...})"
+            )
+        if schedule and step == schedule[-1][0]:
+            raise ValueError(f"two phases start at step {step}; give each phase its own step")
+        if schedule and step < schedule[-1][0]:
+            raise ValueError(
+                f"phases are out of order: step {step} comes after step {schedule[-1][0]}; list them by increasing step"
+            )
+        entries = _check_weights(weights, step=step)
+        by_key: dict[Any, float] = {}
+        for key, w in entries:
+            if key in by_key:
+                raise ValueError(f"the phase at step {step} names {_name(key)} twice")
+            by_key[key] = w
+        if not schedule:
+            keys = list(by_key)
+        extra = [_name(k) for k in by_key if k not in keys]
+        if extra:
+            raise ValueError(
+                f"the phase at step {step} names {', '.join(extra)}, which the first phase does not; every phase "
+                "names the same datasets (give weight 0 where one should not be read)"
+            )
+        missing = [_name(k) for k in keys if k not in by_key]
+        if missing:
+            raise ValueError(
+                f"the phase at step {step} gives no weight to {', '.join(missing)}; every phase names each of the "
+                "mixture's datasets (weight 0 leaves one out of a phase)"
+            )
+        schedule.append((step, _normalized([by_key[k] for k in keys])))
+    for d, key in enumerate(keys):
+        if all(w[d] == 0 for _, w in schedule):
+            raise ValueError(f"{_name(key)} has weight 0 in every phase; remove it from the mixture")
+    return keys, schedule
 
 
 def _name(key: Any) -> str:
@@ -70,12 +163,23 @@ def _name(key: Any) -> str:
 
 def mixture_counts(probs: np.ndarray, total: int) -> np.ndarray:
     """``probs * total`` rounded by largest remainders: non-negative ints that add up to ``total``."""
-    raw = np.asarray(probs, dtype=np.float64) * total
+    probs = np.asarray(probs, dtype=np.float64)
+    raw = probs * total
     counts = np.floor(raw).astype(np.int64)
     short = total - int(counts.sum())
     if short > 0:
-        counts[np.argsort(-(raw - counts), kind="stable")[:short]] += 1
+        # A weight of 0 never gets a sample, whatever float rounding leaves over.
+        remainders = np.where(probs > 0, raw - counts, -1.0)
+        counts[np.argsort(-remainders, kind="stable")[:short]] += 1
     return counts
+
+
+def _default_epoch(probs: np.ndarray, sizes: np.ndarray) -> int:
+    """The largest epoch in which no component of positive weight repeats a sample."""
+    m = int(min(math.floor(n / p + 1e-9) for n, p in zip(sizes.tolist(), probs.tolist()) if p > 0))
+    while m > 1 and np.any(mixture_counts(probs, m) > sizes):  # float rounding at the edge: step back
+        m -= 1
+    return m
 
 
 def _mulmod(x: np.ndarray, a: int, m: int) -> np.ndarray:
@@ -84,21 +188,110 @@ def _mulmod(x: np.ndarray, a: int, m: int) -> np.ndarray:
     return np.array([(int(v) * a) % m for v in x.tolist()], dtype=np.int64)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MixturePhase:
+    """One phase of a mixture's schedule; a mixture without ``phases`` has one, from step 0."""
+
+    start: int
+    """Global sample position where the phase begins (samples of all ranks, from the start)."""
+    weights: tuple[float, ...]
+    """Normalized weights, in the order of ``MixtureDataset.components`` (0: not read in this phase)."""
+    epoch_samples: int
+    """Samples of each full epoch of the phase (all ranks); its last epoch may be shorter."""
+    counts: tuple[int, ...]
+    """Samples each component contributes to a full epoch (sums to ``epoch_samples``)."""
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.epoch_samples < 1 or sum(self.counts) != self.epoch_samples:
+            raise ValueError(f"inconsistent mixture phase: {self!r}")
+
+
+class _Run(NamedTuple):
+    """Consecutive epochs of one size in one phase: what resolving a position there needs."""
+
+    phase: int
+    size: int  # samples per epoch, all ranks
+    stride: int  # of the Kronecker interleaving
+    counts: np.ndarray  # per component, per epoch
+    bounds: np.ndarray  # each component's interval of the interleaved positions
+    base: np.ndarray  # each component's stream position at the run's first epoch
+
+
+def _plan_phase(
+    *,
+    step: int,
+    probs: np.ndarray,
+    end: int | None,
+    keys: list[Any],
+    sizes: np.ndarray,
+    samples_per_epoch: int | None,
+    world_size: int,
+    phased: bool,
+) -> MixturePhase:
+    """The phase from ``step`` to ``end`` (None: endless): its epoch size and exact counts, checked."""
+    where = f" in the phase at step {step}" if phased else ""
+    m = _default_epoch(probs, sizes) if samples_per_epoch is None else samples_per_epoch
+    counts = mixture_counts(probs, m)
+    for key, p, c in zip(keys, probs.tolist(), counts.tolist()):
+        if p > 0 and c < 1:
+            raise ValueError(
+                f"the weight of {_name(key)}{where} ({p:.3g} after normalizing) gives it no sample in an epoch "
+                f"of {m} samples; raise its weight or samples_per_epoch"
+            )
+    if end is None or end - step >= m:  # it has full epochs (else it is a single short one)
+        check_split(m, world_size)
+    return MixturePhase(start=step, weights=tuple(probs.tolist()), epoch_samples=m, counts=tuple(counts.tolist()))
+
+
+def _lay_out(phases: tuple[MixturePhase, ...]) -> list[tuple[_Run, int | None]]:
+    """The runs of equal epochs, phase by phase, with how many epochs each has (None: endless).
+
+    A phase has its full epochs, then, if its length is not a multiple of its
+    epoch size, one short epoch of the remainder with exact counts of its own.
+    Each run records every component's stream position at its first epoch:
+    the sum of the counts of all epochs before it.
+    """
+    runs: list[tuple[_Run, int | None]] = []
+    base = np.zeros(len(phases[0].weights), dtype=np.int64)
+    for k, phase in enumerate(phases):
+        m = phase.epoch_samples
+        full: int | None = None
+        rest = 0
+        if k + 1 < len(phases):
+            full, rest = divmod(phases[k + 1].start - phase.start, m)
+        pieces = [(m, full, np.array(phase.counts, dtype=np.int64))]
+        if rest:
+            pieces.append((rest, 1, mixture_counts(np.array(phase.weights), rest)))
+        for size, count, counts in pieces:
+            if count == 0:
+                continue
+            bounds = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+            runs.append((_Run(k, size, coprime_stride(size), counts, bounds, base), count))
+            if count is not None:
+                base = base + count * counts
+    return runs
+
+
 class MixtureDataset(SampleStream):
     """Samples drawn from several datasets in fixed proportions, as an epoch stream.
 
     ``weights`` maps references (or ``TokenDataset`` objects) to positive
-    weights (normalized to sum to 1). The other options are those of
+    weights (normalized to sum to 1). Or ``phases``, a list of ``(step,
+    weights)`` from step 0 in increasing order, changes the weights at global
+    sample positions (every phase names the same datasets; a weight of 0
+    leaves one out of a phase). The other options are those of
     ``StreamingTokenDataset`` and apply to every component, plus
-    ``samples_per_epoch`` (see the module documentation).
+    ``samples_per_epoch`` (every phase's, when given; see the module
+    documentation).
     """
 
     kind = "MixtureDataset"
 
     def __init__(
         self,
-        weights: "Mapping[str | os.PathLike[str] | TokenDataset, float] | Sequence[tuple[str | os.PathLike[str] | TokenDataset, float]]",
+        weights: Weights | None = None,
         *,
+        phases: Sequence[tuple[int, Weights]] | None = None,
         split: str = "train",
         seq_len: int | None = None,
         seed: int = 0,
@@ -118,9 +311,19 @@ class MixtureDataset(SampleStream):
         catalog: Catalog | str | os.PathLike[str] | None = None,
         verify: bool = False,
     ) -> None:
-        entries = _check_weights(weights)
+        if (weights is None) == (phases is None):
+            raise ValueError(
+                "give a mixture either weights ({ref: weight, ...}) or phases=[(0, {ref: weight, ...}), "
+                f"(step, {{...}}), ...], {'not both' if phases is not None else 'none was given'}"
+            )
+        if phases is None:
+            entries = _check_weights(weights)
+            keys = [key for key, _ in entries]
+            schedule = [(0, _normalized([w for _, w in entries]))]
+        else:
+            keys, schedule = _check_phases(phases)
         components: list[TokenDataset] = []
-        for key, _ in entries:
+        for key in keys:
             if isinstance(key, TokenDataset):
                 components.append(key)
             else:
@@ -156,31 +359,28 @@ class MixtureDataset(SampleStream):
             )
         self.components = components
         self.seq_len = first.seq_len
-        total_w = sum(w for _, w in entries)
-        self.weights = np.array([w / total_w for _, w in entries], dtype=np.float64)
-        """The normalized weights, in the order given."""
         sizes = np.array([len(ds) for ds in components], dtype=np.int64)
-        if samples_per_epoch is None:
-            m = int(min(math.floor(n / p + 1e-9) for n, p in zip(sizes.tolist(), self.weights.tolist())))
-            counts = mixture_counts(self.weights, m)
-            while m > 1 and np.any(counts > sizes):  # float rounding at the edge: step back
-                m -= 1
-                counts = mixture_counts(self.weights, m)
-        else:
-            m = _check_int("samples_per_epoch", samples_per_epoch, minimum=1)
-            counts = mixture_counts(self.weights, m)
-        for (key, w), c in zip(entries, counts.tolist()):
-            if c < 1:
-                raise ValueError(
-                    f"the weight of {_name(key)} ({w / total_w:.3g} after normalizing) gives it no sample in an epoch "
-                    f"of {m} samples; raise its weight or samples_per_epoch"
-                )
-        self.epoch_samples = m
-        self.counts = counts
-        """Samples each component contributes per epoch (sums to ``epoch_samples``)."""
-        self._bounds = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        self._stride = coprime_stride(m)
+        if samples_per_epoch is not None:
+            _check_int("samples_per_epoch", samples_per_epoch, minimum=1)
+        world_size = _check_int("world_size", world_size, minimum=1)
+        ends: list[int | None] = [step for step, _ in schedule[1:]]
+        self.phases = tuple(
+            _plan_phase(
+                step=step,
+                probs=probs,
+                end=end,
+                keys=keys,
+                sizes=sizes,
+                samples_per_epoch=samples_per_epoch,
+                world_size=world_size,
+                phased=len(schedule) > 1,
+            )
+            for (step, probs), end in zip(schedule, ends + [None])
+        )
+        """The schedule: one phase for plain weights."""
         self._sizes = sizes
+        runs = _lay_out(self.phases)
+        self._runs = [run for run, _ in runs]
         self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._init_stream(
             rank=rank,
@@ -193,11 +393,51 @@ class MixtureDataset(SampleStream):
             shuffle_group=shuffle_group,
             drop_last=drop_last,
             infinite=infinite,
+            runs=[(run.size, count) for run, count in runs],
         )
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{ds.shards.name!r}: {w:.3g}" for ds, w in zip(self.components, self.weights))
-        return f"MixtureDataset({{{parts}}}, seq_len={self.seq_len}, samples_per_epoch={self.epoch_samples}, rank={self.rank}/{self.world_size})"
+        def weights(phase: MixturePhase) -> str:
+            return "{" + ", ".join(f"{ds.shards.name!r}: {w:.3g}" for ds, w in zip(self.components, phase.weights)) + "}"
+
+        if len(self.phases) == 1:
+            spec = f"{weights(self.phases[0])}, seq_len={self.seq_len}, samples_per_epoch={self.epoch_samples}"
+        else:
+            spec = "phases=[" + ", ".join(f"({p.start}, {weights(p)})" for p in self.phases) + f"], seq_len={self.seq_len}"
+        return f"MixtureDataset({spec}, rank={self.rank}/{self.world_size})"
+
+    # -- the current phase and epoch ----------------------------------------------
+
+    def _run(self) -> _Run:
+        return self._runs[self._layout.run_at(self._position)]
+
+    @property
+    def phase(self) -> int:
+        """Index in ``phases`` of the phase of the next sample of this rank."""
+        return self._run().phase
+
+    def phase_start(self, phase: int) -> int:
+        """Position in this rank's stream where ``phases[phase]`` begins: this rank's sample count there."""
+        k = _check_int("phase", phase, minimum=0)
+        if k >= len(self.phases):
+            raise ValueError(f"phase={phase} is past the last phase; the schedule has {len(self.phases)} (0 to {len(self.phases) - 1})")
+        first_run = next(u for u, run in enumerate(self._runs) if run.phase == k)  # every phase has a run
+        return int(self._layout.start[first_run])
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The normalized weights of the current phase, in the order of ``components``."""
+        return np.array(self.phases[self.phase].weights, dtype=np.float64)
+
+    @property
+    def epoch_samples(self) -> int:  # type: ignore[override]
+        """Samples of the current epoch, all ranks (the same for every epoch of a plain mixture)."""
+        return self._run().size
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Samples each component contributes to the current epoch (sums to ``epoch_samples``)."""
+        return self._run().counts.copy()
 
     def _order(self, component: int, epoch: int) -> EpochOrder:
         key = (component, epoch)
@@ -217,13 +457,16 @@ class MixtureDataset(SampleStream):
         return order
 
     def _resolve(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        y = _mulmod(positions, self._stride, self.epoch_samples)
-        comps = np.searchsorted(self._bounds, y, side="right") - 1
+        u = self._layout.run_of_epoch(epoch)
+        run = self._runs[u]
+        nth = epoch - int(self._layout.first_epoch[u])  # epochs of this run before this one
+        y = _mulmod(positions, run.stride, run.size)
+        comps = np.searchsorted(run.bounds, y, side="right") - 1
         ids = np.empty_like(positions)
         for d in np.unique(comps).tolist():
             mask = comps == d
             # This component's own stream position, then its epoch and offset there.
-            cpos = epoch * int(self.counts[d]) + (y[mask] - self._bounds[d])
+            cpos = int(run.base[d]) + nth * int(run.counts[d]) + (y[mask] - run.bounds[d])
             cepochs, offs = np.divmod(cpos, int(self._sizes[d]))
             out = np.empty_like(cpos)
             for ce in np.unique(cepochs).tolist():
@@ -256,9 +499,12 @@ class MixtureDataset(SampleStream):
             yield from zip(comps.tolist(), ids.tolist())
 
     def _check_fields(self) -> dict[str, Any]:
-        return {
-            "components": [ds.fingerprint for ds in self.components],
-            "weights": self.weights.tolist(),
-            "epoch_samples": self.epoch_samples,
-            **super()._check_fields(),
-        }
+        fields: dict[str, Any] = {"components": [ds.fingerprint for ds in self.components]}
+        if len(self.phases) == 1:  # as before phases existed: older states still load
+            fields["weights"] = list(self.phases[0].weights)
+            fields["epoch_samples"] = self.phases[0].epoch_samples
+        else:
+            fields["phases"] = [
+                {"step": p.start, "weights": list(p.weights), "epoch_samples": p.epoch_samples} for p in self.phases
+            ]
+        return {**fields, **super()._check_fields()}

@@ -25,7 +25,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["EpochOrder", "random_permutation", "rank_bounds", "coprime_stride"]
+__all__ = ["EpochOrder", "EpochRuns", "random_permutation", "rank_bounds", "coprime_stride"]
 
 
 def random_permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
@@ -101,6 +101,61 @@ def rank_bounds(total: int, rank: int, world_size: int, *, drop_last: bool) -> t
         per = total // world_size
         return rank * per, (rank + 1) * per
     return rank * total // world_size, (rank + 1) * total // world_size
+
+
+class EpochRuns:
+    """Where each epoch lies in one rank's stream, for epochs that come in runs of equal size.
+
+    ``runs`` is ``[(size, count), ...]``: ``count`` epochs of ``size`` samples
+    (all ranks together), in order; the last run is endless (``count=None``).
+    Every epoch is split over ranks by ``rank_bounds``, and a rank's stream is
+    its share of epoch 0, then of epoch 1, ... A plain stream is one endless
+    run; a phased mixture has a run (or two) per phase. Locating a position
+    costs a binary search over the runs, never a walk over the epochs.
+    """
+
+    def __init__(self, runs: list[tuple[int, int | None]], *, rank: int, world_size: int, drop_last: bool) -> None:
+        if not runs or runs[-1][1] is not None or any(count is None or count < 1 for _, count in runs[:-1]):
+            raise ValueError(f"epoch runs are (size, count >= 1) pairs ending with an endless (size, None): {runs!r}")
+        bounds = [rank_bounds(size, rank, world_size, drop_last=drop_last) for size, _ in runs]
+        self.size = np.array([size for size, _ in runs], dtype=np.int64)
+        """Samples per epoch of each run, all ranks."""
+        self.lo = np.array([lo for lo, _ in bounds], dtype=np.int64)
+        """Where this rank's share starts in each run's epochs."""
+        self.share = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
+        """Samples per epoch this rank reads in each run (0 for an epoch smaller than the ranks)."""
+        counts = np.array([count for _, count in runs[:-1]], dtype=np.int64)
+        self.first_epoch = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        """Number of each run's first epoch."""
+        self.start = np.concatenate(([0], np.cumsum(counts * self.share[:-1]))).astype(np.int64)
+        """Rank-stream position of each run's first sample."""
+
+    def run_at(self, position: int) -> int:
+        """The run holding rank-stream ``position`` (a run this rank reads nothing of holds no position)."""
+        return int(np.searchsorted(self.start, position, side="right")) - 1
+
+    def run_of_epoch(self, epoch: int) -> int:
+        return int(np.searchsorted(self.first_epoch, epoch, side="right")) - 1
+
+    def epoch_at(self, position: int) -> int:
+        """The epoch of rank-stream ``position``."""
+        u = self.run_at(position)
+        return int(self.first_epoch[u] + (position - self.start[u]) // self.share[u])
+
+    def epoch_span(self, epoch: int) -> tuple[int, int]:
+        """Rank-stream positions ``[start, stop)`` of ``epoch`` (empty where this rank reads none of it)."""
+        u = self.run_of_epoch(epoch)
+        start = int(self.start[u] + (epoch - self.first_epoch[u]) * self.share[u])
+        return start, start + int(self.share[u])
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Epochs of rank-stream ``positions`` and the positions within them (numbered over all ranks)."""
+        if len(self.start) == 1:  # the common case, a plain stream: no search
+            epochs, offsets = np.divmod(positions, self.share[0])
+            return epochs, self.lo[0] + offsets
+        runs = np.searchsorted(self.start, positions, side="right") - 1
+        epochs, offsets = np.divmod(positions - self.start[runs], self.share[runs])
+        return self.first_epoch[runs] + epochs, self.lo[runs] + offsets
 
 
 def _partial_quotients(a: int, b: int) -> list[int]:

@@ -46,10 +46,10 @@ import numpy as np
 
 from ..catalog import Catalog
 from .dataset import Overflow, TokenDataset, _check_int
-from .order import EpochOrder, rank_bounds
+from .order import EpochOrder, EpochRuns
 from .shards import ShardSet
 
-__all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT"]
+__all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT", "check_split"]
 
 STATE_FORMAT = 1
 """Version of the ``state_dict`` layout."""
@@ -57,11 +57,22 @@ STATE_FORMAT = 1
 _CHUNK = 4096  # positions resolved at once (one vectorized epoch-order lookup)
 
 
+def check_split(epoch_samples: int, world_size: int) -> None:
+    """Refuse epochs of fewer samples than ranks: every rank reads at least one sample per epoch."""
+    if epoch_samples < world_size:
+        raise ValueError(
+            f"{epoch_samples} samples per epoch cannot be split over world_size={world_size} ranks: "
+            "every rank needs at least one; use a smaller seq_len or fewer ranks"
+        )
+
+
 class SampleStream:
     """What streaming and mixture datasets share: epochs, rank/worker splitting, exact state.
 
-    Subclasses set ``self.epoch_samples`` (samples per epoch, all ranks) and
-    implement ``_resolve(epoch, positions)`` -> (component ids, sample ids) and
+    Subclasses set ``self.epoch_samples`` (samples per epoch, all ranks), or
+    pass ``runs`` to ``_init_stream`` when epochs differ in size (see
+    ``EpochRuns``), and implement ``_resolve(epoch, positions)`` -> (component
+    ids, sample ids), positions numbered within the epoch over all ranks, and
     ``_get(component, sample)``.
     """
 
@@ -81,6 +92,7 @@ class SampleStream:
         shuffle_group: int,
         drop_last: bool,
         infinite: bool,
+        runs: list[tuple[int, int | None]] | None = None,
     ) -> None:
         self.world_size = _check_int("world_size", world_size, minimum=1)
         self.rank = _check_int("rank", rank, minimum=0)
@@ -96,12 +108,10 @@ class SampleStream:
         self.shuffle_group = _check_int("shuffle_group", shuffle_group, minimum=1)
         self.drop_last = bool(drop_last)
         self.infinite = bool(infinite)
-        if self.epoch_samples < self.world_size:
-            raise ValueError(
-                f"{self.epoch_samples} samples per epoch cannot be split over world_size={self.world_size} ranks: "
-                "every rank needs at least one; use a smaller seq_len or fewer ranks"
-            )
-        self._lo, self._hi = rank_bounds(self.epoch_samples, self.rank, self.world_size, drop_last=self.drop_last)
+        if runs is None:
+            runs = [(self.epoch_samples, None)]
+        check_split(runs[-1][0], self.world_size)
+        self._layout = EpochRuns(runs, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
         self._position = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -115,21 +125,23 @@ class SampleStream:
 
     @property
     def samples_per_epoch(self) -> int:
-        """Samples this rank reads per epoch (all its workers together)."""
-        return self._hi - self._lo
+        """Samples this rank reads per epoch (all its workers together); of the current epoch if they differ."""
+        start, stop = self._layout.epoch_span(self.epoch)
+        return stop - start
 
     @property
     def position(self) -> int:
-        """Position of the next sample in this rank's stream (``epoch * samples_per_epoch + offset``)."""
+        """Position of the next sample in this rank's stream (``epoch * samples_per_epoch + offset`` when the
+        epochs are equal; a phased mixture's differ, and ``state_dict()`` gives the epoch and offset)."""
         return self._position
 
     @property
     def epoch(self) -> int:
-        return self._position // self.samples_per_epoch
+        return self._layout.epoch_at(self._position)
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``)."""
-        self._position = _check_int("epoch", epoch, minimum=0) * self.samples_per_epoch
+        self._position = self._layout.epoch_span(_check_int("epoch", epoch, minimum=0))[0]
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more samples of the rank stream consumed (for consumers that merge worker slices)."""
@@ -140,7 +152,7 @@ class SampleStream:
         start = self._position if start is None else start
         if self.infinite:
             return start, None
-        return start, (start // self.samples_per_epoch + 1) * self.samples_per_epoch
+        return start, self._layout.epoch_span(self._layout.epoch_at(start))[1]
 
     def pass_length(self, *, worker_id: int = 0, num_workers: int = 1, block_size: int = 1, start: int | None = None) -> int:
         """Samples a worker reads in the pass from ``start`` (default: the position)."""
@@ -179,10 +191,8 @@ class SampleStream:
         self, start: int, stop: int | None, worker_id: int, num_workers: int, block_size: int
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(rank positions, components, sample ids) of one worker's share of ``[start, stop)``, in chunks."""
-        n = self.samples_per_epoch
         for pos in self._worker_positions(start, stop, worker_id, num_workers, block_size):
-            epochs = pos // n
-            epoch_pos = self._lo + pos % n
+            epochs, epoch_pos = self._layout.locate(pos)
             comps = np.empty_like(pos)
             ids = np.empty_like(pos)
             for e in np.unique(epochs):
@@ -233,7 +243,8 @@ class SampleStream:
             "rank": self.rank,
             "world_size": self.world_size,
             "drop_last": self.drop_last,
-            "samples_per_epoch": self.samples_per_epoch,
+            # The endless run's: for a plain stream, the samples per epoch.
+            "samples_per_epoch": int(self._layout.share[-1]),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -243,7 +254,7 @@ class SampleStream:
             "format": STATE_FORMAT,
             "position": self._position,
             "epoch": self.epoch,
-            "offset": self._position % self.samples_per_epoch,
+            "offset": self._position - self._layout.epoch_span(self.epoch)[0],
             "check": self._check_fields(),
         }
 
