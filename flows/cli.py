@@ -51,6 +51,15 @@ def _add_embed_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
                    help="validation floor: mean cosine of the stored codes to float32 (default 0.99)")
     p.add_argument(f"--{prefix}min-recall", dest="embed_min_recall", type=float, default=0.90,
                    help="validation floor: recall@10 of nearest neighbours against float32 (default 0.90)")
+    p.add_argument(f"--{prefix}dim", dest="embed_dim", type=int, default=None, metavar="K",
+                   help="keep K dimensions: a PCA fitted on the version's own embeddings, before the codec "
+                   "(default: the model's full dimension)")
+    p.add_argument(f"--{prefix}pca-sample", dest="embed_pca_sample", type=int, default=10_000, metavar="ROWS",
+                   help="train documents (evenly spaced) the PCA is fitted on (default 10000)")
+    p.add_argument(f"--{prefix}pca-min-cosine", dest="embed_pca_min_cosine", type=float, default=0.90,
+                   help=f"validation floor with --{prefix}dim: mean cosine of the reconstruction to float32 (default 0.90)")
+    p.add_argument(f"--{prefix}pca-min-recall", dest="embed_pca_min_recall", type=float, default=0.70,
+                   help=f"validation floor with --{prefix}dim: recall@10 of neighbours in the reduced space (default 0.70)")
 
 
 def _embed_options(args: argparse.Namespace) -> Any:
@@ -63,6 +72,10 @@ def _embed_options(args: argparse.Namespace) -> Any:
         device=args.embed_device,
         min_mean_cosine=args.embed_min_cosine,
         min_recall_at_10=args.embed_min_recall,
+        embed_dim=args.embed_dim,
+        pca_sample=args.embed_pca_sample,
+        pca_min_mean_cosine=args.embed_pca_min_cosine,
+        pca_min_recall_at_10=args.embed_pca_min_recall,
     )
 
 
@@ -406,6 +419,11 @@ def _print_embeddings(m: Any) -> None:
     print(f"  embeddings: {info['model']} ({info['dim']} dims, {info['precision']}, {info['long_docs']} long documents), "
           f"codec {info['codec']}; floors: mean cosine >= {info['floors']['min_mean_cosine']}, "
           f"recall@10 >= {info['floors']['min_recall_at_10']}")
+    pca = info.get("pca")
+    if pca:
+        print(f"  PCA: {pca['input_dim']} -> {pca['dim']} dims, explained variance {pca['explained_variance_ratio']:.4f} "
+              f"(fitted on {pca['sample_rows']} {pca['fit_split']} rows; {pca['mean']['file']}, {pca['components']['file']}); "
+              f"floors: mean cosine >= {pca['floors']['min_mean_cosine']}, recall@10 >= {pca['floors']['min_recall_at_10']}")
     for split, entry in m.splits.items():
         section = entry.extra.get("embeddings")
         if not section:
@@ -414,7 +432,12 @@ def _print_embeddings(m: Any) -> None:
         quality = (f"mean cosine {q['mean_cosine']:.5f}, min cosine {q['min_cosine']:.5f}, "
                    f"recall@{q['k']} {q['recall_at_k']:.3f} on {q['rows']} rows") if q else "quality not measured"
         print(f"    {split}: {section['rows']} rows in {section['file']} ({section['bytes']} bytes; "
-              f"{section['truncated']} truncated); {quality}")
+              f"{section['truncated']} truncated); {'codec ' if pca else ''}{quality}")
+        p = section.get("pca_quality")
+        if p:
+            print(f"      after the PCA, against float32 in {pca['input_dim']} dims: reconstruction mean cosine "
+                  f"{p['mean_cosine']:.5f} (min {p['min_cosine']:.5f}), recall@{p['k']} {p['recall_at_k']:.3f} "
+                  f"in the reduced space ({p['recall_at_k_reconstructed']:.3f} among reconstructions)")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -450,6 +450,20 @@ def test_quality_zero_rows_and_validation() -> None:
         quality(x, x.astype(np.float64))  # type: ignore[arg-type]
 
 
+def test_quality_can_look_neighbours_up_in_another_space() -> None:
+    x = embeddings(300, 32, seed=10)
+    noisy = x + np.random.default_rng(11).standard_normal(x.shape).astype(np.float32) * 0.05
+    plain = quality(x, noisy, k=10, sample=200)
+    # neighbours searched in the decoded rows themselves: the same figures
+    assert quality(x, noisy, k=10, sample=200, search=noisy) == plain
+    # searched in a rotated copy of the originals (any width, same rows): perfect recall, cosines unchanged
+    rotated = (x @ np.linalg.qr(np.random.default_rng(12).standard_normal((32, 48)).T)[0].T).astype(np.float32)
+    q = quality(x, noisy, k=10, sample=200, search=rotated)
+    assert q["recall_at_k"] == 1.0 and q["mean_cosine"] == plain["mean_cosine"]
+    with pytest.raises(ValueError, match="search has 299 rows, reference 300; they must be the same rows"):
+        quality(x, noisy, search=rotated[:299])
+
+
 def test_threaded_codec_works_in_forked_child() -> None:
     """The persistent thread pool must not hang a child forked after first use."""
     import multiprocessing

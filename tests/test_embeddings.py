@@ -1,8 +1,9 @@
-"""The embedding stage on the bundled sample corpus, with the real all-MiniLM-L6-v2 model."""
+"""The embedding stage with the real all-MiniLM-L6-v2 model: on the bundled sample corpus, and a PCA on the real corpus."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -224,3 +225,187 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
     from shardflow.catalog import Catalog
 
     assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1", "v2"]
+
+
+# ------------------------------------------------------------------ PCA (--embed-dim)
+# The sample corpus has 61 documents, too few to fit a 128-dimensional PCA (that needs 129);
+# these tests use the real 302-document corpus (conftest.real_corpus) instead.
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory: pytest.TempPathFactory, real_corpus: Path) -> tuple[str, str]:
+    """``(ref, catalog)``: the real corpus with --embed-dim 128 and e4m3 codes, 30 documents held out as val.
+
+    A PCA fitted on only 272 documents reconstructs held-out ones less well than one fitted on a
+    real sample (val: mean cosine ~0.90, the default floor), hence the lower floor here.
+    """
+    root = tmp_path_factory.mktemp("pca")
+    cfg = BuildConfig(
+        name="real", sources=(str(real_corpus),), shard_tokens=400_000, val_count=30,
+        embed=EmbedOptions(codec="e4m3", embed_dim=128, pca_min_mean_cosine=0.8),
+    )
+    return build(cfg, data_root=root / "data", catalog=root / "manifests", workers=2).ref, str(root / "manifests")
+
+
+def test_pca_files_and_quality_are_in_the_manifest(reduced: tuple[str, str]) -> None:
+    from shardflow._io import sha256_file
+
+    ref, catalog = reduced
+    directory = resolve_ref(ref, catalog)
+    m = read_manifest(directory)
+    assert m.config["embed"]["embed_dim"] == 128
+    pca = m.extra["embeddings"]["pca"]
+    train_docs = m.splits["train"].documents
+    assert (pca["dim"], pca["input_dim"], pca["fit_split"], pca["sample_rows"]) == (128, 384, "train", train_docs)
+    assert 0.9 < pca["explained_variance_ratio"] <= 1.0
+    for part, shape in (("mean", (384,)), ("components", (128, 384))):
+        path = directory / pca[part]["file"]
+        assert path.stat().st_size == pca[part]["bytes"] == 128 + 4 * int(np.prod(shape))
+        assert sha256_file(path) == pca[part]["sha256"]
+        array = np.load(path)
+        assert array.dtype == np.dtype("<f4") and array.shape == shape
+    extra = pca["mean"]["bytes"] + pca["components"]["bytes"]
+    assert m.totals["embedding_bytes"] == extra + sum(e.extra["embeddings"]["bytes"] for e in m.splits.values())
+    for split, entry in m.splits.items():
+        section = entry.extra["embeddings"]
+        codes = np.load(directory / section["file"], mmap_mode="r")
+        assert codes.shape == (entry.documents, 128) and codes.dtype == np.uint8 and section["dim"] == 128
+        assert section["bytes"] == 128 + entry.documents * 128  # 12x less than float32 at 384 dimensions
+        assert section["quality"]["mean_cosine"] > 0.999 and section["quality"]["recall_at_k"] > 0.93  # e4m3 alone
+    train, val = (m.splits[s].extra["embeddings"]["pca_quality"] for s in ("train", "val"))
+    # train is the fit sample; val is held out
+    assert train["mean_cosine"] > 0.95 and train["recall_at_k"] > 0.75 and train["recall_at_k_reconstructed"] > 0.9
+    assert val["mean_cosine"] > 0.85 and val["rows"] == 30 and val["k"] == 10
+    for q in (train, val):
+        assert 0 < q["min_cosine"] <= q["mean_cosine"] < 1.0
+    validate_dir(directory)
+
+
+def test_project_maps_a_later_query_onto_the_stored_rows(reduced: tuple[str, str]) -> None:
+    from shardflow.embedder import EmbedConfig, Embedder
+
+    ref, catalog = reduced
+    store = EmbeddingStore(ref, split="val", catalog=catalog)
+    assert (store.dim, store.model_dim, store.pca["dim"]) == (128, 384, 128)
+    split = store.version.split("val")
+    direct = Embedder(config=EmbedConfig(precision="bf16")).embed([split.text(i) for i in range(split.num_documents)])
+    projected = store.project(direct)
+    stored = store.get_rows(np.arange(len(store)))
+    assert projected.shape == stored.shape == (30, 128) and projected.dtype == np.float32
+    cos = (projected * stored).sum(axis=1) / np.linalg.norm(projected, axis=1) / np.linalg.norm(stored, axis=1)
+    assert cos.min() > 0.998, cos.min()  # the stored rows are these, through e4m3
+    assert (np.argmax(projected @ stored.T, axis=1) == np.arange(30)).all()
+    assert store.project(direct[3]).shape == (128,)
+    back = store.reconstruct(stored)
+    assert back.shape == (30, 384)
+    cos = (back * direct).sum(axis=1) / np.linalg.norm(back, axis=1)
+    assert cos.mean() == pytest.approx(store.pca_quality["mean_cosine"], abs=1e-3)
+    with pytest.raises(ValueError, match=r"must be a numeric array of shape \(n, 384\) or \(384,\), got float32 \(30, 128\)"):
+        store.project(stored)
+
+
+def test_project_without_a_pca_is_the_identity(root: Path, embedded: str) -> None:
+    store = EmbeddingStore(embedded, catalog=cat(root))
+    assert store.pca is None and store.pca_quality is None and store.model_dim == store.dim == 384
+    q = np.random.default_rng(0).standard_normal((2, 384)).astype(np.float32)
+    out = store.project(q)
+    assert np.array_equal(out, q) and out is not q
+    with pytest.raises(ValueError, match=r"queries must be a numeric array of shape \(n, 384\)"):
+        store.project(np.zeros((2, 128)))
+
+
+def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: str) -> None:
+    from shardflow.catalog import Catalog
+
+    with pytest.raises(ConfigError, match=r"embed_dim=385 \(all-MiniLM-L6-v2 has 384 dimensions\): cannot reduce "
+                       r"384-dimensional embeddings to 385 dimensions; choose a dimension of at most 384"):
+        EmbedOptions(embed_dim=385)
+    with pytest.raises(ConfigError, match=r"must be a positive integer, not 0"):
+        EmbedOptions(embed_dim=0)
+    with pytest.raises(ConfigError, match=r"needs a sample of at least 129 rows .* but the sample has 100; "
+                       r"choose a dimension of at most 99 or raise pca_sample"):
+        EmbedOptions(embed_dim=128, pca_sample=100)
+    before = Catalog(cat(root)).versions("emb")
+    with pytest.raises(ConfigError, match=r"embed_dim=128 on emb \(split 'train' has 49 documents\): a 128-dimensional PCA "
+                       r"needs a sample of at least 129 rows \(centering uses one\), but the sample has 49; "
+                       r"choose a dimension of at most 48 or embed a corpus with more documents"):
+        embed_version(embedded, EmbedOptions(embed_dim=128), catalog=cat(root))
+    assert Catalog(cat(root)).versions("emb") == before
+
+
+def test_embed_dim_is_part_of_the_embedding_key_and_absent_without_a_pca() -> None:
+    from shardflow.embeddings import embedding_key
+
+    plain = EmbedOptions().key_fields()
+    assert not {"embed_dim", "pca_sample", "pca_min_mean_cosine", "pca_min_recall_at_10"} & set(plain)
+    keys = {embedding_key("k", EmbedOptions(embed_dim=d)) for d in (None, 128, 192)}
+    assert len(keys) == 3
+
+
+def test_validation_names_a_missing_damaged_or_unusable_projection(reduced: tuple[str, str], tmp_path: Path) -> None:
+    ref, catalog = reduced
+    d = shutil.copytree(resolve_ref(ref, catalog), tmp_path / "v")
+    m = read_manifest(d)
+    pca = m.extra["embeddings"]["pca"]
+    mean_path, comps_path = d / pca["mean"]["file"], d / pca["components"]["file"]
+    with open(comps_path, "r+b") as f:  # the lowest mantissa byte of the first value: still finite
+        f.seek(128)
+        b = f.read(1)
+        f.seek(128)
+        f.write(bytes([b[0] ^ 0x01]))
+    problems = validate_embeddings(d, m)
+    assert any("real.emb.pca_components.npy: SHA-256 does not match the manifest; the PCA components file was changed" in p
+               for p in problems), problems
+    comps = np.load(comps_path, mmap_mode="r+")
+    comps[0, 0] = np.nan
+    comps.flush()
+    del comps
+    problems = validate_embeddings(d, m, checksums=False)
+    assert any("not a usable PCA projection (mean and components must be finite)" in p for p in problems), problems
+    mean_path.unlink()
+    with pytest.raises(ValidationError, match=r"real\.emb\.pca_mean\.npy: the PCA mean file is missing"):
+        validate_dir(d, checksums=False)
+    with pytest.raises(ValidationError, match=r"the PCA mean file is missing"):
+        EmbeddingStore(d)
+    mean_path.write_bytes(b"\x93NUMPY")
+    assert any(f"{mean_path}: 6 bytes, but the manifest says 1664; truncated or changed" in p
+               for p in validate_embeddings(d, m, checksums=False))
+
+
+def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) -> None:
+    import copy
+
+    ref, catalog = reduced
+    directory = resolve_ref(ref, catalog)
+    m = read_manifest(directory)
+    info = copy.deepcopy(m.extra["embeddings"])
+    info["pca"]["floors"] = {"min_mean_cosine": 0.999, "min_recall_at_10": 0.99}
+    problems = validate_embeddings(directory, m.replace(extra={**m.extra, "embeddings": info}), checksums=False)
+    assert any(re.search(r"real_val\.emb\.npy: after the PCA to 128 dimensions, mean cosine 0\.9\d+ is below the floor 0\.999; "
+                         r"keep more dimensions \(embed_dim\)", p) for p in problems), problems
+    assert any("recall@10 0." in p and "below the floor 0.99" in p for p in problems)
+
+
+def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardflow.catalog import Catalog
+
+    from flows.cli import main
+
+    args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
+    assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",
+                 "--embed-codec", "e4m3", "--embed-dim", "32", *args]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    m = read_manifest(Path(out[-1]))
+    assert m.extra["embeddings"]["pca"]["dim"] == 32 and m.splits["train"].extra["embeddings"]["dim"] == 32
+    assert main(["show", "cli@v1", "--catalog", str(tmp_path / "manifests")]) == 0
+    shown = capsys.readouterr().out
+    assert "PCA: 384 -> 32 dims, explained variance 0.8" in shown and "after the PCA, against float32 in 384 dims" in shown
+    assert main(["validate", "cli@v1", "--catalog", str(tmp_path / "manifests")]) == 0
+    capsys.readouterr()
+    # too wide for the corpus, or for the model: one message each, exit 2, nothing published
+    assert main(["embed", "cli@v1", "--dim", "64", "--catalog", str(tmp_path / "manifests")]) == 2
+    err = capsys.readouterr().err
+    assert "choose a dimension of at most 60 or embed a corpus with more documents" in err and "Traceback" not in err
+    assert main(["embed", "cli@v1", "--dim", "400", "--catalog", str(tmp_path / "manifests")]) == 2
+    assert "choose a dimension of at most 384" in capsys.readouterr().err
+    assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1"]

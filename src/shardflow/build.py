@@ -1362,11 +1362,12 @@ def embed_version(
     The token shards and indexes are hard-linked from the parent (no copies;
     a copy only where the data root is on another filesystem).
     """
-    from .embeddings import add_embeddings, embedding_key, validate_embeddings
+    from .embeddings import add_embeddings, check_embed_options, embedding_key, validate_embeddings
 
     cat = Catalog(default_catalog(catalog))
     src_dir = cat.resolve(ref)
     parent = read_manifest(src_dir)
+    check_embed_options(parent, options)  # before anything is staged
     key = embedding_key(parent.build_key, options)
     existing = cat.find_build(parent.name, key)
     if existing is not None:

@@ -660,6 +660,7 @@ def quality(
     *,
     sample: int = 2000,
     seed: int = 0,
+    search: F32 | None = None,
 ) -> dict[str, float | int]:
     """Compare decoded embeddings with their float32 originals.
 
@@ -669,13 +670,21 @@ def quality(
     sampled row, the fraction of its ``k`` nearest neighbours by cosine within
     the sample (itself excluded) under ``reference`` that are also among its
     ``k`` nearest under ``decoded``, averaged.  Also returns ``rows`` and ``k``.
+
+    ``search``, when given, is where the neighbours are looked up instead of
+    ``decoded``: the same rows in another space of any width (the embedding
+    stage passes the PCA-reduced rows while ``decoded`` holds their
+    reconstruction in the model's space).
     """
-    for name, a in (("reference", reference), ("decoded", decoded)):
+    arrays = [("reference", reference), ("decoded", decoded)] + ([] if search is None else [("search", search)])
+    for name, a in arrays:
         _check_matrix(a, name)
         if a.dtype != np.float32:
             raise ValueError(f"{name} must be float32, got {a.dtype}")
     if reference.shape != decoded.shape:
         raise ValueError(f"shape mismatch: reference {reference.shape} vs decoded {decoded.shape}")
+    if search is not None and search.shape[0] != reference.shape[0]:
+        raise ValueError(f"search has {search.shape[0]} rows, reference {reference.shape[0]}; they must be the same rows")
     n = reference.shape[0]
     if sample < 2:
         raise ValueError(f"sample must be >= 2, got {sample}")
@@ -685,8 +694,9 @@ def quality(
     if n > sample:
         rows = np.sort(np.random.default_rng(seed).choice(n, size=sample, replace=False))
         ref, dec = reference[rows], decoded[rows]
+        found = None if search is None else search[rows]
     else:
-        ref, dec = reference, decoded
+        ref, dec, found = reference, decoded, search
     # float64 so the quality figures themselves carry no rounding noise.
     ref = ref.astype(np.float64)
     dec = dec.astype(np.float64)
@@ -704,7 +714,11 @@ def quality(
         np.fill_diagonal(sim, -np.inf)  # exclude self
         return np.argpartition(-sim, k - 1, axis=1)[:, :k]
 
-    ta, tb = topk(ref, rn), topk(dec, dn)
+    if found is None:
+        ta, tb = topk(ref, rn), topk(dec, dn)
+    else:
+        f = found.astype(np.float64)
+        ta, tb = topk(ref, rn), topk(f, np.linalg.norm(f, axis=1))
     hits = sum(len(np.intersect1d(ta[i], tb[i], assume_unique=True)) for i in range(m))
     return {
         "rows": int(m),

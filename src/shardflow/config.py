@@ -54,7 +54,18 @@ class EmbedOptions:
     """Documents decoded and embedded at once: the stage's memory bound."""
     quality_sample: int = 2000
     min_mean_cosine: float = 0.99
+    """Floor of the codec's mean cosine to the float32 rows it stores (after the PCA, if any)."""
     min_recall_at_10: float = 0.90
+    embed_dim: int | None = None
+    """Keep this many principal components (a PCA fitted on the version's own embeddings) before
+    the codec; None: store the model's full dimension."""
+    pca_sample: int = 10_000
+    """Rows of the train split (evenly spaced) the PCA is fitted on: bounds the fit's memory,
+    about 3 x rows x model dim x 8 bytes (the fit of 10,000 x 768 raised the peak RSS by 207 MB here)."""
+    pca_min_mean_cosine: float = 0.90
+    """Floor of the mean cosine of the reconstructed rows (PCA and codec) to the float32 originals."""
+    pca_min_recall_at_10: float = 0.70
+    """Floor of recall@10 of neighbours found in the reduced space against the float32 originals'."""
 
     def __post_init__(self) -> None:
         if self.codec not in EMBED_CODECS:
@@ -65,15 +76,44 @@ class EmbedOptions:
             raise ConfigError(f"precision must be 'bf16' or 'fp32', not {self.precision!r}")
         if self.docs_per_batch < 1 or self.quality_sample < 0:
             raise ConfigError("docs_per_batch must be positive and quality_sample non-negative")
-        if not (0.0 <= self.min_mean_cosine <= 1.0 and 0.0 <= self.min_recall_at_10 <= 1.0):
-            raise ConfigError("quality floors (min_mean_cosine, min_recall_at_10) must be in [0, 1]")
+        floors = (self.min_mean_cosine, self.min_recall_at_10, self.pca_min_mean_cosine, self.pca_min_recall_at_10)
+        if not all(0.0 <= f <= 1.0 for f in floors):
+            raise ConfigError(
+                "quality floors (min_mean_cosine, min_recall_at_10, pca_min_mean_cosine, pca_min_recall_at_10) "
+                "must be in [0, 1]"
+            )
+        if self.embed_dim is not None:
+            self._check_embed_dim(self.embed_dim)
+
+    def _check_embed_dim(self, k: int) -> None:
+        from .embedder import MODELS  # numpy only; torch stays unimported
+        from .pca import check_reduction
+
+        if isinstance(self.pca_sample, bool) or not isinstance(self.pca_sample, int) or self.pca_sample < 2:
+            raise ConfigError(f"pca_sample must be an integer of at least 2, not {self.pca_sample!r}")
+        # An unknown model is refused by the embedder, by name; then only the sample is checked here.
+        spec = MODELS.get(self.model)
+        check_reduction(
+            k,
+            input_dim=spec.dim if spec is not None else k,
+            sample_rows=self.pca_sample,
+            where=f"embed_dim={k!r}" + (f" ({self.model} has {spec.dim} dimensions)" if spec else ""),
+            more_rows="raise pca_sample",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def key_fields(self) -> dict[str, Any]:
-        """Options that change the stored embeddings (not where or how fast they are computed)."""
-        return {k: v for k, v in self.to_dict().items() if k not in ("device", "batch_size", "docs_per_batch")}
+        """Options that change the stored embeddings (not where or how fast they are computed).
+
+        Without a PCA its options change nothing and are left out, so the keys of
+        versions embedded before the PCA existed stay the same.
+        """
+        skip = {"device", "batch_size", "docs_per_batch"}
+        if self.embed_dim is None:
+            skip |= {"embed_dim", "pca_sample", "pca_min_mean_cosine", "pca_min_recall_at_10"}
+        return {k: v for k, v in self.to_dict().items() if k not in skip}
 
 
 @dataclass(frozen=True, kw_only=True)

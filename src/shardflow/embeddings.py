@@ -6,26 +6,45 @@ Files written into a version directory, per split::
                                     (float32, float16, int8, or uint8 for fp8 bit patterns)
     <name>_<split>.emb.scales.npy   float32 (documents,), for codecs with per-row scales
 
+and, per version, with a PCA (``EmbedOptions.embed_dim``)::
+
+    <name>.emb.pca_mean.npy         float32 (model dim,)
+    <name>.emb.pca_components.npy   float32 (embed_dim, model dim), orthonormal rows
+
 Row ``i`` is document ``i`` of the split, in token-shard order; the text that
 is embedded is the document decoded from its tokens (exactly the source text,
 since ``decode(encode_ordinary(t)) == t``). Rows are streamed into
 ``np.lib.format.open_memmap`` in batches, so memory is bounded by the batch.
 
+With a PCA, an evenly spaced sample of at most ``pca_sample`` documents of the
+train split is embedded first and the PCA fitted on it (``shardflow.pca``);
+then every row is projected, ``(x - mean) @ components.T``, before the codec.
+The sample's vectors are kept (bounded by ``pca_sample``) and reused, not
+embedded twice. The val split is not in the sample, so its quality figures are
+measured on held-out documents.
+
 The manifest gets a top-level ``embeddings`` section (model, codec, options,
 quality floors) and, per split, ``splits.<split>.embeddings`` with the files,
 their sizes and SHA-256, and the codec's measured quality on a sample of the
-version's own embeddings (mean/min cosine to float32, recall@10).
+version's own embeddings (mean/min cosine to float32, recall@10). With a PCA,
+``embeddings.pca`` holds K, the explained-variance ratio, the projection files
+and their floors, and ``splits.<split>.embeddings.pca_quality`` the quality
+against the unreduced float32 embeddings: cosine of the reconstruction, and
+recall@10 of neighbours found in the reduced space (and among the
+reconstructions); ``quality`` is then the codec's alone, in the reduced space.
 
 Validation (also run by ``shardflow validate``): row count equals the split's
 document count, no NaN or inf after decoding, scales positive and finite,
-checksums match, quality above the floors. This module never imports torch;
-only ``compute`` paths reach ``shardflow.embedder``.
+projection files present with the recorded shapes, checksums match, quality
+above the floors. This module never imports torch; only ``compute`` paths
+reach ``shardflow.embedder``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,14 +55,19 @@ from ._io import sha256_file, tmp_path_for
 from .config import EmbedOptions
 from .errors import ValidationError
 from .manifest import Manifest, check_relative_file
+from .pca import Projection, check_reduction, fit_pca, sample_ids
 
 __all__ = [
     "EmbedOptions",
     "embedding_file_names",
+    "pca_file_names",
+    "pca_fit_split",
+    "check_embed_options",
     "embed_split",
     "add_embeddings",
     "validate_embeddings",
     "load_split_embeddings",
+    "load_projection",
 ]
 
 _DECODE_BLOCK = 65536  # rows per validation block (25 MB of float32 at dim 384)
@@ -52,6 +76,109 @@ _DECODE_BLOCK = 65536  # rows per validation block (25 MB of float32 at dim 384)
 def embedding_file_names(name: str, split: str) -> tuple[str, str]:
     """``(codes file, scales file)`` of a split's embeddings."""
     return f"{name}_{split}.emb.npy", f"{name}_{split}.emb.scales.npy"
+
+
+def pca_file_names(name: str) -> tuple[str, str]:
+    """``(mean file, components file)`` of a version's PCA projection."""
+    return f"{name}.emb.pca_mean.npy", f"{name}.emb.pca_components.npy"
+
+
+def pca_fit_split(manifest: Manifest) -> str:
+    """The split the PCA is fitted on: ``train`` (the first split if there is none)."""
+    return "train" if "train" in manifest.splits else next(iter(manifest.splits))
+
+
+def check_embed_options(manifest: Manifest, options: EmbedOptions) -> None:
+    """Refuse, before any work, options this version cannot support: a PCA wider than its fit sample."""
+    if options.embed_dim is None:
+        return
+    from .embedder import MODELS
+
+    split = pca_fit_split(manifest)
+    n = manifest.splits[split].documents
+    check_reduction(
+        options.embed_dim,
+        input_dim=MODELS[options.model].dim if options.model in MODELS else options.embed_dim,
+        sample_rows=min(options.pca_sample, n),
+        where=f"embed_dim={options.embed_dim} on {manifest.name} (split {split!r} has {n} documents)",
+        more_rows="embed a corpus with more documents",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Known:
+    """Rows already embedded (the PCA's fit sample): reused, not embedded again."""
+
+    ids: np.ndarray  # ascending document ids
+    vectors: np.ndarray  # float32 (len(ids), model dim)
+    long_documents: int
+    truncated: int
+
+
+def _embed_rows(
+    embedder: Any, texts: Callable[[int], str], lo: int, hi: int, *, known: _Known | None
+) -> tuple[np.ndarray, int, int]:
+    """``(vectors of documents [lo, hi), long documents, truncated)``, embedding only what ``known`` lacks."""
+    if known is None:
+        vectors = embedder.embed([texts(i) for i in range(lo, hi)])
+        return vectors, embedder.last_stats.long_documents, embedder.last_stats.truncated
+    a, b = np.searchsorted(known.ids, [lo, hi])
+    have = known.ids[a:b] - lo
+    out = np.empty((hi - lo, known.vectors.shape[1]), dtype=np.float32)
+    out[have] = known.vectors[a:b]
+    todo = np.setdiff1d(np.arange(hi - lo), have)
+    if not len(todo):
+        return out, 0, 0
+    out[todo] = embedder.embed([texts(lo + int(i)) for i in todo])
+    return out, embedder.last_stats.long_documents, embedder.last_stats.truncated
+
+
+def _save_npy(path: Path, array: np.ndarray) -> dict[str, Any]:
+    """Write ``array`` as a ``.npy`` file (temporary name, then ``os.replace``); its manifest entry."""
+    tmp = tmp_path_for(path)
+    with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the temporary name
+        np.save(f, array, allow_pickle=False)
+    os.replace(tmp, path)
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _fit_projection(
+    directory: Path, manifest: Manifest, options: EmbedOptions, *, embedder: Any, texts: Callable[[int], str]
+) -> tuple[Projection, _Known, dict[str, Any]]:
+    """Embed the fit sample, fit the PCA, write its files; ``(projection, sample rows, manifest section)``."""
+    assert options.embed_dim is not None
+    split = pca_fit_split(manifest)
+    n = manifest.splits[split].documents
+    ids = sample_ids(n, min(options.pca_sample, n))
+    vectors = np.empty((len(ids), int(embedder.spec.dim)), dtype=np.float32)
+    long_docs = truncated = 0
+    for lo in range(0, len(ids), options.docs_per_batch):
+        hi = min(len(ids), lo + options.docs_per_batch)
+        vectors[lo:hi] = embedder.embed([texts(int(i)) for i in ids[lo:hi]])
+        long_docs += embedder.last_stats.long_documents
+        truncated += embedder.last_stats.truncated
+    projection = fit_pca(vectors, options.embed_dim)
+    mean_name, components_name = pca_file_names(manifest.name)
+    section = {
+        "dim": projection.dim,
+        "input_dim": projection.input_dim,
+        "fit_split": split,
+        "sample_rows": len(ids),
+        "explained_variance_ratio": projection.explained_variance_ratio,
+        "mean": _save_npy(directory / mean_name, projection.mean),
+        "components": _save_npy(directory / components_name, projection.components),
+        "floors": {"min_mean_cosine": options.pca_min_mean_cosine, "min_recall_at_10": options.pca_min_recall_at_10},
+    }
+    known = _Known(ids=ids, vectors=vectors, long_documents=long_docs, truncated=truncated)
+    return projection, known, section
+
+
+def _pca_quality(reference: np.ndarray, decoded: np.ndarray, projection: Projection, *, k: int) -> dict[str, Any]:
+    """Reduced-and-decoded rows against the float32 originals in the model's full space."""
+    reconstructed = projection.reconstruct(decoded)
+    q = codecs.quality(reference, reconstructed, k=k, sample=len(reference), search=decoded)
+    q["recall_at_k_reconstructed"] = codecs.quality(reference, reconstructed, k=k, sample=len(reference))["recall_at_k"]
+    return q
 
 
 def _embedder(options: EmbedOptions) -> Any:
@@ -78,11 +205,18 @@ def embed_split(
     embedder: Any,
     texts: Callable[[int], str],
     on_batch: Callable[[int, int], None] | None = None,
+    projection: Projection | None = None,
+    known: _Known | None = None,
 ) -> dict[str, Any]:
-    """Embed every document of ``split`` into ``directory``; returns the split's manifest section."""
+    """Embed every document of ``split`` into ``directory``; returns the split's manifest section.
+
+    With ``projection`` every row is reduced by it before the codec; ``known``
+    (from the PCA fit) holds rows of this split that are already embedded.
+    """
     codec = codecs.get_codec(options.codec)
     n = manifest.splits[split].documents
-    dim = int(embedder.spec.dim)
+    model_dim = int(embedder.spec.dim)
+    dim = model_dim if projection is None else projection.dim
     codes_name, scales_name = embedding_file_names(manifest.name, split)
     codes_path, scales_path = directory / codes_name, directory / scales_name
     codes_tmp, scales_tmp = tmp_path_for(codes_path), tmp_path_for(scales_path)
@@ -90,18 +224,24 @@ def embed_split(
     scales = (
         np.lib.format.open_memmap(scales_tmp, mode="w+", dtype=np.float32, shape=(n,)) if codec.has_scales else None
     )
-    # The float32 originals of the first rows are kept (bounded) to measure the codec's quality.
+    # The float32 originals of the first rows are kept (bounded) to measure the codec's quality;
+    # with a PCA both in the model's space and reduced.
     sample_n = min(n, options.quality_sample)
-    reference = np.empty((sample_n, dim), dtype=np.float32)
+    reference = np.empty((sample_n, model_dim), dtype=np.float32)
+    reduced_reference = reference if projection is None else np.empty((sample_n, dim), dtype=np.float32)
     truncated = long_docs = 0
+    if known is not None:
+        long_docs, truncated = known.long_documents, known.truncated
     for lo in range(0, n, options.docs_per_batch):
         hi = min(n, lo + options.docs_per_batch)
-        vectors = embedder.embed([texts(i) for i in range(lo, hi)])
-        truncated += embedder.last_stats.truncated
-        long_docs += embedder.last_stats.long_documents
+        vectors, batch_long, batch_truncated = _embed_rows(embedder, texts, lo, hi, known=known)
+        truncated += batch_truncated
+        long_docs += batch_long
+        rows = vectors if projection is None else projection.project(vectors)
         if lo < sample_n:
             reference[lo : min(hi, sample_n)] = vectors[: min(hi, sample_n) - lo]
-        c, s = codec.encode(vectors)
+            reduced_reference[lo : min(hi, sample_n)] = rows[: min(hi, sample_n) - lo]
+        c, s = codec.encode(rows)
         codes[lo:hi] = c
         if scales is not None:
             scales[lo:hi] = s
@@ -128,6 +268,9 @@ def embed_split(
     if codec.has_scales:
         os.replace(scales_tmp, scales_path)
         section["scales"] = {"file": scales_name, "bytes": scales_path.stat().st_size, "sha256": sha256_file(scales_path)}
+    section["quality"] = None
+    if projection is not None:
+        section["pca_quality"] = None
     if sample_n >= 2:
         stored = np.load(codes_path, mmap_mode="r")
         stored_scales = np.load(scales_path, mmap_mode="r") if codec.has_scales else None
@@ -136,11 +279,16 @@ def embed_split(
             None if stored_scales is None else np.ascontiguousarray(stored_scales[:sample_n]),
         )
         # recall@10 needs at least 11 rows; tiny splits (a small val) measure recall@(n-1).
-        q = codecs.quality(reference, decoded, k=min(10, sample_n - 1), sample=sample_n)
-        section["quality"] = {k: (float(v) if isinstance(v, float) else v) for k, v in q.items()}
-    else:
-        section["quality"] = None
+        k = min(10, sample_n - 1)
+        section["quality"] = _plain(codecs.quality(reduced_reference, decoded, k=k, sample=sample_n))
+        if projection is not None:
+            section["pca_quality"] = _plain(_pca_quality(reference, decoded, projection, k=k))
     return section
+
+
+def _plain(q: dict[str, Any]) -> dict[str, Any]:
+    """Quality figures as plain Python numbers (for YAML)."""
+    return {k: (float(v) if isinstance(v, float) else v) for k, v in q.items()}
 
 
 def add_embeddings(
@@ -156,10 +304,17 @@ def add_embeddings(
     """
     from .reader import Version
 
+    check_embed_options(manifest, options)
     version = Version(directory, manifest)
     embedder = _embedder(options)
     splits = dict(manifest.splits)
     extra_bytes = 0
+    projection, known, pca_info = None, None, None
+    if options.embed_dim is not None:
+        projection, known, pca_info = _fit_projection(
+            directory, manifest, options, embedder=embedder, texts=version.split(pca_fit_split(manifest)).text
+        )
+        extra_bytes += pca_info["mean"]["bytes"] + pca_info["components"]["bytes"]
     for name, entry in manifest.splits.items():
         split = version.split(name)
         section = embed_split(
@@ -170,6 +325,8 @@ def add_embeddings(
             embedder=embedder,
             texts=split.text,
             on_batch=None if on_batch is None else (lambda done, total, _n=name: on_batch(_n, done, total)),
+            projection=projection,
+            known=known if pca_info is not None and name == pca_info["fit_split"] else None,
         )
         splits[name] = type(entry)(
             documents=entry.documents,
@@ -185,8 +342,25 @@ def add_embeddings(
         "floors": {"min_mean_cosine": options.min_mean_cosine, "min_recall_at_10": options.min_recall_at_10},
     }
     info.pop("device", None)  # where it ran is not a property of the data
+    if pca_info is not None:
+        info["pca"] = pca_info
     totals = {**manifest.totals, "embedding_bytes": extra_bytes}
     return manifest.replace(splits=splits, totals=totals, extra={**manifest.extra, "embeddings": info})
+
+
+def _open_npy(directory: Path, entry: dict[str, Any], what: str, *, mmap: bool = True) -> np.ndarray:
+    """The ``.npy`` file a manifest entry (``file``, ``bytes``) names, after checking it is there, whole and readable."""
+    path = directory / check_relative_file(entry["file"], str(directory))
+    if not path.exists():
+        raise ValidationError(f"{path}: the {what} file is missing")
+    if path.stat().st_size != entry["bytes"]:
+        raise ValidationError(
+            f"{path}: {path.stat().st_size} bytes, but the manifest says {entry['bytes']}; truncated or changed"
+        )
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as exc:
+        raise ValidationError(f"{path}: not a readable .npy file ({exc})") from None
 
 
 def load_split_embeddings(directory: Path, manifest: Manifest, split: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
@@ -195,17 +369,8 @@ def load_split_embeddings(directory: Path, manifest: Manifest, split: str) -> tu
         section = manifest.splits[split].extra["embeddings"]
     except KeyError:
         raise ValidationError(f"{directory}: split {split!r} of {manifest.ref} has no embeddings") from None
-    codes_path = directory / check_relative_file(section["file"], str(directory))
-    if not codes_path.exists():
-        raise ValidationError(f"{codes_path}: the embedding file is missing")
-    if codes_path.stat().st_size != section["bytes"]:
-        raise ValidationError(
-            f"{codes_path}: {codes_path.stat().st_size} bytes, but the manifest says {section['bytes']}; truncated or changed"
-        )
-    try:
-        codes = np.load(codes_path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise ValidationError(f"{codes_path}: not a readable .npy file ({exc})") from None
+    codes_path = directory / section["file"]
+    codes = _open_npy(directory, section, "embedding")
     codec = codecs.get_codec(section["codec"])
     if codes.dtype != codec.storage_dtype or codes.shape != (section["rows"], section["dim"]):
         raise ValidationError(
@@ -214,10 +379,8 @@ def load_split_embeddings(directory: Path, manifest: Manifest, split: str) -> tu
         )
     scales = None
     if section.get("scales"):
-        scales_path = directory / check_relative_file(section["scales"]["file"], str(directory))
-        if not scales_path.exists() or scales_path.stat().st_size != section["scales"]["bytes"]:
-            raise ValidationError(f"{scales_path}: the scales file is missing or has the wrong size")
-        scales = np.load(scales_path, mmap_mode="r", allow_pickle=False)
+        scales_path = directory / section["scales"]["file"]
+        scales = _open_npy(directory, section["scales"], "scales")
         if scales.dtype != np.float32 or scales.shape != (section["rows"],):
             raise ValidationError(f"{scales_path}: holds {scales.dtype} {scales.shape}, expected float32 ({section['rows']},)")
     elif codec.has_scales:
@@ -225,13 +388,76 @@ def load_split_embeddings(directory: Path, manifest: Manifest, split: str) -> tu
     return codes, scales, section
 
 
+def load_projection(directory: Path, manifest: Manifest) -> Projection | None:
+    """The version's PCA projection (None when its embeddings are not reduced), after checking its files."""
+    pca = (manifest.extra.get("embeddings") or {}).get("pca")
+    if not pca:
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    for part, shape in (("mean", (pca["input_dim"],)), ("components", (pca["dim"], pca["input_dim"]))):
+        array = _open_npy(directory, pca[part], f"PCA {part}", mmap=False)
+        if array.dtype != np.dtype("<f4") or array.shape != tuple(shape):
+            raise ValidationError(
+                f"{directory / pca[part]['file']}: holds {array.dtype} {array.shape}, "
+                f"the manifest says float32 {tuple(shape)}"
+            )
+        arrays[part] = array
+    try:
+        return Projection(
+            mean=arrays["mean"],
+            components=arrays["components"],
+            explained_variance_ratio=pca.get("explained_variance_ratio"),
+        )
+    except ValueError as exc:
+        raise ValidationError(f"{directory / pca['components']['file']}: not a usable PCA projection ({exc})") from None
+
+
+def _floor_problems(q: dict[str, Any], floors: dict[str, Any], *, where: str, what: str, fix: str) -> list[str]:
+    """Quality figures ``q`` below ``floors``, one message each."""
+    problems = []
+    if q.get("mean_cosine", 1.0) < floors.get("min_mean_cosine", 0.0):
+        problems.append(
+            f"{where}: {what} mean cosine {q['mean_cosine']:.5f} is below the floor {floors['min_mean_cosine']}; {fix}"
+        )
+    if q.get("recall_at_k", 1.0) < floors.get("min_recall_at_10", 0.0):
+        problems.append(
+            f"{where}: {what} recall@10 {q['recall_at_k']:.3f} is below the floor {floors['min_recall_at_10']}; {fix}"
+        )
+    return problems
+
+
+def _projection_problems(directory: Path, manifest: Manifest, *, checksums: bool) -> list[str]:
+    """Problems with the PCA projection files (empty when there is no PCA or they are right)."""
+    pca = manifest.extra["embeddings"].get("pca")
+    if not pca:
+        return []
+    try:
+        load_projection(directory, manifest)
+    except ValidationError as exc:
+        return [str(exc)]
+    problems = []
+    for part in ("mean", "components"):
+        path = directory / pca[part]["file"]
+        if checksums and sha256_file(path) != pca[part]["sha256"]:
+            problems.append(f"{path}: SHA-256 does not match the manifest; the PCA {part} file was changed")
+    for split, entry in manifest.splits.items():
+        section = entry.extra.get("embeddings") or {}
+        if section and section.get("dim") != pca["dim"]:
+            problems.append(
+                f"{directory / section['file']}: rows of {section.get('dim')} dimensions, "
+                f"but the PCA reduces to {pca['dim']}"
+            )
+    return problems
+
+
 def validate_embeddings(directory: Path, manifest: Manifest, *, checksums: bool = True) -> list[str]:
     """Problems with the version's embeddings (empty when they are right or absent)."""
     info = manifest.extra.get("embeddings")
     if not info:
         return []
-    problems: list[str] = []
+    problems = _projection_problems(directory, manifest, checksums=checksums)
     floors = info.get("floors", {})
+    pca_floors = (info.get("pca") or {}).get("floors", {})
     for split, entry in manifest.splits.items():
         try:
             codes, scales, section = load_split_embeddings(directory, manifest, split)
@@ -264,18 +490,21 @@ def validate_embeddings(directory: Path, manifest: Manifest, *, checksums: bool 
             if not finite.all():
                 problems.append(f"{codes_path}: row {lo + int(np.argmin(finite))} decodes to NaN or inf")
                 break
-        q = section.get("quality")
-        if q:
-            if q.get("mean_cosine", 1.0) < floors.get("min_mean_cosine", 0.0):
-                problems.append(
-                    f"{codes_path}: codec {section['codec']} mean cosine {q['mean_cosine']:.5f} is below the floor "
-                    f"{floors['min_mean_cosine']}; choose a more precise codec or lower the floor"
-                )
-            if q.get("recall_at_k", 1.0) < floors.get("min_recall_at_10", 0.0):
-                problems.append(
-                    f"{codes_path}: codec {section['codec']} recall@10 {q['recall_at_k']:.3f} is below the floor "
-                    f"{floors['min_recall_at_10']}; choose a more precise codec or lower the floor"
-                )
+        problems += _floor_problems(
+            section.get("quality") or {},
+            floors,
+            where=str(codes_path),
+            what=f"codec {section['codec']}",
+            fix="choose a more precise codec or lower the floor",
+        )
+        if info.get("pca"):
+            problems += _floor_problems(
+                section.get("pca_quality") or {},
+                pca_floors,
+                where=str(codes_path),
+                what=f"after the PCA to {info['pca']['dim']} dimensions,",
+                fix="keep more dimensions (embed_dim) or lower the floor (pca_min_mean_cosine, pca_min_recall_at_10)",
+            )
     return problems
 
 

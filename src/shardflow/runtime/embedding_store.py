@@ -3,22 +3,29 @@
     store = EmbeddingStore("wikitext@latest", split="train")
     store.get_rows([3, 17, 42])          # float32 (3, dim), decoded from the stored codec
     ids, vecs = store.for_tokens(0, 1025)  # the documents a token window touches, and their rows
+    q = store.project(query_vectors)     # model-space queries into the stored rows' space (PCA)
 
 The codes (and scales) are memory-mapped ``.npy`` files; a fetch sorts the ids,
 gathers the codes, restores the caller's order and decodes once, so only the
 touched pages are read. Needs numpy and ml_dtypes only.
+
+A version embedded with a PCA (``--embed-dim K``) stores K-dimensional rows;
+:meth:`EmbeddingStore.project` maps an embedding of the model (a query embedded
+later) into that space with the version's own mean and components, and
+:meth:`EmbeddingStore.reconstruct` maps stored rows back to the model's space.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .. import codecs
 from ..catalog import Catalog
-from ..embeddings import load_split_embeddings
+from ..embeddings import load_projection, load_split_embeddings
+from ..pca import as_rows
 from ..reader import open_version
 
 __all__ = ["EmbeddingStore"]
@@ -41,13 +48,64 @@ class EmbeddingStore:
             self.version.directory, self.version.manifest, split
         )
         self._codec = codecs.get_codec(self.section["codec"])
+        self._projection = load_projection(self.version.directory, self.version.manifest)
 
     def __len__(self) -> int:
         return int(self._codes.shape[0])
 
     @property
     def dim(self) -> int:
+        """Width of the stored rows: ``embed_dim`` with a PCA, else the model's dimension."""
         return int(self._codes.shape[1])
+
+    @property
+    def model_dim(self) -> int:
+        """Dimension of the model's embeddings (what :meth:`project` takes)."""
+        return self.dim if self._projection is None else self._projection.input_dim
+
+    @property
+    def pca(self) -> dict[str, Any] | None:
+        """The PCA the rows were reduced with (dim, explained_variance_ratio, files), or None."""
+        return self.version.manifest.extra["embeddings"].get("pca")
+
+    @property
+    def pca_quality(self) -> dict[str, float] | None:
+        """With a PCA: reduced and decoded rows against the unreduced float32 embeddings on this split
+        (``mean_cosine`` of the reconstruction, ``recall_at_k`` of neighbours in the reduced space,
+        ``recall_at_k_reconstructed``); None without one."""
+        return self.section.get("pca_quality")
+
+    def project(self, queries: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Model-space embeddings into the stored rows' space, as float32.
+
+        ``(n, model_dim) -> (n, dim)``, and one ``(model_dim,)`` vector ``-> (dim,)``.
+
+        With a PCA this is ``(queries - mean) @ components.T`` with the version's
+        own float32 mean and components, the very computation the stored rows
+        went through before their codec; compare the result with
+        :meth:`get_rows`. Without a PCA it is the identity (a float32 copy), so
+        search code can call it whatever the version. Wrong dimensions raise
+        ``ValueError``.
+
+        Cosines between projected rows are taken around the PCA mean, so their
+        nearest neighbours differ more from the model's own than those of the
+        reconstructions do (``pca_quality``: ``recall_at_k`` against
+        ``recall_at_k_reconstructed``).
+        """
+        if self._projection is not None:
+            return self._projection.project(queries)
+        return _identity(queries, self.dim, "queries")
+
+    def reconstruct(self, rows: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Stored-space rows back into the model's space, as float32.
+
+        ``(n, dim) -> (n, model_dim)``, and one ``(dim,)`` row ``-> (model_dim,)``.
+        ``rows @ components + mean`` with a PCA (their cosine to the originals
+        is the ``pca_quality`` mean cosine), the identity without one.
+        """
+        if self._projection is not None:
+            return self._projection.reconstruct(rows)
+        return _identity(rows, self.dim, "rows")
 
     @property
     def codec(self) -> str:
@@ -56,7 +114,7 @@ class EmbeddingStore:
 
     @property
     def quality(self) -> dict[str, float] | None:
-        """The codec's measured quality on this split (mean/min cosine, recall@k)."""
+        """The codec's measured quality on this split (mean/min cosine, recall@k); with a PCA, in the reduced space."""
         return self.section.get("quality")
 
     def get_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -82,3 +140,10 @@ class EmbeddingStore:
 
     def __repr__(self) -> str:
         return f"EmbeddingStore({self.version.ref!r}, split={self.split!r}, rows={len(self)}, dim={self.dim}, codec={self.codec!r})"
+
+
+
+def _identity(x: Sequence[float] | np.ndarray, dim: int, what: str) -> np.ndarray:
+    """A float32 copy of ``x`` (shape ``(n, dim)`` or ``(dim,)``, checked like a projection's input)."""
+    rows = as_rows(x, dim, what)
+    return (rows[0] if np.ndim(x) == 1 else rows).copy()
