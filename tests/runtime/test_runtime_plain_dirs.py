@@ -118,3 +118,13 @@ def test_streaming_over_a_plain_directory(tmp_path):
     write_shards(tmp_path, [tokens(1000)] * 4 + [tokens(1100)], format="npy")
     with pytest.raises(ValueError, match="different stream"):
         StreamingTokenDataset(tmp_path, seq_len=99).load_state_dict(state)
+
+
+def test_embedding_files_beside_npy_shards_are_not_shards(tmp_path):
+    # A version directory opened without its manifest: <name>_train.emb.npy is an embedding file.
+    shards = [tokens(400), tokens(300)]
+    write_shards(tmp_path, shards, format="npy", dtype="uint16")
+    np.save(tmp_path / "x_train.emb.npy", np.zeros((5, 4), dtype=np.float32))
+    np.save(tmp_path / "x_train.emb.scales.npy", np.ones(5, dtype=np.float32))
+    ds = TokenDataset(tmp_path, seq_len=99)
+    assert ds.num_shards == 2

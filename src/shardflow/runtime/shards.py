@@ -324,7 +324,15 @@ def _open_plain(
         candidates = sorted(Path(p) for p in _glob.glob(str(path)))
         where = ref
         directory = path.parent
-    files = [p for p in candidates if p.is_file() and p.suffix in SHARD_EXTENSIONS and not p.name.endswith(bosidx.BOS_IDX_SUFFIX)]
+    # A version directory also holds embeddings (<name>_<split>.emb.npy, ...): .npy, but not shards.
+    files = [
+        p
+        for p in candidates
+        if p.is_file()
+        and p.suffix in SHARD_EXTENSIONS
+        and not p.name.endswith(bosidx.BOS_IDX_SUFFIX)
+        and ".emb." not in p.name
+    ]
     if not files:
         hint = " Pass pattern='*' (or another glob) to choose the files." if path.is_dir() and pattern is None else ""
         raise ConfigError(f"no shard files ({', '.join(SHARD_EXTENSIONS)}) match {where}.{hint}")
