@@ -85,7 +85,11 @@ def test_golden_bytes(built, tiny_parquet, small_vocab, fmt, which):
     b = built(tiny_parquet, name="tiny", format=fmt, tokenizer=_tokenizer(which, small_vocab))
     ext = FORMATS[fmt].extension
     files = {p.name for p in b.directory.iterdir()}
-    assert files == {"metadata.yaml", "tiny_train_000000.bos.idx", f"tiny_train_000000.{ext}"}
+    # A local rank file (the small vocabulary) is copied into the version, byte for byte.
+    ranks = {small_vocab.name} if which == "small" else set()
+    assert files == {"metadata.yaml", "tiny_train_000000.bos.idx", f"tiny_train_000000.{ext}"} | ranks
+    if ranks:
+        assert (b.directory / small_vocab.name).read_bytes() == small_vocab.read_bytes()
     assert (b.directory / f"tiny_train_000000.{ext}").read_bytes() == GOLDEN[(fmt, which)]
     assert (b.directory / "tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
 
