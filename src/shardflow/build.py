@@ -376,6 +376,18 @@ def plan_build(
     latest = cat.latest(config.name)
     staging = dataset_dir / ".staging" / key[:16]
     plan_file = staging / "plan.json"
+    plan = BuildPlan(
+        config=config,
+        staging=str(staging),
+        data_root=str(root),
+        catalog=str(cat.path),
+        build_key=key,
+        inputs=tuple(inputs),
+        units=tuple(units),
+        dtype=str(dtype.name),
+        existing=None,
+        parent=f"{config.name}@{latest}" if latest else None,
+    )
     if existing is not None:
         # A publish killed after its catalog entry leaves its staging directory behind.
         if staging.exists():
@@ -384,18 +396,7 @@ def plan_build(
                     shutil.rmtree(staging, ignore_errors=True)
             except CatalogError:
                 pass  # the run that published it is still cleaning up
-        return BuildPlan(
-            config=config,
-            staging=str(staging),
-            data_root=str(root),
-            catalog=str(cat.path),
-            build_key=key,
-            inputs=tuple(inputs),
-            units=tuple(units),
-            dtype=str(dtype.name),
-            existing=f"{config.name}@{existing.version}",
-            parent=f"{config.name}@{latest}" if latest else None,
-        )
+        return dataclasses.replace(plan, existing=f"{config.name}@{existing.version}")
     # An interrupted run of this build chose its parent: keep it, so that its work stays valid.
     old = _read_old_plan(plan_file, key)
     if reuse is None:
@@ -408,19 +409,7 @@ def plan_build(
     if reuse_info:
         kept = [u for u in units if str(u.input) not in reuse_info["inputs"]]
         units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
-    plan = BuildPlan(
-        config=config,
-        staging=str(staging),
-        data_root=str(root),
-        catalog=str(cat.path),
-        build_key=key,
-        inputs=tuple(inputs),
-        units=tuple(units),
-        dtype=str(dtype.name),
-        existing=None,
-        parent=f"{config.name}@{latest}" if latest else None,
-        reuse=reuse_info,
-    )
+    plan = dataclasses.replace(plan, units=tuple(units), reuse=reuse_info)
     staging.mkdir(parents=True, exist_ok=True)
     with _staging_lock(staging, config.name, lock_timeout):
         found = cat.find_build(config.name, key)
