@@ -31,14 +31,15 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger, tags
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from shardflow.build import build_lock
+from shardflow.build import Stage, build_lock, run_stages
+from shardflow.build.stages import Job
 from shardflow.catalog import Catalog, default_data_root
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
@@ -46,18 +47,7 @@ from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
 from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
-from tasks.build import (
-    TAGS,
-    core_logs_to_prefect,
-    embed_task,
-    layout_task,
-    plan_task,
-    publish_task,
-    stage_task,
-    tokenize_task,
-    validate_task,
-    write_shard_task,
-)
+from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task, stage_task
 from tasks.sources import local_sources, needs_staging
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
@@ -302,66 +292,50 @@ def _build(
             _publish_artifacts(name=name, ref=plan.existing, catalog=plan.catalog, created=False, stats={})
             return plan.existing
 
-        staging, units = plan.staging, plan.units
+        units = plan.units
         logger.info(
             "%s: %d input file(s), %d work unit(s), runner %s, %d in flight",
             name, len(plan.inputs), len(units), runner, workers,
         )
-        labels = [
-            f"{name} unit {u.index + 1}/{len(units)} {Path(plan.inputs[u.input].relname).name}[{u.start}:{u.stop}]"
-            for u in units
-        ]
+        handle = PlanHandle(plan)  # Prefect need not walk the plan's units at every submission
+        counts = {"tokenize-unit": 0, "write-shard": 0}
+        tokens = {"tokenize-unit": 0, "write-shard": 0}
+        phases = {"tokenize-unit": "tokenize", "write-shard": "write"}
+        seconds: dict[str, float] = {}
         with task_runner if task_runner is not None else contextlib.nullcontext() as tr:
 
-            def submit(task: Any, **params: Any) -> PrefectFuture[Any]:
-                return tr.submit(task, parameters=params) if tr is not None else task.submit(**params)
+            def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
+                task = STAGE_TASKS[stage.name]
+                params = [dict(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
+                t0 = time.monotonic()
+                try:
+                    if stage.fan_out == "one":
+                        if stage.name == "validate":
+                            progress.step("finish", 0, 1, 0, started)
+                        return [task(**p) for p in params]
 
-            t0 = time.monotonic()
-            counts = {"units": 0, "tokens": 0, "shards": 0, "written": 0}
+                    def done(_params: Any, result: Any) -> None:
+                        counts[stage.name] += 1
+                        tokens[stage.name] += int(result.tokens)
+                        progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
 
-            def unit_done(_u: int, result: dict[str, Any]) -> None:
-                counts["units"] += 1
-                counts["tokens"] += int(result["tokens"])
-                progress.step("tokenize", counts["units"], len(units), counts["tokens"], t0)
+                    progress.step(phases[stage.name], 0, len(jobs), 0, t0)
+                    return run_windowed(
+                        lambda p: tr.submit(task, parameters=p) if tr is not None else task.submit(**p),
+                        params,
+                        workers=workers,
+                        on_done=done,
+                    )
+                except Exception as exc:
+                    if stage.fan_out == "one":
+                        _failure_summary(name, stage.name, exc)
+                    raise
+                finally:
+                    seconds[stage.name] = time.monotonic() - t0
 
-            progress.step("tokenize", 0, len(units), 0, t0)
-            run_windowed(
-                lambda u: submit(tokenize_task, staging=staging, unit=u, label=labels[u]),
-                range(len(units)),
-                workers=workers,
-                on_done=unit_done,
-            )
-            tokenize_seconds = time.monotonic() - t0
-
-            layout = layout_task(staging, name)
-            jobs = [(split, k) for split, n in layout.items() for k in range(n)]
-            t1 = time.monotonic()
-
-            def shard_done(_job: Any, entry: dict[str, Any]) -> None:
-                counts["shards"] += 1
-                counts["written"] += int(entry["tokens"])
-                progress.step("write", counts["shards"], len(jobs), counts["written"], t1)
-
-            progress.step("write", 0, len(jobs), 0, t1)
-            run_windowed(
-                lambda sk: submit(write_shard_task, staging=staging, name=name, split=sk[0], index=sk[1]),
-                jobs,
-                workers=workers,
-                on_done=shard_done,
-            )
-        progress.step("finish", 0, 1, 0, started)
-        try:
-            validate_task(staging, name)
-        except Exception as exc:
-            _failure_summary(name, "validate", exc)
-            raise
-        if getattr(plan.config, "embed", None) is not None:
-            try:
-                embed_task(staging, name)
-            except Exception as exc:
-                _failure_summary(name, "embed", exc)
-                raise
-        ref = publish_task(staging, name)
+            done = run_stages(plan, run_jobs)
+        ref = done["publish"][0]
+        tokenize_seconds = seconds["tokenize-unit"]
         _publish_artifacts(
             name=name,
             ref=ref,
@@ -373,9 +347,9 @@ def _build(
                 units=len(units),
                 runner=runner if address is None else f"{runner} ({address})",
                 input_bytes=sum(i.size for i in plan.inputs),
-                tokenized_tokens=counts["tokens"],
+                tokenized_tokens=tokens["tokenize-unit"],
             ),
         )
-        progress.step("done", 1, 1, counts["tokens"], started, ref=ref)
+        progress.step("done", 1, 1, tokens["tokenize-unit"], started, ref=ref)
         logger.info("%s: published %s", name, ref)
     return ref

@@ -227,7 +227,7 @@ def _check_runner(args: argparse.Namespace) -> None:
 def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) -> str:
     import time
 
-    from shardflow.build import build, plan_build
+    from shardflow.build import build
     from shardflow.catalog import default_data_root
 
     from flows.progress import Progress
@@ -238,21 +238,21 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
 
         cache_root = default_data_root(args.data_root) / config.name / ".sources"
         config = config.replace(sources=stage_sources(config.sources, cache_root))
-    # Planning first tells the display how many units there are; build() plans again,
-    # which is cheap (input fingerprints are cached) and returns the same plan.
-    plan = plan_build(config, data_root=args.data_root, catalog=args.catalog)
-    total = len(plan.units)
-    state = {"done": 0, "tokens": 0, "t0": time.monotonic()}
+    state = {"done": 0, "tokens": 0, "total": 0, "t0": 0.0}
+
+    def on_plan(plan: Any) -> None:
+        state["total"], state["t0"] = len(plan.units), time.monotonic()
+        if not plan.existing:
+            display(Progress(dataset=config.name, phase="tokenize", done=0, total=state["total"]))
 
     def on_unit(result: Any) -> None:
         state["done"] += 1
         state["tokens"] += result.tokens
-        display(Progress(dataset=config.name, phase="tokenize", done=state["done"], total=total,
+        display(Progress(dataset=config.name, phase="tokenize", done=state["done"], total=state["total"],
                          tokens=state["tokens"], elapsed=time.monotonic() - state["t0"]))
 
-    if not plan.existing:
-        display(Progress(dataset=config.name, phase="tokenize", done=0, total=total))
-    result = build(config, data_root=args.data_root, catalog=args.catalog, workers=args.workers, on_unit=on_unit)
+    result = build(config, data_root=args.data_root, catalog=args.catalog, workers=args.workers,
+                   on_plan=on_plan, on_unit=on_unit)
     display(Progress(dataset=config.name, phase="done", done=1, total=1, ref=result.ref))
     return result.ref
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from typing import Any, Iterator
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from shardflow import build as core
@@ -41,6 +41,9 @@ __all__ = [
     "validate_task",
     "embed_task",
     "publish_task",
+    "STAGE_TASKS",
+    "task_for_stage",
+    "PlanHandle",
     "is_transient",
     "attach_core_logs",
     "core_logs_to_prefect",
@@ -147,41 +150,55 @@ def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -
     return core.plan_build(config, data_root=data_root, catalog=catalog)
 
 
-@task(name="tokenize-unit", task_run_name="tokenize {label}", **_IO)
-def tokenize_task(staging: str, unit: int, label: str) -> dict[str, Any]:
-    attach_core_logs()
-    return core.tokenize_unit(staging, unit).to_dict()
+class PlanHandle:
+    """The plan, passed to stage tasks as an opaque object.
+
+    Prefect walks dataclasses, lists and dicts among a task's parameters looking
+    for futures, at every submission; a plan holds one dataclass per work unit
+    (thousands), and an object of a plain class is not walked. (Prefect's own
+    ``quote`` is a tuple, which arrives as a plain tuple on a Dask worker.)
+    """
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: core.BuildPlan) -> None:
+        self.plan = plan
+
+    def __getstate__(self) -> core.BuildPlan:
+        return self.plan
+
+    def __setstate__(self, plan: core.BuildPlan) -> None:
+        self.plan = plan
+
+    def __repr__(self) -> str:
+        return f"PlanHandle({self.plan.config.name!r}, {len(self.plan.units)} units)"
 
 
-@task(name="layout", task_run_name="layout {name}", **_NO_RETRY)
-def layout_task(staging: str, name: str) -> dict[str, int]:
-    attach_core_logs()
-    return core.make_layout(staging)
+def task_for_stage(stage: core.Stage) -> Task[..., Any]:
+    """The Prefect task of one core stage: same name, its retry class, one job per run.
+
+    It takes the plan as a ``PlanHandle`` (or a plain ``BuildPlan``).
+    """
+
+    def run_stage(plan: Any, job: tuple[Any, ...], label: str) -> Any:
+        attach_core_logs()
+        return stage(plan.plan if isinstance(plan, PlanHandle) else plan, *job)
+
+    run_stage.__name__ = run_stage.__qualname__ = f"{stage.name.replace('-', '_')}_task"
+    run_stage.__doc__ = f"Run the core stage {stage.name!r} ({stage.run.__module__}.{stage.run.__name__}) for one job."
+    options = _IO if stage.retry == "io" else _NO_RETRY
+    return task(name=stage.name, task_run_name="{label}", **options)(run_stage)
 
 
-@task(name="write-shard", task_run_name="write {name} {split} shard {index}", **_IO)
-def write_shard_task(staging: str, name: str, split: str, index: int) -> dict[str, Any]:
-    attach_core_logs()
-    return core.write_shard(staging, split, index)
+STAGE_TASKS: dict[str, Task[..., Any]] = {stage.name: task_for_stage(stage) for stage in core.STAGES}
+"""One Prefect task per core stage (``shardflow.build.STAGES``), by stage name."""
+
+tokenize_task = STAGE_TASKS["tokenize-unit"]
+layout_task = STAGE_TASKS["layout"]
+write_shard_task = STAGE_TASKS["write-shard"]
+embed_task = STAGE_TASKS["embed"]
+validate_task = STAGE_TASKS["validate"]
+publish_task = STAGE_TASKS["publish"]
 
 
-@task(name="validate", task_run_name="validate {name}", **_NO_RETRY)
-def validate_task(staging: str, name: str) -> dict[str, Any]:
-    attach_core_logs()
-    return core.finalize(staging).totals
-
-
-@task(name="embed", task_run_name="embed {name}", **_NO_RETRY)
-def embed_task(staging: str, name: str) -> dict[str, Any]:
-    """The optional embedding stage (``config.embed``) of a validated staged build; returns the totals."""
-    attach_core_logs()
-    return core.embed_staged(staging).totals
-
-
-@task(name="publish", task_run_name="publish {name}", **_IO)
-def publish_task(staging: str, name: str) -> str:
-    attach_core_logs()
-    return core.publish(staging)
-
-
-IO_TASKS = (stage_task, plan_task, tokenize_task, write_shard_task, publish_task)
+IO_TASKS = (stage_task, plan_task, *(t for t in STAGE_TASKS.values() if t.retries))

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core_support import SAMPLE, TINY_TEXTS, write_parquet
-from shardflow.build import _with_boundaries, build, make_layout, plan_build, tokenize_unit, write_shard
+from shardflow.build import build, make_layout, plan_build, tokenize_unit, write_shard
+from shardflow.build.tokenize import with_boundaries as _with_boundaries
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.formats import get_format
@@ -226,21 +227,61 @@ def test_val_count_larger_than_the_corpus_is_refused(built, tiny_parquet):
         built(tiny_parquet, name="tiny", val_count=3)
 
 
-def test_interrupted_build_resumes_to_the_same_bytes(built, tmp_path):
+def test_interrupted_build_resumes_to_the_same_bytes(built, tmp_path, monkeypatch):
+    import shardflow.build.tokenize as tokenize_mod
+
     fresh = built(SAMPLE, name="res", shard_tokens=40_000, unit_bytes=1, root=tmp_path / "fresh")
     config = BuildConfig(name="res", sources=(str(SAMPLE),), shard_tokens=40_000, unit_bytes=1)
     root = tmp_path / "resumed"
     plan = plan_build(config, data_root=root / "data", catalog=root / "catalog")
-    tokenize_unit(plan.staging, 0)
+    assert len(plan.units) == 4
+    # Killed after two of the four units: the layout refuses to run on an incomplete tokenization.
+    tokenize_unit(plan, 0)
     tokenize_unit(plan.staging, 2)
-    make_layout(plan.staging)
-    write_shard(plan.staging, "train", 1)
+    with pytest.raises(ConfigError, match=r"work unit 1 \(sample.parquet\) is not tokenized; the layout needs every unit"):
+        make_layout(plan)
     # A stale temporary file from a killed writer is ignored and replaced.
-    (Path(plan.staging) / "out" / ".res_train_000000.bin.tmp-999999").write_bytes(b"junk")
+    (Path(plan.staging) / "parts" / ".unit-000001.tok.tmp-999999").write_bytes(b"junk")
+    read: list[int] = []
+    real = tokenize_mod.iter_text_batches
+
+    def counting(inp, unit, **kw):
+        read.append(unit.index)
+        return real(inp, unit, **kw)
+
+    monkeypatch.setattr(tokenize_mod, "iter_text_batches", counting)
     result = build(config, data_root=root / "data", catalog=root / "catalog")
+    assert sorted(read) == [1, 3]  # build() tokenized only the missing units
     assert result.ref == "res@v1" and result.created
     assert files_of(Path(result.manifest_path).parent) == files_of(fresh.directory)
     assert not Path(plan.staging).exists()
+
+
+def test_build_resumes_after_the_layout_and_some_shards(built, tmp_path, monkeypatch):
+    import shardflow.build.write as write_mod
+
+    fresh = built(SAMPLE, name="res", shard_tokens=40_000, unit_bytes=1, root=tmp_path / "fresh")
+    config = BuildConfig(name="res", sources=(str(SAMPLE),), shard_tokens=40_000, unit_bytes=1)
+    root = tmp_path / "resumed"
+    plan = plan_build(config, data_root=root / "data", catalog=root / "catalog")
+    for u in range(len(plan.units)):
+        tokenize_unit(plan, u)
+    layout = make_layout(plan)
+    assert layout.shard_jobs() == [("train", k) for k in range(layout.splits["train"].shards)]
+    write_shard(plan, "train", 1)
+    (Path(plan.staging) / "out" / ".res_train_000000.bin.tmp-999999").write_bytes(b"junk")
+    written: list[tuple[str, int]] = []
+    real = write_mod.ShardWriter
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, fmt, path, dtype, ntokens):
+            written.append(Path(path).name)
+            super().__init__(fmt, path, dtype, ntokens)
+
+    monkeypatch.setattr(write_mod, "ShardWriter", Counting)
+    result = build(config, data_root=root / "data", catalog=root / "catalog")
+    assert "res_train_000001.bin" not in written and "res_train_000000.bin" in written
+    assert files_of(Path(result.manifest_path).parent) == files_of(fresh.directory)
 
 
 def test_resume_with_other_work_units_does_not_reuse_stale_parts(tmp_path, sample_texts):

@@ -145,10 +145,13 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
     prefect_api: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = prefect_api
-    import flows.build as fb
+    import dataclasses
+
+    import shardflow.build.tokenize as tokenize_mod
+    import tasks.build as tb
 
     tokenized: Counter[int] = Counter()
-    real_iter = core.iter_text_batches
+    real_iter = tokenize_mod.iter_text_batches
 
     def counting_iter(inp: Any, unit: Any, **kw: Any) -> Any:
         tokenized[unit.index] += 1
@@ -172,10 +175,12 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
             raise ConfigError("simulated failure after tokenizing")  # not retried by the task: the flow retries
         return real_layout(staging)
 
-    monkeypatch.setattr(core, "iter_text_batches", counting_iter)
-    monkeypatch.setattr(core, "write_shard", flaky_write)
-    monkeypatch.setattr(core, "make_layout", failing_layout_once)
-    monkeypatch.setattr(fb, "write_shard_task", fb.write_shard_task.with_options(retry_delay_seconds=0))
+    def patched_task(name: str, run: Any) -> Any:
+        return tb.task_for_stage(dataclasses.replace(core.stage(name), run=run))
+
+    monkeypatch.setattr(tokenize_mod, "iter_text_batches", counting_iter)
+    monkeypatch.setitem(tb.STAGE_TASKS, "write-shard", patched_task("write-shard", flaky_write).with_options(retry_delay_seconds=0))
+    monkeypatch.setitem(tb.STAGE_TASKS, "layout", patched_task("layout", failing_layout_once))
 
     config = BuildConfig(name="ops-retry", sources=(str(SAMPLE),), shard_tokens=50_000, unit_bytes=1)
     flow = build_dataset.with_options(retries=1, retry_delay_seconds=0)

@@ -186,8 +186,9 @@ def test_the_prefect_flow_holds_the_build_lock():
     # The function of the flow that plans and runs the build (build_dataset, or a helper it calls).
     funcs = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
     source = next(
-        seg for seg in (ast.get_source_segment(text, f) for f in funcs) if "plan_task(" in seg and "publish_task(" in seg
+        seg for seg in (ast.get_source_segment(text, f) for f in funcs) if "plan_task(" in seg and "run_stages(" in seg
     )
     assert "contextlib.ExitStack() as held" in source
     lock_at = source.index("held.enter_context(build_lock(plan))")
-    assert source.index("plan_task(") < lock_at < source.index("run_windowed(") < source.index("publish_task(")
+    # Every stage after planning (tokenize ... publish) runs inside the lock.
+    assert source.index("plan_task(") < lock_at < source.index("run_stages(")

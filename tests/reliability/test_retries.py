@@ -73,7 +73,7 @@ def test_prefect_tasks_retry_by_the_same_rule_and_a_bounded_number_of_times():
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    monkeypatch.setattr(core, "RETRY_DELAY", 0.0)
+    monkeypatch.setattr(core.run, "RETRY_DELAY", 0.0)
     faults.reset()
     vocab = small_vocab(tmp_path)
     src = split_sample(tmp_path / "src")
@@ -130,13 +130,13 @@ def test_bad_input_is_not_retried(setup, monkeypatch, caplog):
 
     pq.write_table(pa.table({"body": ["x"]}), bad)
     calls = []
-    real = core.plan_units
+    real = core.plan.plan_units
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(core, "plan_units", counting)
+    monkeypatch.setattr(core.plan, "plan_units", counting)
     caplog.set_level(logging.WARNING, logger="shardflow.build")
     with pytest.raises(InputError, match="no column 'text'"):
         build_in(tmp_path / "b", bad, "b", options)

@@ -1,0 +1,72 @@
+"""The build pipeline: corpora in, a validated and published version out, as stages any orchestrator can run.
+
+    plan = plan_build(config)                      # inputs, fingerprints, work units, build key, staging
+    with build_lock(plan) as plan:
+        for stage in STAGES:                       # tokenize-unit, layout, write-shard, [embed], validate, publish
+            results = [stage(plan, *job) for job in stage.jobs(plan, done)]
+
+``build(config)`` does exactly that on a thread pool; the Prefect flow in
+``flows/`` maps every stage to a task. The modules follow the data, each
+owning one stage (see ``docs/ARCHITECTURE.md``):
+
+    model        the typed hand-offs (BuildPlan, UnitResult, Layout, ShardResult, Reuse, ...)
+    staging      every path of the staging directory, its lock, cleanup after killed runs
+    plan         planning                              incremental  reuse of the parent version
+    tokenize     tokenizing one work unit              layout       splits and shards
+    write        writing one shard                     manifest     assembling the manifest (pure)
+    publish      finalize (validate) and publish        embed        embedding stage and versions
+    stages       the stage table                       run          build() and retries
+
+Every stage writes under ``<data_root>/<name>/.staging/<build key>/`` with
+temporary names and ``os.replace``, and first checks whether its output
+already exists, so a build killed at any point resumes where it stopped and
+produces the same bytes.
+"""
+
+from __future__ import annotations
+
+from .embed import embed_staged, embed_version
+from .incremental import NO_REUSE_ENV
+from .layout import make_layout
+from .model import SPLITS, BuildPlan, BuildResult, EmbedResult, Layout, Reuse, ShardResult, UnitResult
+from .plan import plan_build, token_dtype
+from .publish import finalize, publish, publish_out, staged_manifest
+from .run import RETRY_DELAY, STEP_RETRIES, build, retrying, run_stages
+from .stages import STAGES, Stage, stage
+from .staging import build_lock, load_plan
+from .tokenize import tokenize_unit
+from .write import shard_file_name, write_shard
+
+__all__ = [
+    "BuildPlan",
+    "BuildResult",
+    "UnitResult",
+    "Layout",
+    "ShardResult",
+    "EmbedResult",
+    "Reuse",
+    "Stage",
+    "STAGES",
+    "SPLITS",
+    "NO_REUSE_ENV",
+    "STEP_RETRIES",
+    "RETRY_DELAY",
+    "stage",
+    "plan_build",
+    "load_plan",
+    "build_lock",
+    "tokenize_unit",
+    "make_layout",
+    "write_shard",
+    "embed_staged",
+    "finalize",
+    "staged_manifest",
+    "publish",
+    "publish_out",
+    "embed_version",
+    "build",
+    "run_stages",
+    "retrying",
+    "shard_file_name",
+    "token_dtype",
+]

@@ -1,0 +1,227 @@
+"""Incremental builds: which inputs a build takes unchanged from its parent version, and reading them.
+
+``plan_reuse`` decides, when a build is planned, which inputs need no work
+units because the parent version (the catalog's latest, built with the same
+options) holds them byte for byte. ``ParentVersion`` is everything the later
+stages read from that parent: document starts for the layout, token ranges
+for shards that mix reused and new tokens, and whole shards to hard-link.
+Everything read from the parent is checked against its manifest first (sizes
+and SHA-256), because copied tokens become part of the new version's hashes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ..catalog import Catalog
+from ..config import BuildConfig
+from ..errors import ShardflowError, ValidationError
+from ..formats import bosidx
+from ..formats.writer import ShardWriter
+from ..manifest import Manifest, ShardEntry, SplitEntry, read_manifest
+from ..sources import InputFile
+from ..tokenizers import Tokenizer
+from .model import SPLITS, Reuse, ReusedInput
+
+__all__ = ["NO_REUSE_ENV", "plan_reuse", "ParentVersion", "open_parent"]
+
+log = logging.getLogger("shardflow.build")
+
+# Set to 1 to rebuild everything instead of reusing unchanged inputs' shards from the parent version.
+NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
+
+
+def plan_reuse(
+    config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer, dtype: np.dtype, cat: Catalog, prefer: str | None
+) -> Reuse | None:
+    """Which inputs an incremental build can take from the parent version unchanged (None: none).
+
+    The parent is the catalog's latest version (or ``prefer``, the parent an
+    interrupted run of this build had chosen). Its output-determining options
+    must equal ours except for the inputs; an input is reused when the parent
+    has one with the same name, size and SHA-256. With ``val_fraction`` (or no
+    validation split) a document's split depends only on the seed, its input's
+    name and its row, so a reused input's documents land in the same splits in
+    the same order. ``val_count`` selects documents over the whole corpus, so it
+    never reuses.
+    """
+    if config.val_count:
+        return None
+    versions = [v.version for v in cat.versions(config.name)]
+    version = prefer.partition("@")[2] if prefer else None
+    if version not in versions:
+        version = cat.latest(config.name)
+    if not version:
+        return None
+    ref = f"{config.name}@{version}"
+    try:
+        directory = cat.resolve(ref)
+        parent = read_manifest(directory)
+        parent_config = BuildConfig.from_dict(parent.config)
+    except (ShardflowError, TypeError, ValueError, KeyError) as exc:
+        log.warning("not reusing %s: %s", ref, exc)
+        return None
+    ours = {k: v for k, v in config.key_fields().items() if k != "embed"}
+    theirs = {k: v for k, v in parent_config.key_fields().items() if k != "embed"}
+    info = parent.tokenized_info
+    if (
+        ours != theirs
+        or parent.format_name != config.format
+        or parent.dtype != dtype.name
+        or info.get("rank_file_sha256") != tokenizer.spec.rank_file_sha256
+        or info.get("vocab_size") != tokenizer.vocab_size
+        or parent.boundary.get("token_id") != tokenizer.eot_id
+        or parent.boundary.get("placement") != config.boundary
+    ):
+        return None
+    known = {(e["relname"], e["size"], e["sha256"]): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e)}
+    reused = {}
+    for i, inp in enumerate(inputs):
+        entry = known.get((inp.relname, inp.size, inp.sha256))
+        if entry is not None:
+            reused[i] = ReusedInput.from_entry(entry)
+    if not reused:
+        return None
+    return Reuse(parent=ref, directory=str(directory), build_key=parent.build_key, inputs=reused)
+
+
+def _offsets(entry: SplitEntry) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum([s.tokens for s in entry.shards], dtype=np.int64)))
+
+
+# Parent shards already checked against their SHA-256 in this process: (path, inode, size, mtime).
+_verified: set[tuple[str, int, int, int]] = set()
+_verified_lock = threading.Lock()
+
+
+class ParentVersion:
+    """The parent version of an incremental build, opened once and checked as it is read."""
+
+    def __init__(self, reuse: Reuse) -> None:
+        self.ref = reuse.parent
+        self.directory = Path(reuse.directory)
+        try:
+            self.manifest: Manifest = read_manifest(self.directory)
+        except (OSError, ShardflowError) as exc:
+            raise ValidationError(
+                f"{self.directory}: the parent version {self.ref} this build reuses cannot be read ({exc}); "
+                f"rebuild without reusing it: {NO_REUSE_ENV}=1"
+            ) from None
+        if self.manifest.build_key != reuse.build_key:
+            raise ValidationError(
+                f"{self.directory}: the manifest of {self.ref} changed since this build was planned (another build "
+                f"key); versions are immutable. Check it with `shardflow validate {self.ref}`"
+            )
+        self._offsets = {split: _offsets(entry) for split, entry in self.manifest.splits.items()}
+
+    def damaged(self, path: Path, what: str) -> ValidationError:
+        return ValidationError(
+            f"{path}: {what}; the parent version {self.ref} this build reuses is damaged. Check it with "
+            f"`shardflow validate {self.ref}`, or rebuild without reusing it: {NO_REUSE_ENV}=1"
+        )
+
+    def doc_starts(self, split: str, first: int, ntokens: int) -> np.ndarray:
+        """Document starts (parent split coordinates) in tokens ``[first, first + ntokens)`` of the parent."""
+        entry = self.manifest.splits[split]
+        offsets = self._offsets[split]
+        end = first + ntokens
+        pieces = []
+        k = int(np.searchsorted(offsets, first, side="right")) - 1
+        while k < len(entry.shards) and offsets[k] < end:
+            shard = entry.shards[k]
+            path = self.directory / shard.index.file
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:
+                raise self.damaged(path, f"cannot read the index ({exc.strerror})") from None
+            if hashlib.sha256(raw).hexdigest() != shard.index.sha256:
+                raise self.damaged(path, "the index does not match its SHA-256 in the manifest")
+            starts = bosidx.read(path, shard.tokens).astype(np.int64) + offsets[k]
+            pieces.append(starts[(starts >= first) & (starts < end)])
+            k += 1
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+
+    def _verified_shard(self, path: Path, shard: ShardEntry, itemsize: int) -> int:
+        """Check a parent shard against its manifest entry (size, and SHA-256 once per process); its header size.
+
+        Tokens copied from the parent into a new shard are hashed as part of the new
+        shard, so a damaged parent must be caught here, before its bytes are copied.
+        """
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise self.damaged(path, f"cannot read the shard ({exc.strerror})") from None
+        if st.st_size != shard.bytes:
+            raise self.damaged(path, f"{st.st_size} bytes, but its manifest says {shard.bytes}")
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        with _verified_lock:
+            known = key in _verified
+        if not known:
+            with open(path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            if digest != shard.sha256:
+                raise self.damaged(path, "the shard does not match its SHA-256 in the manifest")
+            with _verified_lock:
+                _verified.add(key)
+        return shard.bytes - shard.tokens * itemsize
+
+    def copy_range(self, writer: ShardWriter, buf: np.ndarray, split: str, start: int, count: int) -> None:
+        """Append tokens ``[start, start + count)`` of the parent's ``split`` stream, across its shard boundaries."""
+        entry = self.manifest.splits[split]
+        offsets = self._offsets[split]
+        k = int(np.searchsorted(offsets, start, side="right")) - 1
+        pos, end = start, start + count
+        while pos < end:
+            if k >= len(entry.shards):
+                raise self.damaged(self.directory, f"split {split!r} has fewer tokens than this build expects")
+            shard = entry.shards[k]
+            path = self.directory / shard.file
+            header_bytes = self._verified_shard(path, shard, buf.dtype.itemsize)
+            take = min(end, int(offsets[k + 1])) - pos
+            src: BinaryIO
+            with open(path, "rb") as src:
+                src.seek(header_bytes + (pos - int(offsets[k])) * buf.dtype.itemsize)
+                writer.copy_from(src, take, buf)
+            pos += take
+            k += 1
+
+    def same_shard(self, pieces: list[tuple[int, int, int]], ntokens: int) -> ShardEntry | None:
+        """The parent shard whose tokens are exactly those of a new shard made of ``pieces``, if any.
+
+        ``pieces`` are ``(source, first token, count)``; a parent range has
+        source ``-1 - SPLITS.index(split)``.
+        """
+        if not pieces or pieces[0][0] >= 0:
+            return None
+        code = pieces[0][0]
+        for (u, lo, n), (u2, lo2, _) in zip(pieces, pieces[1:]):
+            if u2 != code or lo2 != lo + n:
+                return None  # not one contiguous range of one parent split
+        split = SPLITS[-1 - code]
+        entry = self.manifest.splits[split]
+        offsets = self._offsets[split]
+        j = int(np.searchsorted(offsets, pieces[0][1], side="left"))
+        if j < len(entry.shards) and offsets[j] == pieces[0][1] and entry.shards[j].tokens == ntokens:
+            return entry.shards[j]
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _open_parent(directory: str, parent: str, build_key: str) -> ParentVersion:
+    return ParentVersion(Reuse(parent=parent, directory=directory, build_key=build_key, inputs={}))
+
+
+def open_parent(reuse: Reuse) -> ParentVersion:
+    """The parent version of ``reuse``, opened once per process.
+
+    Cached by its build key: a published version never changes, and the key
+    is checked against its manifest when it is opened.
+    """
+    return _open_parent(reuse.directory, reuse.parent, reuse.build_key)

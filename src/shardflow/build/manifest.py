@@ -1,0 +1,172 @@
+"""Assembling a staged build's manifest from what the stages returned: no side effects.
+
+``assemble_manifest`` is a pure function of the plan, the layout, the units'
+and shards' results, the tokenizer's facts and (optionally) the embedding
+stage's sections. ``publish`` later stamps only the version's identity
+(``version``, ``dataset_path``) into it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..formats import bosidx, get_format
+from ..manifest import SCHEMA_VERSION, Manifest, SplitEntry
+from ..tokenizers import Tokenizer
+from .model import BuildPlan, EmbedResult, InputCounts, Layout, ShardResult, UnitResult
+
+__all__ = ["TokenizerInfo", "assemble_manifest", "now"]
+
+
+def now() -> str:
+    """The current UTC time as the manifest records it (``2026-11-22T18:44:21Z``)."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerInfo:
+    """What the manifest records about the tokenizer a build used."""
+
+    name: str
+    vocab_size: int
+    backend: str
+    rank_file_sha256: str | None
+    rank_file: str | None
+    """The copy of a local rank file inside the version (its file name), if any."""
+    boundary_token: str
+    boundary_id: int
+    libraries: dict[str, str | None]
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, *, rank_file: str | None) -> "TokenizerInfo":
+        return cls(
+            name=tokenizer.name,
+            vocab_size=tokenizer.vocab_size,
+            backend=tokenizer.backend,
+            rank_file_sha256=tokenizer.spec.rank_file_sha256,
+            rank_file=rank_file,
+            boundary_token=tokenizer.eot_token,
+            boundary_id=tokenizer.eot_id,
+            libraries=tokenizer.library_versions(),
+        )
+
+
+def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
+    """Per input: its counts, from its work units or, for a reused input, from the parent version."""
+    per_input = [InputCounts() for _ in plan.inputs]
+    for r in units:
+        i = plan.units[r.unit].input
+        per_input[i] = per_input[i] + r.counts()
+    if plan.reuse:
+        for i, reused in plan.reuse.inputs.items():
+            per_input[i] = reused.counts
+    return per_input
+
+
+def assemble_manifest(
+    plan: BuildPlan,
+    *,
+    layout: Layout,
+    units: list[UnitResult],
+    shards: dict[str, list[ShardResult]],
+    tokenizer: TokenizerInfo,
+    embeddings: EmbedResult | None = None,
+    created_at: str,
+) -> Manifest:
+    """The manifest of a staged build (its version not yet assigned)."""
+    cfg = plan.config
+    fmt = get_format(cfg.format)
+    splits = {
+        split: SplitEntry(
+            documents=info.documents,
+            tokens=info.tokens,
+            shards=tuple(r.entry for r in shards.get(split, [])),
+            extra={} if embeddings is None else {"embeddings": embeddings.splits[split]},
+        )
+        for split, info in layout.splits.items()
+    }
+    counts = _per_input(plan, units)
+    totals: dict[str, Any] = {
+        "documents": sum(s.documents for s in splits.values()),
+        "tokens": sum(s.tokens for s in splits.values()),
+        "shards": sum(len(s.shards) for s in splits.values()),
+        "bytes": sum(sh.bytes + sh.index.bytes for s in splits.values() for sh in s.shards),
+        "input_rows": sum(c.rows for c in counts),
+        "null_texts": sum(c.null_texts for c in counts),
+        "empty_texts": sum(c.empty_texts for c in counts),
+        "invalid_utf8": sum(c.invalid_utf8 for c in counts),
+        "skipped_invalid_utf8": sum(c.skipped_invalid_utf8 for c in counts),
+        "max_token_id": max(c.max_token_id for c in counts),
+    }
+    extra: dict[str, Any] = {}
+    if plan.reuse:
+        reused = plan.reuse.inputs
+        extra["reuse"] = {
+            "parent": plan.reuse.parent,
+            "reused_inputs": [plan.inputs[i].relname for i in sorted(reused)],
+            "tokenized_inputs": [inp.relname for n, inp in enumerate(plan.inputs) if n not in reused],
+            "linked_shards": sum(1 for results in shards.values() for r in results if r.linked),
+        }
+    if embeddings is not None:
+        totals["embedding_bytes"] = embeddings.total_bytes
+        extra["embeddings"] = embeddings.info
+    return Manifest(
+        schema_version=SCHEMA_VERSION,
+        name=cfg.name,
+        version="",
+        description=cfg.description,
+        dataset_path="",
+        data_content="text",
+        content_field=cfg.text_column,
+        tokenized_info={
+            "tokenizer": tokenizer.name,
+            "file_prefix": f"{cfg.name}_",
+            "dtype": plan.dtype,
+            "file_extension": fmt.extension,
+            "vocab_size": tokenizer.vocab_size,
+            "backend": tokenizer.backend,
+            "rank_file_sha256": tokenizer.rank_file_sha256,
+            **({"rank_file": tokenizer.rank_file} if tokenizer.rank_file else {}),
+        },
+        parent_datasets=[],
+        format={
+            "name": fmt.name,
+            "header_magic": fmt.header_magic,
+            "header_bytes": len(fmt.header(0, np.dtype(plan.dtype))),
+            "file_pattern": f"{cfg.name}_{{split}}_*.{fmt.extension}",
+            "index_suffix": bosidx.BOS_IDX_SUFFIX,
+        },
+        boundary={"token": tokenizer.boundary_token, "token_id": tokenizer.boundary_id, "placement": cfg.boundary},
+        splits=splits,
+        totals=totals,
+        inputs=[
+            {**inp.to_dict(), **counts[n].to_dict(), "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
+            for n, inp in enumerate(plan.inputs)
+        ],
+        config=cfg.to_dict(),
+        tools={
+            "shardflow": __version__,
+            **tokenizer.libraries,
+            "numpy": np.__version__,
+            "pyarrow": _dist("pyarrow"),
+            "python": platform.python_version(),
+        },
+        build_key=plan.build_key,
+        created_at=created_at,
+        parent=plan.parent,
+        extra=extra,
+    )

@@ -1,0 +1,323 @@
+"""The typed hand-offs between the build's stages: what each stage returns and the next one reads.
+
+Every type here is small, frozen and round-trips through the JSON file its
+stage commits in the staging directory (``plan.json``, ``parts/unit-N.json``,
+``layout/layout.json``, ``layout/SPLIT-K.shard.json``, ``embed.json``), so a
+stage run in another process or after a crash reads exactly what the stage
+before it returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..config import BuildConfig
+from ..manifest import ShardEntry
+from ..sources import InputFile, WorkUnit
+
+__all__ = [
+    "SPLITS",
+    "BUILD_FORMAT_VERSION",
+    "InputCounts",
+    "SplitRange",
+    "ReusedInput",
+    "Reuse",
+    "BuildPlan",
+    "UnitResult",
+    "SplitLayout",
+    "Layout",
+    "ShardResult",
+    "EmbedResult",
+    "BuildResult",
+]
+
+SPLITS = ("train", "val")
+# Part of every build key: raise it only when the same inputs and options must give other bytes.
+BUILD_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputCounts:
+    """What reading one input found (the manifest's per-input counts)."""
+
+    rows: int = 0
+    null_texts: int = 0
+    empty_texts: int = 0
+    invalid_utf8: int = 0
+    skipped_invalid_utf8: int = 0
+    max_token_id: int = 0
+
+    def __add__(self, other: "InputCounts") -> "InputCounts":
+        return InputCounts(
+            rows=self.rows + other.rows,
+            null_texts=self.null_texts + other.null_texts,
+            empty_texts=self.empty_texts + other.empty_texts,
+            invalid_utf8=self.invalid_utf8 + other.invalid_utf8,
+            skipped_invalid_utf8=self.skipped_invalid_utf8 + other.skipped_invalid_utf8,
+            max_token_id=max(self.max_token_id, other.max_token_id),
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "InputCounts":
+        return cls(**{k: int(d[k]) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitRange:
+    """Where one input's documents are in a split's token stream (contiguous, in corpus order)."""
+
+    first_token: int
+    tokens: int
+    first_document: int
+    documents: int
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SplitRange":
+        return cls(**{k: int(d[k]) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReusedInput:
+    """An input an incremental build takes unchanged from its parent version."""
+
+    relname: str
+    counts: InputCounts
+    splits: dict[str, SplitRange]
+    entry: dict[str, Any]
+    """The parent manifest's entry of this input, as recorded (what ``plan.json`` keeps)."""
+
+    # Fields an input entry must have to be reused (older manifests lack some).
+    REQUIRED = frozenset(
+        {"relname", "sha256", "size", "rows", "null_texts", "empty_texts", "invalid_utf8", "skipped_invalid_utf8", "max_token_id", "splits"}
+    )
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> "ReusedInput":
+        return cls(
+            relname=entry["relname"],
+            counts=InputCounts.from_dict(entry),
+            splits={s: SplitRange.from_dict(r) for s, r in entry["splits"].items()},
+            entry=entry,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reuse:
+    """An incremental build: the parent version, and which of our inputs (by index) come from it."""
+
+    parent: str
+    """``NAME@VERSION`` of the parent."""
+    directory: str
+    build_key: str
+    """The parent's build key, checked when its files are read (versions are immutable)."""
+    inputs: dict[int, ReusedInput]
+
+    def signature(self) -> tuple[str, list[int]]:
+        """What must match for a resumed run to keep the staged work: the parent and the reused inputs."""
+        return self.parent, sorted(self.inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "parent": self.parent,
+            "directory": self.directory,
+            "build_key": self.build_key,
+            "inputs": {str(i): r.entry for i, r in sorted(self.inputs.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "Reuse | None":
+        if not d:
+            return None
+        return cls(
+            parent=d["parent"],
+            directory=d["directory"],
+            build_key=d["build_key"],
+            inputs={int(i): ReusedInput.from_entry(e) for i, e in d["inputs"].items()},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan:
+    """What a build will do; small enough to pass between orchestration tasks."""
+
+    config: BuildConfig
+    staging: str
+    data_root: str
+    catalog: str
+    build_key: str
+    inputs: tuple[InputFile, ...]
+    units: tuple[WorkUnit, ...]
+    dtype: str
+    existing: str | None = None
+    """``NAME@VERSION`` of an already published identical build; nothing to do then."""
+    parent: str | None = None
+    """The version this build succeeds, fixed when it is planned: the version whose shards it
+    reuses, else the catalog's latest at planning. Recorded in the manifest and the catalog."""
+    reuse: Reuse | None = None
+    """An incremental build: these inputs get no work units, their tokens come from the parent's shards."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "build_format_version": BUILD_FORMAT_VERSION,
+            "config": self.config.to_dict(),
+            "staging": self.staging,
+            "data_root": self.data_root,
+            "catalog": self.catalog,
+            "build_key": self.build_key,
+            "inputs": [i.to_dict() for i in self.inputs],
+            "units": [u.to_dict() for u in self.units],
+            "dtype": self.dtype,
+            "existing": self.existing,
+            "parent": self.parent,
+            "reuse": None if self.reuse is None else self.reuse.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BuildPlan":
+        return cls(
+            config=BuildConfig.from_dict(d["config"]),
+            staging=d["staging"],
+            data_root=d["data_root"],
+            catalog=d["catalog"],
+            build_key=d["build_key"],
+            inputs=tuple(InputFile(**i) for i in d["inputs"]),
+            units=tuple(WorkUnit(**u) for u in d["units"]),
+            dtype=d["dtype"],
+            existing=d.get("existing"),
+            parent=d.get("parent"),
+            reuse=Reuse.from_dict(d.get("reuse")),
+        )
+
+    def unit_label(self, unit: int) -> str:
+        """``NAME unit 3/16 part-2.parquet[0:4]``: how progress and the UI name a work unit."""
+        u = self.units[unit]
+        base = self.inputs[u.input].relname.rsplit("/", 1)[-1]
+        return f"{self.config.name} unit {u.index + 1}/{len(self.units)} {base}[{u.start}:{u.stop}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitResult:
+    """The counts of one tokenized work unit (``parts/unit-N.json``)."""
+
+    unit: int
+    rows: int
+    documents: int
+    tokens: int
+    nulls: int
+    empties: int
+    invalid_utf8: int
+    skipped_invalid: int
+    max_id: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def counts(self) -> InputCounts:
+        """The same counts under the manifest's names."""
+        return InputCounts(
+            rows=self.rows,
+            null_texts=self.nulls,
+            empty_texts=self.empties,
+            invalid_utf8=self.invalid_utf8,
+            skipped_invalid_utf8=self.skipped_invalid,
+            max_token_id=self.max_id,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitLayout:
+    """One split's size: its tokens, documents and number of shards."""
+
+    tokens: int
+    documents: int
+    shards: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Which tokens go to which split and shard (``layout/layout.json``; the segment files hold the rest)."""
+
+    splits: dict[str, SplitLayout]
+    inputs: list[dict[str, SplitRange]] = field(default_factory=list)
+    """Per input, where its documents are in each split's stream."""
+
+    def shard_jobs(self) -> list[tuple[str, int]]:
+        """``(split, k)`` of every shard to write, in manifest order."""
+        return [(split, k) for split, s in self.splits.items() for k in range(s.shards)]
+
+    def shards_per_split(self) -> dict[str, int]:
+        return {split: s.shards for split, s in self.splits.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "splits": {k: asdict(v) for k, v in self.splits.items()},
+            "inputs": [{s: r.to_dict() for s, r in per.items()} for per in self.inputs],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+        return cls(
+            splits={k: SplitLayout(**v) for k, v in d["splits"].items()},
+            inputs=[{s: SplitRange.from_dict(r) for s, r in per.items()} for per in d["inputs"]],
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardResult:
+    """One written shard: its manifest entry, and whether it was hard-linked from the parent version."""
+
+    split: str
+    index: int
+    entry: ShardEntry
+    linked: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.entry.tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.entry.to_dict(), "linked": self.linked}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, split: str, index: int) -> "ShardResult":
+        return cls(
+            split=split,
+            index=index,
+            entry=ShardEntry.from_dict({k: v for k, v in d.items() if k != "linked"}, f"{split} shard {index}"),
+            linked=bool(d.get("linked", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedResult:
+    """The embedding stage's output: the manifest sections it adds (``embed.json``)."""
+
+    info: dict[str, Any]
+    """The manifest's top-level ``embeddings`` section (model, codec, options, floors, PCA)."""
+    splits: dict[str, dict[str, Any]]
+    """Per split, its ``embeddings`` section (files, sizes, SHA-256, quality)."""
+    total_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EmbedResult":
+        return cls(info=d["info"], splits=d["splits"], total_bytes=int(d["total_bytes"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    """What a build did: the published reference and where its manifest is."""
+
+    ref: str
+    manifest_path: str
+    created: bool
+    """False when an identical version already existed and nothing was published."""

@@ -1,0 +1,154 @@
+"""Planning a build: find and fingerprint the inputs, cut work units, compute the build key, prepare staging.
+
+The plan is the only stage that looks at the catalog to decide what to do:
+whether an identical version exists (``existing``), which version this build
+succeeds (``parent``) and which of its inputs that version already holds
+(``reuse``). Everything later reads the plan and never decides again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from ..catalog import Catalog, default_catalog, default_data_root
+from ..config import BuildConfig
+from ..errors import CatalogError, InputError
+from ..faults import fault
+from ..formats import get_format
+from ..formats.base import TOKEN_DTYPES
+from ..sources import InputFile, discover_inputs, fingerprint_inputs, plan_units
+from ..tokenizers import Tokenizer, load_tokenizer
+from .incremental import NO_REUSE_ENV, plan_reuse
+from .model import BUILD_FORMAT_VERSION, BuildPlan, Reuse
+from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
+
+__all__ = ["plan_build", "token_dtype", "build_key"]
+
+
+def token_dtype(tokenizer: Tokenizer) -> np.dtype:
+    """uint16 if every id the encoding can emit fits (max id < 2**16), else uint32."""
+    # uint16 is enough for GPT-2's 50257 ids; cl100k's specials reach 100276, so it needs uint32.
+    return TOKEN_DTYPES["uint16"] if tokenizer.max_token_value < 2**16 else TOKEN_DTYPES["uint32"]
+
+
+def build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer) -> str:
+    """SHA-256 of everything that determines the output bytes: same key, same version."""
+    payload = {
+        "build_format_version": BUILD_FORMAT_VERSION,
+        "config": config.key_fields(),
+        "inputs": [[i.relname, i.size, i.sha256] for i in inputs],
+        "tokenizer": [tokenizer.name, tokenizer.spec.rank_file_sha256, tokenizer.vocab_size],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def plan_build(
+    config: BuildConfig,
+    *,
+    data_root: str | os.PathLike[str] | None = None,
+    catalog: str | os.PathLike[str] | None = None,
+    reuse: bool | None = None,
+    lock_timeout: float | None = 0,
+) -> BuildPlan:
+    """Find and fingerprint the inputs, cut work units, and prepare (or resume) the staging directory.
+
+    Incremental: inputs unchanged since the parent version (the catalog's
+    latest, if built with the same options) get no work units; their tokens are
+    taken from the parent's shards (``reuse=False``, or ``SHARDFLOW_NO_REUSE=1``,
+    rebuilds everything). The output is the same either way.
+
+    Resuming: a staging directory left by an interrupted run of the same build
+    is kept (its finished units, shards and files are reused), unless the plan
+    changed, and then it is emptied. It holds the build's lock while it does
+    so: if another run of the same build holds it, it fails at once with a
+    message saying so (``lock_timeout``: waits that many seconds, ``None``: no
+    limit, and reports the version the other run published).
+    """
+    root = default_data_root(data_root)
+    cat = Catalog(default_catalog(catalog))
+    fmt = get_format(config.format)
+    tokenizer = load_tokenizer(config.tokenizer, backend=config.backend)
+    dtype = token_dtype(tokenizer)
+    fmt.check_dtype(dtype)
+    dataset_dir = root / config.name
+    inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
+    units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)
+    if not units or sum(u.rows for u in units) == 0:
+        raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")
+    key = build_key(config, inputs, tokenizer)
+    staging = Staging(dataset_dir / ".staging" / key[:16])
+    latest = cat.latest(config.name)
+    plan = BuildPlan(
+        config=config,
+        staging=str(staging.root),
+        data_root=str(root),
+        catalog=str(cat.path),
+        build_key=key,
+        inputs=tuple(inputs),
+        units=tuple(units),
+        dtype=str(dtype.name),
+        parent=f"{config.name}@{latest}" if latest else None,
+    )
+    existing = cat.find_build(config.name, key)
+    if existing is not None:
+        # A publish killed after its catalog entry leaves its staging directory behind.
+        if staging.root.exists():
+            try:
+                with staging_lock(staging, config.name, 0):
+                    shutil.rmtree(staging.root, ignore_errors=True)
+            except CatalogError:
+                pass  # the run that published it is still cleaning up
+        return dataclasses.replace(plan, existing=f"{config.name}@{existing.version}")
+    if reuse is None:
+        reuse = os.environ.get(NO_REUSE_ENV, "").strip() in ("", "0")
+    if reuse:
+        # An interrupted run of this build chose its parent: keep it, so that its work stays valid.
+        old = read_old_plan(staging, key)
+        chosen = plan_reuse(config, inputs, tokenizer, dtype, cat, ((old or {}).get("reuse") or {}).get("parent"))
+        if chosen is not None:
+            kept = [u for u in units if u.input not in chosen.inputs]
+            units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
+            # The version whose tokens this build takes is the one it succeeds.
+            plan = dataclasses.replace(plan, units=tuple(units), reuse=chosen, parent=chosen.parent)
+    staging.root.mkdir(parents=True, exist_ok=True)
+    with staging_lock(staging, config.name, lock_timeout):
+        found = cat.find_build(config.name, key)
+        if found is not None:  # published by another run while this one waited for the lock
+            shutil.rmtree(staging.root, ignore_errors=True)
+            return dataclasses.replace(plan, existing=f"{config.name}@{found.version}", reuse=None)
+        plan = _prepare_staging(plan, cat)
+    fault("plan")
+    return plan
+
+
+def _same_work(old: dict, plan: BuildPlan) -> bool:
+    """Whether an earlier run's plan cut the same units from the same parent (its staged work is ours)."""
+    old_reuse = Reuse.from_dict(old.get("reuse"))
+    return old.get("units") == [u.to_dict() for u in plan.units] and (
+        (old_reuse.signature() if old_reuse else None) == (plan.reuse.signature() if plan.reuse else None)
+    )
+
+
+def _prepare_staging(plan: BuildPlan, cat: Catalog) -> BuildPlan:
+    """Resume the staging directory of an interrupted run of this plan, or start it afresh (lock held)."""
+    staging = Staging(plan.staging)
+    dataset_dir = staging.root.parent.parent
+    old = read_old_plan(staging, plan.build_key)
+    if old is not None and _same_work(old, plan):
+        # Resume: everything a previous run committed here is reused, the parent it chose included.
+        plan = dataclasses.replace(BuildPlan.from_dict(old), existing=None)
+        adopt_orphan(cat, plan, dataset_dir)
+        sweep_stale_tmp(staging)
+    else:
+        # A new plan (or one that changed: other work units or another parent).
+        reset_staging(staging)
+        write_plan(plan)
+        adopt_orphan(cat, plan, dataset_dir)
+    staging.parts.mkdir(exist_ok=True)
+    return plan

@@ -1,0 +1,170 @@
+"""Finalizing and publishing a staged build: write the manifest, validate everything, then make it a version.
+
+``finalize`` assembles the manifest from the stages' recorded results, writes
+it into ``out/`` and validates every file against it (shards, indexes,
+tokenizer file, embeddings). ``publish`` then gives the validated directory
+its identity under the dataset's catalog lock: it picks the version name,
+stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
+renames ``out/`` to ``<data_root>/<name>/<version>`` and adds the catalog
+entry, which is the commit point. A manifest that changed between the two
+steps is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from .._io import fsync_dir, sha256_file
+from ..catalog import Catalog, VersionEntry
+from ..errors import ValidationError
+from ..faults import fault
+from ..manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from ..tokenizers import load_tokenizer
+from ..validation import validate_dir
+from .layout import read_layout, unit_results
+from .manifest import TokenizerInfo, assemble_manifest, now
+from .model import BuildPlan, EmbedResult
+from .staging import Staging, as_plan
+from .write import read_shard_results, write_tokenizer_files
+
+__all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result"]
+
+log = logging.getLogger("shardflow.build")
+
+
+def read_embed_result(plan: BuildPlan) -> EmbedResult | None:
+    """The embedding stage's recorded sections (None without ``config.embed``); raises if it has not run."""
+    if plan.config.embed is None:
+        return None
+    path = Staging(plan.staging).embed_file
+    if not path.exists():
+        raise ValidationError(f"{plan.staging}: the embedding stage has not run; run embed_staged first")
+    return EmbedResult.from_dict(json.loads(path.read_text()))
+
+
+def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: bool = True) -> Manifest:
+    """The manifest of a staged build (version not yet assigned), from the stages' recorded results.
+
+    Writes the tokenizer file into ``out/`` if the version carries one (so
+    that what the manifest names is there); reads everything else.
+    """
+    plan = as_plan(plan)
+    cfg = plan.config
+    tokenizer = load_tokenizer(cfg.tokenizer, backend=cfg.backend)
+    rank_copy = write_tokenizer_files(tokenizer, Staging(plan.staging).out)
+    return assemble_manifest(
+        plan,
+        layout=read_layout(plan),
+        units=unit_results(plan),
+        shards=read_shard_results(plan),
+        tokenizer=TokenizerInfo.of(tokenizer, rank_file=rank_copy),
+        embeddings=read_embed_result(plan) if embeddings else None,
+        created_at=now(),
+    )
+
+
+def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
+    """Write the staged manifest into ``out/`` and validate the staged files against it."""
+    plan = as_plan(plan)
+    staging = Staging(plan.staging)
+    manifest = staged_manifest(plan)
+    # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
+    # file behind; it must not be published with the version.
+    for stray in staging.out.glob(".*.tmp-*"):
+        stray.unlink(missing_ok=True)
+    write_manifest(staging.out, manifest)
+    fault("finalize-manifest", staging.out)
+    validate_dir(staging.out, manifest, checksums=True)
+    fault("finalize-done", staging.out)
+    return manifest
+
+
+def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
+    """Publish a finalized build staging directory as the next version; returns ``NAME@VERSION``."""
+    plan = as_plan(plan)
+    return publish_out(
+        Staging(plan.staging).out,
+        name=plan.config.name,
+        build_key=plan.build_key,
+        data_root=plan.data_root,
+        catalog=plan.catalog,
+        cleanup=Path(plan.staging),
+    )
+
+
+def _stamp(out: Path, version: str, final: Path, build_key: str) -> None:
+    """Write the version's identity into the validated manifest of ``out``, and nothing else."""
+    manifest = read_manifest(out)
+    if manifest.build_key != build_key:
+        raise ValidationError(f"{out / MANIFEST_NAME}: the manifest is not the one of build {build_key[:16]}; rebuild")
+    write_manifest(out, manifest.replace(version=version, dataset_path=str(final)))
+
+
+def publish_out(
+    out: Path,
+    *,
+    name: str,
+    build_key: str,
+    data_root: str | os.PathLike[str],
+    catalog: str | os.PathLike[str],
+    cleanup: Path | None = None,
+) -> str:
+    """Publish the complete, validated version directory ``out`` (manifest inside); returns ``NAME@VERSION``.
+
+    Under the dataset's catalog lock: pick the version name, stamp it into the
+    manifest, rename ``out`` to ``<data_root>/<name>/<version>`` (atomic), then
+    add the catalog entry (the commit point). An identical version (same build
+    key) already in the catalog wins, and nothing new is published. The
+    manifest's ``parent`` is what the build recorded when it was assembled.
+    ``cleanup`` is removed afterwards.
+    """
+    cat = Catalog(catalog)
+    out = Path(out)
+    with cat.lock(name):
+        existing = cat.find_build(name, build_key)
+        if existing is not None:
+            if cleanup is not None:
+                shutil.rmtree(cleanup, ignore_errors=True)
+            return f"{name}@{existing.version}"
+        dataset_dir = Path(data_root) / name
+        version = cat.next_version(name)
+        final = dataset_dir / version
+        # A directory left by a publish that died after its rename but before its
+        # catalog entry: adopt it if it is this build, else step past it.
+        while final.exists():
+            try:
+                orphan = read_manifest(final)
+            except Exception:
+                orphan = None
+            if orphan is not None and orphan.build_key == build_key and not out.exists():
+                break
+            version = f"v{int(version[1:]) + 1}"
+            final = dataset_dir / version
+        if not final.exists():
+            _stamp(out, version, final, build_key)
+            fault("publish-stamped", out)
+            os.replace(out, final)
+            fsync_dir(dataset_dir)
+            fault("publish-renamed", final)
+        manifest = read_manifest(final)
+        cat.add(
+            name,
+            VersionEntry(
+                version=version,
+                path=str(final),
+                created_at=manifest.created_at,
+                build_key=build_key,
+                parent=manifest.parent,
+                totals={k: manifest.totals[k] for k in ("documents", "tokens", "shards", "bytes")},
+                manifest_sha256=sha256_file(final / MANIFEST_NAME),
+            ),
+        )
+        fault("publish-cataloged", final)
+    if cleanup is not None:
+        shutil.rmtree(cleanup, ignore_errors=True)
+    log.info("published %s@%s at %s", name, version, final)
+    return f"{name}@{version}"

@@ -1,0 +1,109 @@
+"""The build's stages, declared once: name, core function, fan-out and retry class of each.
+
+After ``plan_build`` (and under ``build_lock``) a build is these stages in
+this order. ``build()`` runs them on a thread pool; the Prefect flow maps
+each one to a task (``tasks/build.py``); both read this table, so the
+sequence exists in one place::
+
+    tokenize-unit  one job per work unit     ->  UnitResult     retried on transient I/O errors
+    layout         one job                   ->  Layout         never retried (pure compute)
+    write-shard    one job per shard         ->  ShardResult    retried
+    embed          one job, with --embed     ->  EmbedResult    never retried
+    validate       one job (finalize)        ->  Manifest       never retried
+    publish        one job                   ->  "NAME@vN"      retried
+
+A stage's function takes the plan and one job's arguments, is idempotent on
+disk (it first looks for its own committed output), and returns small typed
+metadata, never token arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+from .embed import embed_staged
+from .layout import make_layout
+from .model import BuildPlan, Layout
+from .publish import finalize, publish
+from .tokenize import tokenize_unit
+from .write import write_shard
+
+__all__ = ["Stage", "STAGES", "stage", "Job"]
+
+Job = tuple[Any, ...]
+"""The arguments of one call of a stage's function, after the plan."""
+
+
+def _one(plan: BuildPlan, done: dict[str, list[Any]]) -> list[Job]:
+    return [()]
+
+
+def _units(plan: BuildPlan, done: dict[str, list[Any]]) -> list[Job]:
+    return [(u,) for u in range(len(plan.units))]
+
+
+def _shards(plan: BuildPlan, done: dict[str, list[Any]]) -> list[Job]:
+    layout: Layout = done["layout"][0]
+    return list(layout.shard_jobs())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One step of the pipeline after planning."""
+
+    name: str
+    """Also the Prefect task's name."""
+    run: Callable[..., Any]
+    """``run(plan, *job)``: the core function."""
+    fan_out: Literal["one", "units", "shards"]
+    """How many jobs: a single one, one per work unit, or one per shard of the layout."""
+    retry: Literal["io", "never"]
+    """``io``: a transient I/O error is retried (steps that move bytes); ``never``: compute and checks."""
+    when: Callable[[BuildPlan], bool] = lambda plan: True
+    label: Callable[[BuildPlan, Job], str]
+    """How progress and the Prefect UI name one job."""
+
+    def jobs(self, plan: BuildPlan, done: dict[str, list[Any]]) -> Sequence[Job]:
+        """This stage's jobs, given the results of the stages before it (by stage name)."""
+        return {"one": _one, "units": _units, "shards": _shards}[self.fan_out](plan, done)
+
+    def __call__(self, plan: BuildPlan, *job: Any) -> Any:
+        return self.run(plan, *job)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        name="tokenize-unit",
+        run=tokenize_unit,
+        fan_out="units",
+        retry="io",
+        label=lambda plan, job: f"tokenize {plan.unit_label(job[0])}",
+    ),
+    Stage(name="layout", run=make_layout, fan_out="one", retry="never", label=lambda plan, job: f"layout {plan.config.name}"),
+    Stage(
+        name="write-shard",
+        run=write_shard,
+        fan_out="shards",
+        retry="io",
+        label=lambda plan, job: f"write {plan.config.name} {job[0]} shard {job[1]}",
+    ),
+    Stage(
+        name="embed",
+        run=embed_staged,
+        fan_out="one",
+        retry="never",
+        when=lambda plan: plan.config.embed is not None,
+        label=lambda plan, job: f"embed {plan.config.name}",
+    ),
+    Stage(name="validate", run=finalize, fan_out="one", retry="never", label=lambda plan, job: f"validate {plan.config.name}"),
+    Stage(name="publish", run=publish, fan_out="one", retry="io", label=lambda plan, job: f"publish {plan.config.name}"),
+)
+
+
+def stage(name: str) -> Stage:
+    """The stage called ``name``."""
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise KeyError(f"no build stage {name!r}; the stages are {', '.join(s.name for s in STAGES)}")

@@ -1,0 +1,139 @@
+"""Tokenizing one work unit into its part files: the tokens with boundaries inserted, and a document table.
+
+Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
+bounded by the batch, not the unit), encodes each batch with the fast
+backend (one document per batch is re-encoded with the reference library, to
+guard exactness on live data), inserts the boundary token before (BOS) or
+after (EOS) every document, and appends to ``parts/unit-N.tok``. The unit's
+``.json`` is written last: it is the unit's commit point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_write_text, remove_quietly, tmp_path_for
+from ..config import BuildConfig
+from ..errors import InputError
+from ..faults import fault
+from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
+from ..tokenizers import Tokenizer, check_identity, load_tokenizer
+from .model import BuildPlan, UnitResult
+from .staging import DOC_DTYPE, Staging, as_plan
+
+__all__ = ["tokenize_unit", "with_boundaries"]
+
+log = logging.getLogger("shardflow.build")
+
+
+def _rows_per_batch(cfg: BuildConfig, unit: WorkUnit) -> int:
+    """Rows per batch so that a batch holds about ``batch_bytes`` of text (at most ``batch_rows``)."""
+    if unit.rows == 0 or unit.text_bytes <= 0:
+        return cfg.batch_rows
+    return max(1, min(cfg.batch_rows, cfg.batch_bytes * unit.rows // unit.text_bytes))
+
+
+def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult:
+    """Tokenize work unit ``unit`` into ``parts/``; a unit already done is not redone."""
+    plan = as_plan(plan)
+    staging = Staging(plan.staging)
+    tok_path, docs_path, done_path = staging.unit_files(unit)
+    done = staging.unit_result(unit)
+    if done is not None:
+        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize):
+            return done
+        log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
+    done_path.unlink(missing_ok=True)
+    wu = plan.units[unit]
+    inp = plan.inputs[wu.input]
+    tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
+    tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
+    try:
+        counts = _tokenize_into(tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype))
+    except BaseException:
+        # A failed unit (bad input, a full disk) leaves no temporary files behind.
+        remove_quietly(tmp_tok)
+        remove_quietly(tmp_docs)
+        raise
+    os.replace(tmp_tok, tok_path)
+    os.replace(tmp_docs, docs_path)
+    fault("tokenize-tokens", tok_path)
+    result = UnitResult(unit=unit, **counts)
+    atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
+    log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
+    fault("tokenize-done", done_path)
+    return result
+
+
+def _tokenize_into(
+    tmp_tok: Path, tmp_docs: Path, cfg: BuildConfig, wu: WorkUnit, inp: InputFile, tokenizer: Tokenizer, dtype: np.dtype
+) -> dict[str, int]:
+    """Tokenize one unit into its temporary token file and document table; returns its counts."""
+    eot = tokenizer.eot_id
+    limit = np.iinfo(dtype).max
+    counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0)
+    doc_chunks: list[np.ndarray] = []
+    with open(tmp_tok, "wb") as out:
+        for batch in iter_text_batches(
+            inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors
+        ):
+            counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid
+            counts["nulls"] += batch.nulls
+            counts["empties"] += batch.empties
+            counts["invalid_utf8"] += batch.invalid_utf8
+            counts["skipped_invalid"] += batch.skipped_invalid
+            if len(batch.rows) == 0:
+                continue
+            # One reference encoding per batch guards the fast backend's exactness on live data.
+            check_identity(tokenizer, [batch.texts[0].as_py()], where=f"{inp.path} row {int(batch.rows[0])}")
+            tokens, offsets = tokenizer.encode_batch(batch.texts)
+            if len(tokens):
+                top = int(tokens.max())
+                if top > limit:
+                    bad = int(np.searchsorted(offsets, int(np.argmax(tokens)), side="right")) - 1
+                    raise InputError(
+                        f"{inp.path} row {int(batch.rows[bad])}: token id {top} does not fit {dtype.name}; "
+                        "refusing to truncate it (this tokenizer needs uint32 shards)"
+                    )
+                counts["max_id"] = max(counts["max_id"], top)
+            tokens_out = with_boundaries(tokens, offsets, dtype, eot, bos=cfg.boundary == "bos")
+            out.write(tokens_out.data)
+            docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
+            docs["length"] = np.diff(offsets) + 1
+            docs["row"] = batch.rows
+            docs["score"] = split_scores(inp.relname, batch.rows, cfg.seed)
+            doc_chunks.append(docs)
+            counts["documents"] += len(docs)
+            counts["tokens"] += len(tokens_out)
+            fault("tokenize-batch", tmp_tok)
+        out.flush()
+        os.fsync(out.fileno())
+    counts["max_id"] = max(counts["max_id"], eot) if counts["documents"] else counts["max_id"]
+    docs_all = np.concatenate(doc_chunks) if doc_chunks else np.empty(0, dtype=DOC_DTYPE)
+    with open(tmp_docs, "wb") as f:
+        np.save(f, docs_all)
+        f.flush()
+        os.fsync(f.fileno())
+    return counts
+
+
+def with_boundaries(tokens: np.ndarray, offsets: np.ndarray, dtype: np.dtype, eot: int, *, bos: bool) -> np.ndarray:
+    """The documents' tokens with the boundary token before (BOS) or after (EOS) each one.
+
+    Same result as ``np.insert(tokens, offsets[:-1] or offsets[1:], eot)``, about
+    twice as fast: one scatter of the boundaries and one masked copy of the tokens.
+    """
+    ndocs = len(offsets) - 1
+    out = np.empty(len(tokens) + ndocs, dtype=dtype)
+    # Document i's boundary lands i places further than its offset: i boundaries precede it.
+    where = (offsets[:-1] if bos else offsets[1:]) + np.arange(ndocs, dtype=np.int64)
+    is_token = np.ones(len(out), dtype=bool)
+    is_token[where] = False
+    out[where] = eot
+    out[is_token] = tokens
+    return out

@@ -1,0 +1,213 @@
+"""Writing the version's files into ``out/``: one shard and its ``.bos.idx`` at a time, and the tokenizer file.
+
+A shard's tokens are pieces of the layout's segments: ranges of work units'
+part files, or (incremental builds) ranges of the parent version's splits.
+The format-level ``ShardWriter`` owns the header, the hash, the temporary
+name and the rename; this module only decides which bytes go in. A shard
+whose tokens are exactly one shard of the parent is hard-linked instead.
+``layout/SPLIT-K.shard.json`` is written last: the shard's commit point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .._io import atomic_write_text, remove_quietly, sha256_file, tmp_path_for
+from ..errors import ConfigError, InputError
+from ..faults import fault
+from ..formats import bosidx, get_format
+from ..formats.writer import ShardWriter, encode_index, write_index
+from ..manifest import FileEntry, ShardEntry
+from ..tokenizers import Tokenizer
+from .incremental import open_parent
+from .layout import read_layout
+from .model import SPLITS, BuildPlan, ShardResult
+from .staging import Staging, as_plan
+
+__all__ = ["write_shard", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
+
+log = logging.getLogger("shardflow.build")
+
+# Tokens are copied in blocks of this many so memory stays bounded whatever the
+# shard size (16 Mi tokens = 64 MiB of uint32).
+_BLOCK_TOKENS = 16 << 20
+
+
+def shard_file_name(name: str, split: str, index: int, extension: str) -> str:
+    """``NAME_SPLIT_000007.EXT``: zero-padded so that sorting file names gives manifest order."""
+    return f"{name}_{split}_{index:06d}.{extension}"
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """Put ``src``'s file at ``dest`` atomically: a hard link, or a copy across filesystems."""
+    tmp = tmp_path_for(dest)
+    remove_quietly(tmp)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def _in_place(out_dir: Path, result: ShardResult) -> bool:
+    """Whether a shard's files recorded as done are still in ``out/`` with their recorded sizes."""
+    entry = result.entry
+    try:
+        return (out_dir / entry.file).stat().st_size == entry.bytes and (
+            out_dir / entry.index.file
+        ).stat().st_size == entry.index.bytes
+    except OSError:
+        return False
+
+
+def _recorded(staging: Staging, split: str, k: int) -> ShardResult | None:
+    path = staging.shard_result(split, k)
+    try:
+        return ShardResult.from_dict(json.loads(path.read_text()), split=split, index=k)
+    except FileNotFoundError:
+        return None
+
+
+def read_shard_results(plan: BuildPlan) -> dict[str, list[ShardResult]]:
+    """Every shard's recorded result, per split; raises naming the first shard not written."""
+    staging = Staging(plan.staging)
+    out: dict[str, list[ShardResult]] = {}
+    for split, k in read_layout(plan).shard_jobs():
+        result = _recorded(staging, split, k)
+        if result is None or not _in_place(staging.out, result):
+            raise ConfigError(
+                f"{staging.root}: shard {k} of split {split!r} is not written; run write_shard for it first "
+                "(build() and the Prefect flow do)"
+            )
+        out.setdefault(split, []).append(result)
+    return out
+
+
+def _pieces(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """Tokens ``[lo, hi)`` of the split as ``(source, first source token, count)``.
+
+    A source >= 0 is a work unit's part file; < 0 a range of a parent split.
+    """
+    segs = np.load(staging.segments(split), mmap_mode="r")
+    lengths = np.asarray(segs["length"], dtype=np.int64)
+    seg_ends = np.cumsum(lengths)
+    seg_starts = seg_ends - lengths
+    pieces: list[tuple[int, int, int]] = []
+    s = int(np.searchsorted(seg_ends, lo, side="right"))
+    pos = lo
+    while pos < hi:
+        seg_off = pos - int(seg_starts[s])
+        take = min(int(lengths[s]) - seg_off, hi - pos)
+        pieces.append((int(segs["unit"][s]), int(segs["start"][s]) + seg_off, take))
+        pos += take
+        s += 1
+    return pieces
+
+
+def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult:
+    """Write shard ``k`` of ``split`` and its ``.bos.idx`` into ``out/``; returns its result.
+
+    In an incremental build, a shard whose tokens are exactly one shard of the
+    parent version (same split, same range, so the same bytes) is hard-linked
+    from the parent instead of written, and so is its index when identical.
+    """
+    plan = as_plan(plan)
+    staging = Staging(plan.staging)
+    done = _recorded(staging, split, k)
+    if done is not None and _in_place(staging.out, done):
+        return done
+    cfg = plan.config
+    fmt = get_format(cfg.format)
+    dtype = np.dtype(plan.dtype)
+    info = read_layout(plan).splits[split]
+    lo = k * cfg.shard_tokens
+    hi = min(lo + cfg.shard_tokens, info.tokens)
+    if not 0 <= lo < hi:
+        raise ConfigError(f"{split} has {info.shards} shards; there is no shard {k}")
+    pieces = _pieces(staging, split, lo, hi)
+    staging.out.mkdir(exist_ok=True)
+    shard_path = staging.out / shard_file_name(cfg.name, split, k, fmt.extension)
+    idx_path = bosidx.index_path(shard_path)
+    starts = np.memmap(staging.starts(split), dtype="<i8", mode="r")
+    a, b = np.searchsorted(starts, [lo, hi], side="left")
+    local = np.asarray(starts[a:b], dtype=np.int64) - lo
+    idx_bytes, idx_sha = encode_index(local)
+    parent = open_parent(plan.reuse) if plan.reuse else None
+    same = parent.same_shard(pieces, hi - lo) if parent is not None else None
+    if same is not None:
+        assert parent is not None
+        if same.bytes != len(fmt.header(hi - lo, dtype)) + (hi - lo) * dtype.itemsize:
+            raise parent.damaged(parent.directory / same.file, "its manifest entry does not fit its format")
+        link_or_copy(parent.directory / same.file, shard_path)
+        fault("shard-linked", shard_path)
+        nbytes, digest = same.bytes, same.sha256
+    else:
+        buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
+        with ShardWriter(fmt, shard_path, dtype, hi - lo) as writer:
+            for n, (source, src_lo, take) in enumerate(pieces):
+                if source >= 0:
+                    with open(staging.unit_files(source)[0], "rb") as part:
+                        part.seek(src_lo * dtype.itemsize)
+                        writer.copy_from(part, take, buf)
+                else:
+                    assert parent is not None
+                    parent.copy_range(writer, buf, SPLITS[-1 - source], src_lo, take)
+                if n == 0:
+                    fault("shard-mid", writer.tmp)
+            nbytes, digest = writer.commit()
+        fault("shard-written", shard_path)
+    if same is not None and same.index.sha256 == idx_sha:
+        assert parent is not None
+        link_or_copy(parent.directory / same.index.file, idx_path)
+    else:
+        write_index(idx_path, idx_bytes)
+    fault("shard-indexed", idx_path)
+    entry = ShardEntry(
+        file=shard_path.name,
+        bytes=nbytes,
+        sha256=digest,
+        tokens=hi - lo,
+        documents=len(local),
+        index=FileEntry(file=idx_path.name, bytes=len(idx_bytes), sha256=idx_sha),
+    )
+    result = ShardResult(split=split, index=k, entry=entry, linked=same is not None)
+    atomic_write_text(staging.shard_result(split, k), json.dumps(result.to_dict()))
+    log.info("%s %s shard %d (%d tokens)", "linked" if result.linked else "wrote", split, k, hi - lo)
+    return result
+
+
+def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
+    """Put a user's local ``.tiktoken`` rank file into ``out/`` under its own name; returns that name.
+
+    A version carries the file it was tokenized with, so that it decodes anywhere.
+    """
+    spec = tokenizer.spec
+    if not spec.local_file or spec.rank_file is None:
+        return None
+    # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), so keep the name.
+    dest = out / Path(spec.rank_file).name
+    if not (dest.exists() and sha256_file(dest) == spec.rank_file_sha256):
+        out.mkdir(exist_ok=True)
+        tmp = tmp_path_for(dest)
+        try:
+            shutil.copyfile(spec.rank_file, tmp)  # a copy, not a link: editing the original must not change a version
+            os.replace(tmp, dest)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        if sha256_file(dest) != spec.rank_file_sha256:
+            raise InputError(
+                f"{spec.rank_file}: the rank file changed during the build (its SHA-256 differs from when the "
+                "build started); keep it unchanged and run the build again"
+            )
+    return dest.name

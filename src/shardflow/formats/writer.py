@@ -1,0 +1,120 @@
+"""Writing one shard file and its ``.bos.idx``, for any format: header, hash, temporary name, rename.
+
+A ``ShardWriter`` owns everything that makes a shard file correct on disk,
+whatever its format: the header the format asks for, the SHA-256 of every byte
+written (computed as the bytes pass, so nothing is read back), a temporary
+name next to the final one, ``fsync`` and ``os.replace`` on commit, and no
+temporary file left behind on failure. ``write_index`` does the same for the
+``.bos.idx`` sidecar. Callers only decide which tokens go in::
+
+    with ShardWriter(fmt, path, dtype, ntokens) as w:
+        w.copy_from(part_file, count, buf)      # or w.write(token_bytes)
+        nbytes, sha256 = w.commit()
+    data, sha256 = encode_index(starts)
+    write_index(bosidx.index_path(path), data)
+
+The layouts themselves are in ``docs/FORMAT.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .._io import remove_quietly, tmp_path_for
+from ..errors import ValidationError
+from . import bosidx
+from .base import ShardFormat
+
+__all__ = ["ShardWriter", "encode_index", "write_index"]
+
+
+class ShardWriter:
+    """One shard being written: ``write``/``copy_from`` the tokens, then ``commit``."""
+
+    def __init__(self, fmt: ShardFormat, path: Path, dtype: np.dtype, ntokens: int) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.ntokens = ntokens
+        self.header = fmt.header(ntokens, self.dtype)
+        self.tmp = tmp_path_for(self.path)
+        self._hash = hashlib.sha256()
+        self._file: BinaryIO | None = None
+        self._written = 0
+        self._committed = False
+
+    def __enter__(self) -> "ShardWriter":
+        self._file = open(self.tmp, "wb")
+        self._put(self.header)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if not self._committed:
+            remove_quietly(self.tmp)  # a failed write (a full disk) leaves no temporary file
+
+    def _put(self, data: Any) -> None:
+        assert self._file is not None, "use ShardWriter as a context manager"
+        self._file.write(data)
+        self._hash.update(data)
+
+    def write(self, tokens: np.ndarray | memoryview | bytes) -> None:
+        """Append tokens (an array of the shard's dtype, or its raw little-endian bytes)."""
+        data = memoryview(tokens).cast("B") if isinstance(tokens, np.ndarray) else memoryview(tokens)
+        self._put(data)
+        self._written += len(data) // self.dtype.itemsize
+
+    def copy_from(self, src: BinaryIO, count: int, buf: np.ndarray) -> None:
+        """Append ``count`` tokens read from the open file ``src`` (at its position) through ``buf``.
+
+        Plain reads into one bounded buffer: memory-mapping the sources would
+        count every copied page towards the process's resident memory.
+        """
+        done = 0
+        while done < count:
+            n = min(len(buf), count - done)
+            view = memoryview(buf[:n]).cast("B")
+            if src.readinto(view) != len(view):
+                raise ValidationError(f"{src.name}: shorter than the layout says; the staging area is damaged")
+            self._put(view)
+            done += n
+        self._written += count
+
+    def commit(self) -> tuple[int, str]:
+        """Flush, ``fsync`` and rename into place; returns ``(bytes, sha256)`` of the shard file."""
+        if self._written != self.ntokens:
+            raise ValidationError(f"{self.path}: {self._written} tokens written, the header says {self.ntokens}")
+        assert self._file is not None
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self.tmp, self.path)
+        self._committed = True
+        return len(self.header) + self.ntokens * self.dtype.itemsize, self._hash.hexdigest()
+
+
+def encode_index(starts: np.ndarray) -> tuple[bytes, str]:
+    """The bytes of a ``.bos.idx`` holding ``starts`` and their SHA-256."""
+    data = bosidx.encode(starts)
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def write_index(path: Path, data: bytes) -> None:
+    """Write the ``.bos.idx`` bytes ``data`` at ``path`` (temporary name, ``fsync``, ``os.replace``)."""
+    tmp = tmp_path_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
