@@ -2,6 +2,7 @@
 
     python bench/bench_build.py                      # makes a 1000 MB corpus with make_corpus.py
     python bench/bench_build.py --corpus DIR --small-mb 100
+    python bench/bench_build.py --mb 300 --compare-with b9be734     # this checkout vs a commit, alternating
 
 For each backend it measures, each in a fresh process (so no warm caches are
 shared between measurements):
@@ -83,18 +84,18 @@ plan = b.plan_build(BuildConfig(name="bench", sources=(corpus,)), data_root=out 
 t["plan (fingerprint inputs)"] = time.perf_counter() - t0
 t0 = time.perf_counter()
 with ThreadPoolExecutor(2) as pool:
-    tokens = sum(r.tokens for r in pool.map(lambda u: b.tokenize_unit(plan.staging, u), range(len(plan.units))))
+    tokens = sum(r.tokens for r in pool.map(lambda u: b.tokenize_unit(plan, u), range(len(plan.units))))
 t["read + tokenize + write parts"] = time.perf_counter() - t0
 t0 = time.perf_counter()
-layout = b.make_layout(plan.staging)
+layout = b.make_layout(plan)
 with ThreadPoolExecutor(2) as pool:
-    list(pool.map(lambda sk: b.write_shard(plan.staging, *sk), [(s, k) for s, n in layout.items() for k in range(n)]))
+    list(pool.map(lambda sk: b.write_shard(plan, *sk), layout.shard_jobs()))
 t["layout + write shards"] = time.perf_counter() - t0
 t0 = time.perf_counter()
-b.finalize(plan.staging)
+b.finalize(plan)
 t["validate (re-read, SHA-256)"] = time.perf_counter() - t0
 t0 = time.perf_counter()
-b.publish(plan.staging)
+b.publish(plan)
 t["publish"] = time.perf_counter() - t0
 print(json.dumps({"tokens": tokens, "phases": t}))
 """
@@ -185,8 +186,9 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "ref": ref}))
 """
 
 
-def run_py(code: str, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+def run_py(code: str, *args: str, tree: Path = ROOT) -> dict:
+    """Run ``code`` in a fresh process on the shardflow of ``tree`` (this checkout, or a baseline's)."""
+    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"benchmark step failed:\n{proc.stderr[-3000:]}")
@@ -200,6 +202,33 @@ def make_corpus(path: Path, mb: int, files: int) -> Path:
     return path
 
 
+def compare_with(ref: str, corpus: Path, work: Path, rounds: int) -> None:
+    """End-to-end build time of this checkout against git ``ref``, alternating runs, same corpus.
+
+    The two builds run in turns (A B A B ...) so that noise from the shared
+    machine hits both alike; the medians and their ratio are printed.
+    """
+    import statistics
+
+    base = work / f"baseline-{ref.replace('/', '_')}"
+    if not base.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), ref], check=True,
+                       capture_output=True)
+    times: dict[str, list[float]] = {"this checkout": [], ref: []}
+    try:
+        for _ in range(rounds):
+            for label, tree in (("this checkout", ROOT), (ref, base)):
+                out = tempfile.mkdtemp(prefix="cmp-", dir=work)
+                r = run_py(E2E, str(corpus), "gigatoken", out, tree=tree)
+                times[label].append(r["seconds"])
+                print(f"  {label:14s} {r['seconds']:6.2f} s  ({r['tokens'] / r['seconds'] / 1e6:.1f} M tok/s)", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+    ours, theirs = statistics.median(times["this checkout"]), statistics.median(times[ref])
+    print(f"\nmedian end-to-end build over {rounds} alternating runs on {corpus.name}: this checkout {ours:.2f} s, "
+          f"{ref} {theirs:.2f} s; ratio {ours / theirs:.3f} (below 1: faster)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, help="a Parquet corpus directory (default: make a --mb corpus)")
@@ -207,10 +236,16 @@ def main() -> None:
     ap.add_argument("--small-mb", type=int, default=300)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--skip-prefect", action="store_true")
+    ap.add_argument("--compare-with", metavar="GIT_REF",
+                    help="only compare the end-to-end build with another commit's, alternating runs")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each side with --compare-with")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     big = args.corpus or make_corpus(work / f"corpus-{args.mb}mb", args.mb, 16)
+    if args.compare_with:
+        compare_with(args.compare_with, big, work, args.rounds)
+        return
     # Same size of file as the big corpus (1000 MB / 16 files), so peak memory compares like with like.
     small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, max(1, round(args.small_mb * 16 / args.mb)))
     print(f"cores: {os.cpu_count()}  corpus: {big}  small corpus: {small}\n", flush=True)

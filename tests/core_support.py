@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from shardflow.build import BuildResult, build
 from shardflow.config import BuildConfig
+from shardflow.manifest import read_manifest
 from shardflow.reader import Version, open_version
 
 TESTS = Path(__file__).resolve().parent
@@ -77,3 +78,25 @@ def make_builder(base: Path) -> BuildFactory:
         return Built(result=result, data_root=data_root, catalog=catalog)
 
     return make
+
+
+# Used by the build stage tests (tests/build/).
+def files_of(directory: Path) -> dict[str, bytes]:
+    """Every shard and index file of a version directory, by name (the manifest has a timestamp)."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "metadata.yaml"}
+
+
+def stable_manifest(directory: Path) -> dict:
+    """The manifest without what legitimately differs between two builds of the same thing."""
+    m = read_manifest(directory).to_dict()
+    for key in ("created_at", "dataset_path", "inputs", "tools"):
+        m.pop(key)
+    m["config"].pop("backend")
+    m["config"].pop("unit_bytes")
+    m["config"].pop("batch_rows")
+    m["config"].pop("batch_bytes")
+    m["tokenized_info"].pop("backend")
+    return m
+
+
+OPTIONS = dict(name="det", shard_tokens=30_011, val_fraction=0.2, seed=7)

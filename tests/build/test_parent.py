@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
-
 from core_support import SAMPLE
+
 from shardflow.build import build, make_layout, plan_build, tokenize_unit
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig

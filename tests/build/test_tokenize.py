@@ -1,0 +1,134 @@
+"""Tokenizing work units: boundary insertion, counts of null and empty texts, ids that do not fit, every source kind alike."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from core_support import SAMPLE, TINY_TEXTS, files_of, write_parquet
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardflow.build import plan_build, tokenize_unit
+from shardflow.build.tokenize import with_boundaries as _with_boundaries
+from shardflow.config import BuildConfig
+from shardflow.errors import InputError, ValidationError
+from shardflow.manifest import read_manifest
+from shardflow.reader import open_version
+from shardflow.validation import validate_dir
+
+
+def _split_texts(b) -> dict[str, list[str]]:
+    v = b.open()
+    return {s: [v.split(s).text(i) for i in range(v.split(s).num_documents)] for s in v.splits}
+
+
+def test_null_and_empty_texts_are_counted(built, tmp_path):
+    texts = [None, "first", "", "second", None, "", "", "third", None]
+    src = write_parquet(tmp_path / "n.parquet", texts, row_group_size=4)
+    b = built(src, name="nulls", unit_bytes=1, batch_rows=2)
+    m = read_manifest(b.directory)
+    t = m.totals
+    assert (t["input_rows"], t["null_texts"], t["empty_texts"], t["documents"]) == (9, 3, 3, 3)
+    assert m.inputs[0]["rows"] == 9
+    train = b.open().split("train")
+    assert [train.text(i) for i in range(train.num_documents)] == ["first", "second", "third"]
+
+
+def test_id_overflow_is_refused(tmp_path, small_vocab):
+    # A uint16 plan whose tokenizer then emits ids >= 65536 (here: the rank file the
+    # plan names was swapped for cl100k after planning) must fail, never wrap.
+    config = BuildConfig(name="ovf", sources=(str(write_parquet(tmp_path / "o.parquet", ["hello world"])),), tokenizer=str(small_vocab))
+    plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    assert plan.dtype == "uint16"
+    plan_file = Path(plan.staging) / "plan.json"
+    raw = json.loads(plan_file.read_text())
+    raw["config"]["tokenizer"] = "cl100k_base"
+    before = plan_file.stat().st_mtime_ns
+    plan_file.write_text(json.dumps(raw))
+    os.utime(plan_file, ns=(before + 10**9, before + 10**9))  # plans are cached by mtime: make the edit visible
+    # "hello world" is [15339, 1917] in cl100k; the boundary 100257 does not fit either.
+    write_parquet(tmp_path / "o.parquet", ["hello world, \u4e2d\u6587\u5b57 \U0001f642 " * 20])
+    with pytest.raises(InputError, match=r"o\.parquet row 0: token id \d+ does not fit uint16; refusing to truncate it"):
+        tokenize_unit(plan.staging, 0)
+    assert not list((Path(plan.staging) / "parts").glob("*.json"))
+
+
+def test_bos_default_and_eos_option_recorded(built, sample_texts):
+    bos = read_manifest(built(SAMPLE, name="bos", shard_tokens=40_000).directory)
+    eos_b = built(SAMPLE, name="eos", shard_tokens=40_000, boundary="eos")
+    eos = read_manifest(eos_b.directory)
+    assert bos.boundary["placement"] == "bos" and bos.config["boundary"] == "bos"
+    assert eos.boundary["placement"] == "eos" and eos.config["boundary"] == "eos"
+    assert bos.boundary["token"] == eos.boundary["token"] == "<|endoftext|>"
+    train = eos_b.open().split("train")
+    assert [train.text(i) for i in range(train.num_documents)] == sample_texts
+    # EOS: every document ends with the boundary; the index points right after each EOS.
+    all_tokens = train.tokens(0, train.num_tokens)
+    ends = np.flatnonzero(all_tokens == eos.boundary["token_id"])
+    assert len(ends) == len(sample_texts) and ends[-1] == train.num_tokens - 1
+    assert train.doc_starts.tolist() == [0, *(ends[:-1] + 1).tolist()]
+
+
+def test_same_texts_from_every_source_kind_give_the_same_shards(built, tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    table = pa.table({"text": TINY_TEXTS * 3})
+    pq.write_table(table, tmp_path / "p.parquet", row_group_size=4)
+    with pa.ipc.new_file(tmp_path / "f.arrow", table.schema) as w:
+        w.write_table(table, max_chunksize=2)
+    with pa.ipc.new_stream(tmp_path / "s.arrow", table.schema) as w:
+        w.write_table(table, max_chunksize=5)
+    feather.write_feather(table, tmp_path / "t.feather")
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "hf"))
+    outputs = []
+    for k, src in enumerate(["p.parquet", "f.arrow", "s.arrow", "t.feather", "hf"]):
+        b = built(tmp_path / src, name="kinds", root=tmp_path / f"r{k}")
+        outputs.append(files_of(b.directory))
+    assert all(o == outputs[0] for o in outputs[1:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=6), max_size=30),
+    bos=st.booleans(),
+    dtype=st.sampled_from([np.uint16, np.uint32]),
+)
+def test_boundaries_are_inserted_like_np_insert(lengths: list[int], bos: bool, dtype: type) -> None:
+    """The fast boundary insertion is ``np.insert`` at each document's start (BOS) or end (EOS)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = (np.arange(offsets[-1], dtype=np.uint32) * 7919) % 50000
+    expected = np.insert(tokens.astype(dtype), offsets[:-1] if bos else offsets[1:], dtype(50256))
+    got = _with_boundaries(tokens, offsets, np.dtype(dtype), 50256, bos=bos)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_vocab, tmp_path):
+    # The version carries a copy of the rank file: it decodes after the original is gone.
+    ranks = tmp_path / "elsewhere" / small_vocab.name
+    ranks.parent.mkdir()
+    ranks.write_bytes(small_vocab.read_bytes())
+    b = built(tiny_parquet, name="ranks", tokenizer=str(ranks))
+    info = read_manifest(b.directory).tokenized_info
+    assert info["rank_file"] == small_vocab.name
+    copy = b.directory / small_vocab.name
+    assert copy.read_bytes() == small_vocab.read_bytes()
+    assert os.stat(copy).st_ino != os.stat(ranks).st_ino  # a copy: editing the original changes no version
+    ranks.unlink()
+    version = open_version(b.ref, catalog=b.catalog)
+    assert version.split("train").text(0) == pq.read_table(tiny_parquet).column("text")[0].as_py()
+    validate_dir(b.directory, published=True, catalog=b.catalog)
+    copy.write_bytes(copy.read_bytes() + b"\n")
+    with pytest.raises(ValidationError, match=r"small5000\.tiktoken: the rank file does not match its SHA-256 in the manifest"):
+        validate_dir(b.directory, checksums=True)
+    copy.unlink()
+    with pytest.raises(ValidationError, match=r"small5000\.tiktoken: missing; the manifest names it as the tokenizer's rank file"):
+        validate_dir(b.directory, checksums=False)
