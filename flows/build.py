@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 

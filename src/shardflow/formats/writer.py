@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .._io import remove_quietly, tmp_path_for
+from .._io import atomic_write_bytes, remove_quietly, tmp_path_for
 from ..errors import ValidationError
 from . import bosidx
 from .base import ShardFormat
@@ -108,13 +108,4 @@ def encode_index(starts: np.ndarray) -> tuple[bytes, str]:
 
 def write_index(path: Path, data: bytes) -> None:
     """Write the ``.bos.idx`` bytes ``data`` at ``path`` (temporary name, ``fsync``, ``os.replace``)."""
-    tmp = tmp_path_for(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
+    atomic_write_bytes(path, data)
