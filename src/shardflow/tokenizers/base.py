@@ -1,0 +1,279 @@
+"""The family-independent tokenizer contract: what the build, the manifest and the reader rely on.
+
+A *family* is one way of naming and loading a vocabulary (tiktoken encodings
+and ``.tiktoken`` rank files today). Each family is one module implementing
+``TokenizerFamily``; the ``Tokenizer`` it returns is the only thing the rest
+of the library sees. Its promise: ``encode_batch`` returns, token for token,
+what ``encode_ordinary`` (the family's reference encoding) returns for each
+document, whichever backend computes it.
+
+Also here, because any family may need them: the probe strings a fast
+backend must agree on before it is used, ``check_identity`` (the live
+spot-check the build runs per batch), and the packing helpers that turn a
+backend's output into the flat ``(tokens, offsets)`` arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError, InputError
+
+__all__ = [
+    "Tokenizer",
+    "TokenizerSpec",
+    "TokenizerFamily",
+    "PROBE_STRINGS",
+    "check_identity",
+    "unknown_tokenizer_error",
+]
+
+# Strings that stress pre-tokenization and byte-level BPE: special-token text
+# (must stay ordinary), CRLF runs, trailing spaces, combining marks, emoji and
+# other 4-byte UTF-8, digits in long runs, contractions, mixed scripts.
+PROBE_STRINGS: tuple[str, ...] = (
+    "",
+    " ",
+    "<|endoftext|>",
+    "a<|endoftext|>b <|fim_prefix|><|endofprompt|>",
+    "Hello, world! It's 2024; we'll see, they're here, I'd've.",
+    "\r\n\r\n\n  \t x  \n",
+    "trailing spaces   ",
+    "e\u0301 \u00e9 \u0915\u094d\u0937 \ud55c\uad6d\uc5b4 \u4e2d\u6587\u5b57",
+    "\U0001f642\U0001f469\u200d\U0001f4bb\U0001f1fa\U0001f1f8" * 3,
+    "1234567890123 3.14159 -42 0x1F 1,000,000",
+    "    def f(x):\n        return x**2  # comment\n",
+    "ALL CAPS WORDS AND 'QUOTES' \"double\"",
+    "\x00\x01\x7f control \u2028\u2029 separators \ufeff",
+    "a" * 3000,
+    "ab " * 1000,
+    "\u00a0non\u00a0breaking\u3000ideographic space",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """How to build an encoding: what the manifest records about the tokenizer."""
+
+    name: str
+    """The name the user gave (``cl100k_base``) or the vocabulary file's stem."""
+    rank_file: str | None
+    """Path of the file the vocabulary is read from (a ``.tiktoken`` rank file), when it comes from a file.
+
+    The manifest records its SHA-256, and a user's local file is copied into each version.
+    """
+    rank_file_sha256: str | None
+    pretokenizer: str | None
+    """The fast backend's name of the pre-tokenizer (gigatoken's ``gpt2``, ``gpt4``, ``o200k``), when known."""
+    local_file: bool = False
+    """Whether the user named the file by its path (it then travels with each version)."""
+
+
+class Tokenizer(ABC):
+    """One vocabulary with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
+
+    reference_backend: str
+    """The backend whose encoding is the reference (``encode_ordinary``); ``check_identity`` compares against it."""
+
+    def __init__(self, *, spec: TokenizerSpec, backend: str) -> None:
+        self.spec = spec
+        self.backend = backend
+
+    # -- facts the manifest records -------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    @abstractmethod
+    def eot_token(self) -> str:
+        """The text of the document-boundary token (``<|endoftext|>``)."""
+
+    @property
+    @abstractmethod
+    def eot_id(self) -> int:
+        """The id of the boundary token, used as BOS (or EOS) between documents."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the encoding defines: ``max_token_value + 1``."""
+        return self.max_token_value + 1
+
+    @property
+    @abstractmethod
+    def max_token_value(self) -> int:
+        """The largest id the encoding can emit, special tokens included (it picks the shard dtype)."""
+
+    @abstractmethod
+    def library_versions(self) -> dict[str, str | None]:
+        """Versions of the packages that produced the ids (``None`` for one not used), for the manifest."""
+
+    # -- encoding -------------------------------------------------------------------
+    @abstractmethod
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The reference encoding of one text; special-token text in it is encoded as ordinary text."""
+
+    @abstractmethod
+    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode documents; returns ``(tokens uint32, offsets int64)``.
+
+        ``tokens[offsets[i]:offsets[i+1]]`` are document i's ids, equal to
+        ``encode_ordinary(texts[i])``. ``texts`` is a list of str or a pyarrow
+        string array without nulls.
+        """
+
+    @abstractmethod
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
+        """Decode ids to text (invalid UTF-8 is replaced)."""
+
+    @abstractmethod
+    def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
+        """Decode ids to the exact bytes they stand for."""
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, backend={self.backend!r}, vocab_size={self.vocab_size})"
+
+
+class TokenizerFamily(ABC):
+    """One way of naming and loading vocabularies; registered in ``shardflow.tokenizers.FAMILIES``.
+
+    ``load_tokenizer`` asks each registered family in order whether it
+    ``matches`` a name and calls ``load`` on the first that does; it caches
+    the result per ``(name, backend)`` and serializes loads, so ``load`` may
+    run slow one-time checks without locking.
+    """
+
+    name: str
+    """Short name of the family (``tiktoken``)."""
+    path_hint: str = ""
+    """How to name a file of this family, for the unknown-tokenizer message (``a path to a .tiktoken rank file``)."""
+
+    @abstractmethod
+    def matches(self, name_or_path: str) -> bool:
+        """Whether this family serves ``name_or_path``; cheap, and must not raise for names it does not know.
+
+        A path to a file that does not exist may match (by its extension), so
+        that ``load`` can say it is missing.
+        """
+
+    @abstractmethod
+    def load(self, name_or_path: str, backend: str) -> Tokenizer:
+        """The tokenizer on ``backend`` (one of ``config.BACKENDS``, already checked).
+
+        ``auto`` picks the fastest backend that agrees with the reference on
+        ``PROBE_STRINGS``, falling back to the reference; a named backend that
+        cannot serve the name raises ``ConfigError``, as does a bad file.
+        """
+
+    def known_names(self) -> Sequence[str]:
+        """Names (not paths) this family loads, listed when a name matches no family."""
+        return ()
+
+
+def unknown_tokenizer_error(name: str, families: Sequence[TokenizerFamily]) -> ConfigError:
+    """The error for a name no family serves, listing what each family accepts."""
+    known = sorted({n for family in families for n in family.known_names()})
+    hints = [family.path_hint for family in families if family.path_hint]
+    accepted = f"use one of {', '.join(known)}" + "".join(f" or {hint}" for hint in hints)
+    return ConfigError(f"unknown tokenizer {name!r}; {accepted}")
+
+
+def check_identity(tokenizer: Tokenizer, texts: Sequence[str], *, where: str) -> None:
+    """Raise if the fast backend differs from the reference ``encode_ordinary`` on ``texts``."""
+    if tokenizer.backend == tokenizer.reference_backend or not texts:
+        return
+    tokens, offsets = tokenizer.encode_batch(list(texts))
+    for i, text in enumerate(texts):
+        if tokens[offsets[i] : offsets[i + 1]].tolist() != tokenizer.encode_ordinary(text):
+            ref = tokenizer.reference_backend
+            raise InputError(
+                f"{where}: the {tokenizer.backend} backend and {ref} disagree on document {i}; "
+                f"rerun with --backend {ref} and report the document"
+            )
+
+
+# -- helpers shared by families ---------------------------------------------------
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _pack_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One list of ids per document, as flat ``(tokens uint32, offsets int64)``."""
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.empty(int(offsets[-1]), dtype=np.uint32)
+    for i, ids in enumerate(lists):
+        tokens[offsets[i] : offsets[i + 1]] = ids
+    return tokens, offsets
+
+
+def _encode_gigatoken(fast: Any, lock: threading.Lock, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Batch-encode with a ``gigatoken.Tokenizer``, whichever family loaded it, as flat arrays.
+
+    ``lock`` must be held per tokenizer object: gigatoken's is not re-entrant
+    ("Already borrowed" when two threads call it), and its batch encode
+    already uses every core, so serializing costs nothing.
+    """
+    arg: Any
+    if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        arg = _arrow_to_awkward(texts)
+    else:
+        arg = list(texts)
+    if len(arg) == 0:
+        return np.empty(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
+    with lock:
+        result = fast.encode_batch(arg)
+    layout = result.layout
+    offsets = np.asarray(layout.offsets.data, dtype=np.int64)
+    tokens = np.asarray(layout.content.data)
+    if offsets[0] != 0:
+        tokens = tokens[offsets[0] : offsets[-1]]
+        offsets = offsets - offsets[0]
+    else:
+        tokens = tokens[: offsets[-1]]
+    return tokens.astype(np.uint32, copy=False), offsets
+
+
+def _arrow_to_awkward(texts: pa.Array | pa.ChunkedArray) -> Any:
+    """Wrap an Arrow string array's buffers as an awkward string array, no copy of the text.
+
+    gigatoken reads the flat UTF-8 buffer and offsets directly, which avoids
+    building one Python ``str`` per document.
+    """
+    import awkward as ak  # installed with gigatoken
+
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if texts.null_count:
+        raise ValueError("encode_batch needs an array without nulls; filter them first")
+    if pa.types.is_large_string(texts.type):
+        off_dtype = np.int64
+    elif pa.types.is_string(texts.type):
+        off_dtype = np.int32
+    else:
+        raise TypeError(f"expected a string array, got {texts.type}")
+    bufs = texts.buffers()
+    n = len(texts)
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[texts.offset : texts.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+    chars = ak.contents.NumpyArray(data, parameters={"__array__": "char"})
+    return ak.Array(ak.contents.ListOffsetArray(ak.index.Index64(offsets), chars, parameters={"__array__": "string"}))

