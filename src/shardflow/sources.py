@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ._io import atomic_write_text, sha256_file
 from .errors import InputError
 
 __all__ = [
@@ -205,8 +206,6 @@ def fingerprint_inputs(inputs: list[InputFile], cache_dir: Path | None = None) -
     inode, like git's index) makes a rebuild over unchanged files cheap.
     """
     from concurrent.futures import ThreadPoolExecutor
-
-    from ._io import atomic_write_text, sha256_file
 
     cache_file = _fingerprint_cache_path(cache_dir)
     cache: dict[str, Any] = {}

@@ -10,7 +10,8 @@ any published version (``shardflow validate REF``):
 * ``.bos.idx`` entries are ascending, in range, one per document, and point at
   document starts: at BOS tokens with BOS placement (and every BOS is indexed),
   right after EOS tokens with EOS placement (and every EOS is followed by one);
-* per-split and overall totals add up.
+* per-split and overall totals add up;
+* the embeddings, if any (``shardflow.embedding_files.validate_embeddings``).
 
 Shards are scanned in bounded blocks, so memory does not grow with shard size.
 """
@@ -27,11 +28,15 @@ from typing import Any
 import numpy as np
 
 from ._io import sha256_file
+from .catalog import published_manifest_problems
+from .embedding_files import validate_embeddings
 from .errors import ValidationError
 from .faults import fault
 from .formats import bosidx, get_format
 from .manifest import Manifest, ShardEntry, read_manifest
 
+# published_manifest_problems is the catalog's check (shardflow.catalog); it is
+# re-exported here, where it has always been importable from.
 __all__ = ["ValidationReport", "validate_dir", "validate_shard", "published_manifest_problems"]
 
 _BLOCK = 16 << 20  # tokens per scan block
@@ -164,34 +169,6 @@ def validate_shard(
     return problems
 
 
-def published_manifest_problems(directory: Path | str, manifest: Manifest, catalog: Any = None) -> list[str]:
-    """Whether ``metadata.yaml`` is still the one published: its SHA-256 against the catalog's record.
-
-    A manifest edited after publication (even consistently with the files, or
-    together with them) no longer has the SHA-256 the catalog entry of its
-    version recorded. Versions the catalog does not list, or lists without a
-    checksum (older catalogs), are not checked.
-    """
-    from .catalog import Catalog
-    from .errors import ShardflowError
-
-    directory = Path(directory)
-    try:
-        cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-        found = cat.entry_for_dir(directory, name=manifest.name)
-    except (ShardflowError, OSError):
-        return []
-    if found is None or not found[1].manifest_sha256:
-        return []
-    path = directory / "metadata.yaml"
-    if _sha256(path) != found[1].manifest_sha256:
-        return [
-            f"{path}: the manifest was changed after {found[0]}@{found[1].version} was published (its SHA-256 is not "
-            f"the one recorded in the catalog {cat.path}); versions are immutable: restore the file, or rebuild"
-        ]
-    return []
-
-
 def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
     """The copy of a local rank file that a version carries: present, and the file the build used."""
     name = manifest.tokenized_info.get("rank_file")
@@ -245,8 +222,6 @@ def validate_dir(
         report.tokens += tokens
         report.documents += documents
     report.problems.extend(_rank_file_problems(directory, manifest))
-    from .embeddings import validate_embeddings
-
     report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
     totals: dict[str, Any] = manifest.totals
     if totals.get("tokens") != report.tokens or totals.get("documents") != report.documents:

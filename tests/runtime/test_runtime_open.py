@@ -191,7 +191,8 @@ def test_open_shards_passes_a_shardset_through(cat):
 
 _ONLY_NUMPY_AND_YAML = """
 import sys
-for name in ("pyarrow", "tiktoken", "torch", "prefect", "datasets"):
+# ml_dtypes too: opening a version must not reach validation and the embedding codecs.
+for name in ("pyarrow", "tiktoken", "torch", "prefect", "datasets", "ml_dtypes"):
     sys.modules[name] = None  # importing any of them now fails
 from shardflow.runtime import StreamingTokenDataset, TokenDataset
 ds = TokenDataset(sys.argv[1], seq_len=32, pack_sequences=True)

@@ -9,6 +9,7 @@ refuses a file whose header or size disagrees. Byte layouts are specified in
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .base import ShardFormat
 from .nanogpt import NANOGPT, NANOGPT_LEGACY
 from .npy import NPY
@@ -21,8 +22,6 @@ FORMATS: dict[str, ShardFormat] = {f.name: f for f in (NANOGPT, NANOGPT_LEGACY, 
 
 def get_format(name: str) -> ShardFormat:
     """The format called ``name``; a ``ConfigError`` lists the known ones."""
-    from ..errors import ConfigError
-
     try:
         return FORMATS[name]
     except KeyError:

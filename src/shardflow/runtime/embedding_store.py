@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import codecs
 from ..catalog import Catalog
-from ..embeddings import load_projection, load_split_embeddings
+from ..embedding_files import load_projection, load_split_embeddings
 from ..pca import as_rows
 from ..reader import open_version
 

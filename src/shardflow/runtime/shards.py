@@ -35,6 +35,7 @@ from ..errors import ConfigError, ValidationError
 from ..formats import FORMATS, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format
 from ..formats.base import TOKEN_DTYPES
 from ..manifest import MANIFEST_NAME
+from ..reader import open_version
 
 __all__ = ["ShardInfo", "ShardSet", "open_shards", "SHARD_EXTENSIONS"]
 
@@ -249,8 +250,6 @@ def open_shards(
 def _open_version_split(
     ref: str, *, split: str, catalog: Catalog | str | os.PathLike[str] | None, verify: bool
 ) -> ShardSet:
-    from ..reader import open_version
-
     version = open_version(ref, catalog=catalog, verify=verify)
     entry = version.split(split).entry  # KeyError names the splits there are
     m = version.manifest
