@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .embed_models import MODELS
@@ -185,10 +185,8 @@ class BuildConfig:
     fast tokenizer spread one call over every core."""
     batch_rows: int = 65536
     """Upper bound on the rows of one batch, whatever their size."""
-    """Rows read and tokenized at once; memory is bounded by this, not by the corpus size."""
     embed: EmbedOptions | None = None
     """Compute one embedding per document (``--embed``); None: no embedding stage."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -238,11 +236,14 @@ class BuildConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BuildConfig":
+        d = dict(d)
+        # Manifests written before the unused ``extra`` option was removed record it empty.
+        if d.get("extra", None) == {}:
+            del d["extra"]
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown build options: {', '.join(unknown)}")
-        d = dict(d)
         d["sources"] = tuple(d.get("sources", ()))
         return cls(**d)
 
@@ -250,6 +251,9 @@ class BuildConfig:
         """The options that determine the output bytes (see ``_NOT_IN_BUILD_KEY``)."""
         fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_BUILD_KEY}
         fields["embed"] = None if self.embed is None else self.embed.key_fields()
+        # The key payload of every version published so far held the option ``extra``
+        # (never used, since removed) as an empty dict; kept, so that their keys stay valid.
+        fields["extra"] = {}
         return fields
 
     def replace(self, **changes: Any) -> "BuildConfig":

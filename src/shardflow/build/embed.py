@@ -19,7 +19,8 @@ from pathlib import Path
 from .._io import atomic_write_text
 from ..catalog import Catalog, default_catalog
 from ..config import EmbedOptions
-from ..embeddings import add_embeddings, check_embed_options, embedding_key, validate_embeddings
+from ..embedding_files import embedding_key, validate_embeddings
+from ..embeddings import add_embeddings, check_embed_options
 from ..errors import ValidationError
 from ..manifest import SplitEntry, read_manifest, write_manifest
 from .manifest import now
