@@ -32,12 +32,11 @@ from typing import Any, Iterable
 from urllib.parse import unquote, urlparse
 
 from shardflow.errors import InputError
-from shardflow.sources import ARROW_SUFFIXES, PARQUET_SUFFIXES
+from shardflow.sources import input_suffixes
 
 __all__ = ["is_url", "file_url_to_path", "needs_staging", "local_sources", "stage_source", "stage_sources"]
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_DATA_SUFFIXES = PARQUET_SUFFIXES + ARROW_SUFFIXES
 _SIDE_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 _INDEX = ".shardflow-mirror.json"
 
@@ -85,7 +84,8 @@ def _wanted(name: str) -> bool:
     base = PurePosixPath(name).name
     if base.startswith("."):
         return False
-    return base.lower().endswith(_DATA_SUFFIXES) or base in _SIDE_FILES
+    # Asked of the input-kind registry at each call, so a newly registered kind is mirrored too.
+    return base.lower().endswith(input_suffixes()) or base in _SIDE_FILES
 
 
 def _glob_base(path: str) -> str:

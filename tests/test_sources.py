@@ -12,7 +12,8 @@ import pytest
 
 from core_support import SAMPLE, write_parquet
 from shardflow.errors import ConfigError, InputError
-from shardflow.sources import discover_inputs, fingerprint_inputs, iter_text_batches, plan_units, split_scores
+from shardflow.sources import InputKind, discover_inputs, fingerprint_inputs, iter_text_batches, plan_units, split_scores
+from shardflow.sources.base import check_schema, cut_units
 
 
 def read_all(specs, *, text_column="text", unit_bytes=64 << 20, batch_rows=4096, utf8_errors="replace"):
@@ -264,3 +265,124 @@ def test_every_arrow_text_type_is_read(tmp_path):
         assert got == ["first", "caf\u00e9 \U0001f642", "last"], column
         assert [r for _, r in rows] == [0, 3, 4], column
         assert (counts["nulls"], counts["empties"]) == (1, 1), column
+
+
+# --- The input-kind registry: detection, and a new kind as one module plus one registry line ---
+
+
+def test_registry_names_are_what_the_manifest_records():
+    from shardflow.sources import INPUT_KINDS
+
+    assert list(INPUT_KINDS) == ["parquet", "arrow-file", "arrow-stream"]
+    assert all(name == kind.name for name, kind in INPUT_KINDS.items())
+
+
+def test_registry_detects_parquet_by_suffix_and_arrow_file_or_stream_by_magic(tmp_path, table):
+    from shardflow.sources import detect_kind, input_suffixes
+
+    assert input_suffixes() == (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+    for name in ("a.parquet", "b.pq", "C.PARQUET"):
+        pq.write_table(table, tmp_path / name)
+        assert detect_kind(tmp_path / name) == "parquet", name
+    for suffix in (".arrow", ".feather", ".ipc"):
+        with pa.ipc.new_file(tmp_path / f"file{suffix}", table.schema) as w:
+            w.write_table(table)
+        with pa.ipc.new_stream(tmp_path / f"stream{suffix}", table.schema) as w:
+            w.write_table(table)
+        assert detect_kind(tmp_path / f"file{suffix}") == "arrow-file", suffix
+        assert detect_kind(tmp_path / f"stream{suffix}") == "arrow-stream", suffix
+    feather.write_feather(table, tmp_path / "v2.feather")
+    assert detect_kind(tmp_path / "v2.feather") == "arrow-file"
+    (tmp_path / "data.csv").write_text("text\nx\n")
+    with pytest.raises(
+        InputError,
+        match=r"data\.csv: unsupported file type '\.csv'; inputs are Parquet \(\.parquet, \.pq\) or Arrow \(\.arrow, \.feather, \.ipc\) files$",
+    ):
+        detect_kind(tmp_path / "data.csv")
+
+
+class TextLines(InputKind):
+    """A test input kind, written as a new module would be.
+
+    A UTF-8 text file, one document per line; its indivisible pieces are runs of two lines.
+    """
+
+    name = "text-lines"
+    label = "text lines"
+    suffixes = (".txtlines",)
+    PIECE = 2
+
+    @staticmethod
+    def _lines(inp):
+        return open(inp.path, encoding="utf-8").read().split("\n")[:-1]
+
+    def plan_units(self, inp, *, input_index, text_column, id_column, unit_bytes, first_index):
+        check_schema(inp, pa.schema([("text", pa.string())]), text_column, id_column)
+        lines = self._lines(inp)
+        pieces = [lines[k : k + self.PIECE] for k in range(0, len(lines), self.PIECE)]
+        sizes = [(len(p), sum(len(x.encode()) for x in p)) for p in pieces]
+        return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+
+    def iter_batches(self, inp, unit, *, text_column, batch_rows):
+        lines = self._lines(inp)[unit.start * self.PIECE : unit.stop * self.PIECE]
+        for k in range(0, len(lines), batch_rows):
+            yield pa.array(lines[k : k + batch_rows], pa.string())
+
+
+@pytest.fixture
+def text_lines_kind(monkeypatch):
+    """Register ``TextLines`` the way a new module would be: one entry in ``INPUT_KINDS``."""
+    from shardflow.sources import INPUT_KINDS
+
+    kind = TextLines()
+    monkeypatch.setitem(INPUT_KINDS, kind.name, kind)
+    return kind
+
+
+def test_a_registered_kind_is_discovered_planned_and_read(tmp_path, table, text_lines_kind):
+    lines = ["first doc", "second doc", "", "caf\u00e9 \U0001f642", "fifth"]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "docs.txtlines").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    pq.write_table(table.slice(0, 3), tmp_path / "d" / "more.parquet")
+    inputs, units, texts, rows, counts = read_all([str(tmp_path / "d")], unit_bytes=1, batch_rows=1)
+    assert [(i.relname, i.kind) for i in inputs] == [("docs.txtlines", "text-lines"), ("more.parquet", "parquet")]
+    # Pieces of two lines, one per unit at a 1-byte target: lines 0-1, 2-3, 4.
+    assert [(u.input, u.start, u.stop, u.first_row, u.rows) for u in units if u.input == 0] == [
+        (0, 0, 1, 0, 2),
+        (0, 1, 2, 2, 2),
+        (0, 2, 3, 4, 1),
+    ]
+    assert [u.index for u in units] == list(range(len(units)))
+    assert texts == [x for x in lines if x] + table.slice(0, 3).column("text").to_pylist()
+    assert rows[:4] == [("docs.txtlines", r) for r in (0, 1, 3, 4)]
+    assert counts["empties"] == 1
+    # The registry's suffixes and families reach the messages, with no code naming the kind.
+    (tmp_path / "data.csv").write_text("x")
+    listing = r"Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\) or text lines \(\.txtlines\)"
+    with pytest.raises(InputError, match=rf"inputs are {listing} files"):
+        discover_inputs([str(tmp_path / "data.csv")])
+    (tmp_path / "e").mkdir()
+    suffixes = r"\.parquet, \.pq, \.arrow, \.feather, \.ipc, \.txtlines"
+    with pytest.raises(InputError, match=rf"no Parquet, Arrow or text lines files \({suffixes}\)"):
+        discover_inputs([str(tmp_path / "e")])
+
+
+def test_a_registered_kind_builds_and_round_trips(tmp_path, small_vocab, text_lines_kind):
+    from shardflow.build import build
+    from shardflow.config import BuildConfig
+    from shardflow.reader import open_version
+
+    lines = [f"line {i}: the quick brown fox" for i in range(9)] + ["", "the end"]
+    src = tmp_path / "corpus.txtlines"
+    src.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    config = BuildConfig(name="lines", sources=(str(src),), tokenizer=str(small_vocab), unit_bytes=1, val_count=2)
+    result = build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog", workers=2)
+    version = open_version(result.ref, catalog=tmp_path / "catalog")
+    assert [i["kind"] for i in version.manifest.inputs] == ["text-lines"]
+    assert version.manifest.totals["empty_texts"] == 1
+    got = []
+    for name in version.splits:
+        split = version.split(name)
+        got += [split.text(i) for i in range(split.num_documents)]
+    assert sorted(got) == sorted(x for x in lines if x)
+    assert version.split("val").num_documents == 2

@@ -1,0 +1,135 @@
+"""Sources: find the input files, cut them into work units, and read texts in bounded batches.
+
+Inputs are Parquet files, Arrow IPC files or streams (``.arrow``, ``.feather``,
+``.ipc``), directories or globs of those, and Hugging Face ``datasets`` saved
+with ``save_to_disk`` (a directory with ``state.json``; its Arrow files are
+read directly, in the dataset's order). A work unit is a run of whole row
+groups (or record batches) of one file, about ``unit_bytes`` of text; units
+are read with ``iter_batches`` in batches of about ``batch_bytes`` of text, so memory depends
+on the batch size and never on the corpus size.
+
+Null and empty texts are skipped and counted; invalid UTF-8 in a binary text
+column is replaced or skipped (``utf8_errors``) and counted.
+
+The modules:
+
+    base         InputFile, WorkUnit, TextBatch, the InputKind contract, text cleaning, split scores
+    parquet      Parquet files (row groups)          arrow        Arrow IPC files and streams (record batches)
+    hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
+    fingerprint  content hashes of the inputs
+
+Adding an input kind: write one module with a subclass of ``base.InputKind``
+(``name``, which the manifest records and so never changes; ``label`` and
+``suffixes``, for directory scans and messages; ``detect`` if the suffix alone
+does not decide; ``plan_units``, which checks the schema with ``check_schema``
+and cuts units, with ``cut_units`` when the file is made of indivisible
+pieces; ``iter_batches``, which yields the unit's raw text column in slices of
+at most ``batch_rows`` rows; ``locate_damage`` optionally), and add its
+instance to ``INPUT_KINDS`` below. Discovery, the "unsupported file type"
+message, cleaning, row numbering and read-error messages then cover it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import InputError
+from . import discover as _discover
+from .arrow import ARROW_FILE, ARROW_STREAM, ARROW_SUFFIXES
+from .base import (
+    READ_ERRORS,
+    DirectoryLayout,
+    InputFile,
+    InputKind,
+    TextBatch,
+    WorkUnit,
+    clean_texts,
+    split_scores,
+)
+from .fingerprint import fingerprint_inputs
+from .hf_dataset import HF_SAVED_DATASET
+from .parquet import PARQUET, PARQUET_SUFFIXES
+
+__all__ = [
+    "InputFile",
+    "WorkUnit",
+    "TextBatch",
+    "discover_inputs",
+    "plan_units",
+    "iter_text_batches",
+    "fingerprint_inputs",
+    "split_scores",
+    "InputKind",
+    "DirectoryLayout",
+    "INPUT_KINDS",
+    "DIRECTORY_LAYOUTS",
+    "input_kind",
+    "detect_kind",
+    "input_suffixes",
+    "PARQUET_SUFFIXES",
+    "ARROW_SUFFIXES",
+]
+
+# The input kinds, by the name InputFile.kind (and the manifest) records. The
+# order is the order of detection and of the supported suffixes in messages.
+INPUT_KINDS: dict[str, InputKind] = {k.name: k for k in (PARQUET, ARROW_FILE, ARROW_STREAM)}
+
+# Directories with a layout of their own, tried in order before a directory is scanned for files.
+DIRECTORY_LAYOUTS: list[DirectoryLayout] = [HF_SAVED_DATASET]
+
+
+def input_kind(inp: InputFile) -> InputKind:
+    """The registered kind that reads ``inp``."""
+    try:
+        return INPUT_KINDS[inp.kind]
+    except KeyError:
+        raise InputError(f"{inp.path}: unknown input kind {inp.kind!r}; known kinds are {', '.join(INPUT_KINDS)}") from None
+
+
+def input_suffixes() -> tuple[str, ...]:
+    """Every file suffix some registered kind reads (what a directory scan, or a staged mirror, picks up)."""
+    return _discover.input_suffixes(INPUT_KINDS)
+
+
+def detect_kind(path: str | Path) -> str:
+    """The kind name of one file, by its suffix (and first bytes); ``InputError`` if no kind reads it."""
+    return _discover.detect_kind(Path(path), INPUT_KINDS)
+
+
+def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
+    """Expand files, directories, globs and saved datasets into an ordered list of inputs."""
+    return _discover.discover(specs, INPUT_KINDS, DIRECTORY_LAYOUTS)
+
+
+def plan_units(
+    inputs: list[InputFile], *, text_column: str, id_column: str | None, unit_bytes: int
+) -> list[WorkUnit]:
+    """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each."""
+    units: list[WorkUnit] = []
+    for i, inp in enumerate(inputs):
+        units += input_kind(inp).plan_units(
+            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=len(units)
+        )
+    return units
+
+
+def iter_text_batches(
+    inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, utf8_errors: str = "replace"
+) -> Iterator[TextBatch]:
+    """The unit's texts in batches of at most ``batch_rows`` rows, in file order."""
+    kind = input_kind(inp)
+    row = unit.first_row
+    try:
+        for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows):
+            yield clean_texts(col, inp, row, utf8_errors)
+            row += len(col)
+    except READ_ERRORS as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # an I/O error of the disk or mount (EIO, ...), not bad data: the caller may retry
+        where = kind.locate_damage(inp, unit, text_column=text_column) or f"near row {row}"
+        detail = " ".join(str(exc).split())
+        raise InputError(
+            f"{inp.path}: reading failed {where} ({detail}); the file is corrupt or truncated: "
+            "replace it, or remove it from the sources"
+        ) from None

@@ -1,0 +1,111 @@
+"""Arrow IPC inputs (``.arrow``, ``.feather``, ``.ipc``): the file format and the stream format.
+
+Both share the suffixes; the first bytes tell them apart (the file format, and
+Feather v2, which is that format, start with ``ARROW1``), so either kind's
+``detect`` names the right one. Record batches are the indivisible pieces of a
+work unit. Files are memory-mapped, so holding a file's batches costs address
+space, not memory, until their buffers are touched.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import InputError
+from .base import (
+    READ_ERRORS,
+    InputFile,
+    InputKind,
+    WorkUnit,
+    check_schema,
+    cut_units,
+    has_suffix,
+)
+
+__all__ = ["ARROW_SUFFIXES", "ArrowFileKind", "ArrowStreamKind", "ARROW_FILE", "ARROW_STREAM"]
+
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+_ARROW_FILE_MAGIC = b"ARROW1"
+
+
+class _ArrowIPCKind(InputKind):
+    """What the file and the stream format share: detection, planning and reading by record batch."""
+
+    label = "Arrow"
+    suffixes = ARROW_SUFFIXES
+
+    def detect(self, path: Path) -> str | None:
+        if not has_suffix(path.name, self.suffixes):
+            return None
+        with open(path, "rb") as f:
+            return ARROW_FILE.name if f.read(6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
+
+    @abstractmethod
+    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+        """The pyarrow reader of this format over ``source``."""
+
+    @abstractmethod
+    def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
+        """Every record batch of ``reader``, in order."""
+
+    def _open(self, inp: InputFile) -> Any:
+        try:
+            return self._reader(pa.memory_map(inp.path, "r"))
+        except READ_ERRORS as exc:
+            raise InputError(f"{inp.path}: not a readable Arrow IPC file ({exc}); the file is corrupt or truncated") from None
+
+    def _batches(self, inp: InputFile) -> list[pa.RecordBatch]:
+        reader = self._open(inp)
+        try:
+            return self._read_all(reader)
+        except READ_ERRORS as exc:
+            raise InputError(f"{inp.path}: reading failed ({exc}); the file is corrupt or truncated") from None
+
+    def plan_units(
+        self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
+    ) -> list[WorkUnit]:
+        batches = self._batches(inp)
+        schema = batches[0].schema if batches else self._open(inp).schema
+        check_schema(inp, schema, text_column, id_column)
+        sizes = [(b.num_rows, b.column(text_column).nbytes) for b in batches]
+        return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+
+    def iter_batches(
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
+    ) -> Iterator[pa.Array | pa.ChunkedArray]:
+        for b in self._batches(inp)[unit.start : unit.stop]:
+            for k in range(0, b.num_rows, batch_rows):
+                yield b.column(text_column).slice(k, batch_rows)
+
+
+class ArrowFileKind(_ArrowIPCKind):
+    """The Arrow IPC file format (random access to its record batches); Feather v2 is this format."""
+
+    name = "arrow-file"
+
+    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+        return pa.ipc.open_file(source)
+
+    def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
+        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+
+
+class ArrowStreamKind(_ArrowIPCKind):
+    """The Arrow IPC stream format (what ``datasets`` ``save_to_disk`` writes): batches read in sequence."""
+
+    name = "arrow-stream"
+
+    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+        return pa.ipc.open_stream(source)
+
+    def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
+        return list(reader)
+
+
+ARROW_FILE = ArrowFileKind()
+ARROW_STREAM = ArrowStreamKind()

@@ -1,0 +1,281 @@
+"""What every input kind shares: the input/unit/batch records, the ``InputKind`` contract, text cleaning.
+
+An input kind (Parquet, Arrow IPC file, Arrow IPC stream, ...) knows three
+things about its files: which files are its own (``detect``), how to cut one
+file into work units of whole indivisible pieces (row groups, record
+batches, ...) with their row counts (``plan_units``), and how to read a unit's
+text column back in bounded batches (``iter_batches``). Everything else, the
+cleaning of the texts (nulls, empties, invalid UTF-8), the row numbering, the
+error messages for damaged files, the held-out split scores, is done once,
+here and in ``__init__``, for every kind alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import InputError
+
+__all__ = [
+    "InputFile",
+    "WorkUnit",
+    "TextBatch",
+    "InputKind",
+    "DirectoryLayout",
+    "READ_ERRORS",
+    "has_suffix",
+    "check_schema",
+    "is_text_type",
+    "cut_units",
+    "clean_texts",
+    "split_scores",
+]
+
+# What a damaged or truncated file raises while pyarrow reads it. An OSError
+# with an errno is the disk's or the mount's, not the data's: callers re-raise it.
+READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFile:
+    """One input file. ``relname`` is stable across machines and is what the manifest records.
+
+    ``kind`` is the name of its input kind in ``INPUT_KINDS`` ("parquet",
+    "arrow-file", "arrow-stream"); the manifest records it, so a kind's name never changes.
+    """
+
+    path: str
+    relname: str
+    kind: str
+    size: int
+    sha256: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkUnit:
+    """Pieces ``[start, stop)`` of one input: row groups (Parquet), record batches (Arrow), ...
+
+    What ``start`` and ``stop`` count is the input kind's business; ``first_row``
+    and ``rows`` are row numbers within the input file, the same for every kind.
+    """
+
+    index: int
+    input: int
+    start: int
+    stop: int
+    first_row: int
+    rows: int
+    text_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextBatch:
+    """Texts to tokenize (no nulls, no empties) and their row numbers in the input file."""
+
+    texts: pa.Array
+    rows: np.ndarray
+    nulls: int
+    empties: int
+    invalid_utf8: int
+    skipped_invalid: int
+
+
+def has_suffix(name: str, suffixes: Sequence[str]) -> bool:
+    """Whether a file name ends with one of ``suffixes`` (lower-case, with the dot), ignoring case.
+
+    Like ``Path.suffix in suffixes`` for one-dot suffixes (a bare ``.pq`` has no
+    suffix), and it also matches two-dot suffixes such as ``.jsonl.gz``.
+    """
+    lower = name.lower()
+    return any(lower.endswith(s) and len(lower) > len(s) for s in suffixes)
+
+
+class InputKind(ABC):
+    """One kind of input file. A new kind is one module with a subclass, plus one line in ``INPUT_KINDS``."""
+
+    name: str
+    """Stored in ``InputFile.kind`` and the manifest; never rename it."""
+    label: str
+    """For messages: "inputs are Parquet (.parquet, .pq) or ..."; kinds of one family share it."""
+    suffixes: tuple[str, ...]
+    """Lower-case file name endings, with the dot, that directory scans pick up."""
+
+    def detect(self, path: Path) -> str | None:
+        """The kind name of ``path`` if this kind (or its family) reads it, else None.
+
+        The default decides by suffix alone; a family that needs the file's first
+        bytes (Arrow IPC file vs stream) overrides it and may name a sibling kind.
+        """
+        return self.name if has_suffix(path.name, self.suffixes) else None
+
+    @abstractmethod
+    def plan_units(
+        self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
+    ) -> list[WorkUnit]:
+        """Check the schema (``check_schema``) and cut ``inp`` into units of about ``unit_bytes`` of text.
+
+        Units are numbered from ``first_index``, carry ``input=input_index``, and
+        together cover the file's rows in order (``cut_units`` does this for kinds
+        made of indivisible pieces). An unreadable file raises ``InputError``.
+        """
+
+    @abstractmethod
+    def iter_batches(
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
+    ) -> Iterator[pa.Array | pa.ChunkedArray]:
+        """The unit's raw text column, in file order, in slices of at most ``batch_rows`` rows.
+
+        Nulls, empties and binary text are left as they are (the caller cleans
+        them); pyarrow's read errors (``READ_ERRORS``) may propagate: the caller turns
+        them into one ``InputError`` naming the file and the place.
+        """
+
+    def locate_damage(self, inp: InputFile, unit: WorkUnit, *, text_column: str) -> str | None:
+        """Where in ``unit`` reading failed, e.g. ``"in row group 2 (rows 32 to 47)"``; None: unknown.
+
+        Called only after ``iter_batches`` failed; the message then says "near row N".
+        """
+        return None
+
+
+class DirectoryLayout(Protocol):
+    """A directory with a layout of its own (a saved ``datasets`` dataset), read as a list of inputs."""
+
+    def expand(self, path: Path, spec: str) -> list[tuple[Path, str, str]] | None:
+        """``(file, relname, kind name)`` per input, in order; None: not this layout (scan it as files)."""
+
+
+def is_text_type(ty: pa.DataType) -> bool:
+    """String or binary, plain, large, view (polars writes Arrow IPC with views) or dictionary-encoded."""
+    if pa.types.is_dictionary(ty):
+        ty = ty.value_type
+    return (
+        pa.types.is_string(ty)
+        or pa.types.is_large_string(ty)
+        or pa.types.is_binary(ty)
+        or pa.types.is_large_binary(ty)
+        or str(ty) in ("string_view", "binary_view")
+    )
+
+
+def check_schema(inp: InputFile, schema: pa.Schema, text_column: str, id_column: str | None) -> None:
+    """Refuse a file without the text column (or the id column), or whose text column is not text."""
+    names = schema.names
+    if text_column not in names:
+        raise InputError(
+            f"{inp.path}: no column {text_column!r}; the columns are {', '.join(names)}. "
+            "Pick the text column with --text-column NAME"
+        )
+    ty = schema.field(text_column).type
+    if not is_text_type(ty):
+        raise InputError(
+            f"{inp.path}: column {text_column!r} has type {ty}, not a string type; "
+            "pick a string column with --text-column NAME"
+        )
+    if id_column is not None and id_column not in names:
+        raise InputError(f"{inp.path}: no id column {id_column!r}; the columns are {', '.join(names)}")
+
+
+def cut_units(sizes: Sequence[tuple[int, int]], *, input_index: int, unit_bytes: int, first_index: int) -> list[WorkUnit]:
+    """Group indivisible pieces, given as ``(rows, text bytes)`` each, into units of about ``unit_bytes``.
+
+    A unit takes whole pieces while it stays within ``unit_bytes`` and always at
+    least one, so a piece bigger than the target is a unit of its own.
+    """
+    units: list[WorkUnit] = []
+    row = 0
+    start = 0
+    while start < len(sizes):
+        stop, rows, nbytes = start, 0, 0
+        while stop < len(sizes) and (stop == start or nbytes + sizes[stop][1] <= unit_bytes):
+            rows += sizes[stop][0]
+            nbytes += sizes[stop][1]
+            stop += 1
+        units.append(
+            WorkUnit(
+                index=first_index + len(units),
+                input=input_index,
+                start=start,
+                stop=stop,
+                first_row=row,
+                rows=rows,
+                text_bytes=nbytes,
+            )
+        )
+        row += rows
+        start = stop
+    return units
+
+
+def clean_texts(col: pa.Array | pa.ChunkedArray, inp: InputFile, first_row: int, utf8_errors: str) -> TextBatch:
+    """Drop nulls and empties, decode binary text; keep the row number of every kept text."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if str(col.type) in ("string_view", "binary_view"):  # tokenizers read offsets + data buffers
+        col = col.cast(pa.large_string() if str(col.type) == "string_view" else pa.large_binary())
+    n = len(col)
+    invalid = skipped = 0
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        target = pa.large_string() if pa.types.is_large_binary(col.type) else pa.string()
+        try:
+            col = col.cast(target)  # validates UTF-8; the common case costs one pass
+        except pa.ArrowInvalid:
+            values: list[str | None] = []
+            for raw in col.to_pylist():
+                if raw is None:
+                    values.append(None)
+                    continue
+                try:
+                    values.append(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    invalid += 1
+                    if utf8_errors == "skip":
+                        skipped += 1
+                        values.append(None)
+                    else:
+                        values.append(raw.decode("utf-8", errors="replace"))
+            col = pa.array(values, type=target)
+    nulls = col.null_count - skipped
+    lengths = pc.binary_length(col)
+    keep = pc.and_(pc.is_valid(col), pc.greater(pc.fill_null(lengths, 0), 0))
+    keep_np = keep.to_numpy(zero_copy_only=False)
+    kept = int(keep_np.sum())
+    empties = n - nulls - skipped - kept
+    rows = np.flatnonzero(keep_np).astype(np.int64) + first_row
+    texts = col if kept == n else col.filter(keep)
+    return TextBatch(texts=texts, rows=rows, nulls=nulls, empties=empties, invalid_utf8=invalid, skipped_invalid=skipped)
+
+
+def split_scores(relname: str, rows: np.ndarray, seed: int) -> np.ndarray:
+    """A uint64 pseudo-random score per document, from (seed, input name, row).
+
+    It depends on nothing else (not the worker count, not the other inputs), so
+    the held-out split is the same however the build is cut up, and an
+    incremental build reuses the same choices for unchanged files.
+    """
+    h = hashlib.blake2b(f"{seed}\0{relname}".encode(), digest_size=8).digest()
+    base = np.uint64(int.from_bytes(h, "little"))
+    # splitmix64 over (base + row): a good 64-bit mix, vectorized; wraps mod 2**64.
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) + base
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z
