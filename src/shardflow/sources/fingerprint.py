@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write_text, sha256_file
 from .base import InputFile
 
 __all__ = ["fingerprint_inputs"]
@@ -27,8 +28,6 @@ def fingerprint_inputs(inputs: list[InputFile], cache_dir: Path | None = None) -
     inode, like git's index) makes a rebuild over unchanged files cheap.
     """
     from concurrent.futures import ThreadPoolExecutor
-
-    from .._io import atomic_write_text, sha256_file
 
     cache_file = _fingerprint_cache_path(cache_dir)
     cache: dict[str, Any] = {}
