@@ -104,6 +104,28 @@ class Tokenizer(ABC):
         """The id of the boundary token, used as BOS (or EOS) between documents."""
 
     @property
+    def default_bos(self) -> tuple[str, int] | None:
+        """The tokenizer's own beginning-of-document token ``(text, id)``, if it defines one.
+
+        Families read it from their configuration (a tiktoken encoding has only
+        ``<|endoftext|>``, which serves as both). ``--bos-token`` overrides it.
+        """
+        return self.eot_token, self.eot_id
+
+    @property
+    def default_eos(self) -> tuple[str, int] | None:
+        """The tokenizer's own end-of-document token ``(text, id)``, if it defines one."""
+        return self.eot_token, self.eot_id
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose text is ``text`` (special and added tokens included), or None."""
+        return self.eot_id if text == self.eot_token else None
+
+    def token_text(self, token_id: int) -> str | None:
+        """The text of token ``token_id`` as the vocabulary spells it (special tokens included), or None."""
+        return self.eot_token if token_id == self.eot_id else None
+
+    @property
     def vocab_size(self) -> int:
         """Number of ids the encoding defines: ``max_token_value + 1``."""
         return self.max_token_value + 1

@@ -104,6 +104,22 @@ class TiktokenTokenizer(Tokenizer):
         """The id of ``<|endoftext|>``, used as BOS (or EOS) between documents."""
         return int(self._encoding.eot_token)
 
+    def token_id(self, text: str) -> int | None:
+        """A special token's id, or the id of a single-token text (``"hello"`` in cl100k), else None."""
+        special = self._encoding._special_tokens.get(text)
+        if special is not None:
+            return int(special)
+        try:
+            return int(self._encoding.encode_single_token(text))
+        except KeyError:
+            return None
+
+    def token_text(self, token_id: int) -> str | None:
+        try:
+            return self._encoding.decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")
+        except KeyError:
+            return None
+
     @property
     def max_token_value(self) -> int:
         """The largest id the encoding can emit, special tokens included."""
