@@ -21,68 +21,59 @@ import numpy as np
 
 from .catalog import Catalog, published_manifest_problems, resolve_ref
 from .errors import ValidationError
-from .formats import bosidx, get_format
 from .manifest import Manifest, SplitEntry, read_manifest
+from .shardset import ShardSet
 
 __all__ = ["Version", "Split", "open_version"]
 
 
 class Split:
-    """One split of a version: its shards as read-only memory maps, opened on first use."""
+    """One split of a version: documents and text over its ``ShardSet`` (``shards``).
+
+    Offsets, document starts and the cache of memory maps live in the shard
+    set, which ``shardflow.runtime.open_shards`` returns for the same split.
+    """
 
     def __init__(self, version: "Version", name: str, entry: SplitEntry) -> None:
         self.version = version
         self.name = name
         self.entry = entry
-        self._maps: list[np.ndarray | None] = [None] * len(entry.shards)
-        counts = np.array([s.tokens for s in entry.shards], dtype=np.int64)
-        self.shard_offsets = np.concatenate(([0], np.cumsum(counts)))
-        """Token offset of each shard within the split (length ``shards + 1``)."""
+        self.shards = ShardSet.from_manifest(version.directory, version.manifest, name, version=version)
+        """The split's shards: offsets, per-shard and split-wide document starts, token ranges, maps."""
 
     @property
     def num_shards(self) -> int:
-        return len(self.entry.shards)
+        return self.shards.num_shards
 
     @property
     def num_tokens(self) -> int:
-        return self.entry.tokens
+        return self.shards.num_tokens
 
     @property
     def num_documents(self) -> int:
         return self.entry.documents
 
+    @property
+    def shard_offsets(self) -> np.ndarray:
+        """Token offset of each shard within the split (int64, length ``shards + 1``)."""
+        return self.shards.offsets
+
     def shard(self, k: int) -> np.ndarray:
-        """Shard ``k``'s tokens (a memory map; checked against its header on first use)."""
-        cached = self._maps[k]
-        if cached is None:
-            v = self.version
-            cached = get_format(v.manifest.format_name).open(v.directory / self.entry.shards[k].file, v.dtype)
-            self._maps[k] = cached
-        return cached
+        """Shard ``k``'s tokens (a read-only memory map; checked against its header on first use)."""
+        return self.shards.memmap(k)
 
     def shard_starts(self, k: int) -> np.ndarray:
         """The document starts in shard ``k`` (its ``.bos.idx``), as token indices within the shard."""
-        entry = self.entry.shards[k]
-        return bosidx.read(self.version.directory / entry.index.file, entry.tokens)
+        return self.shards.doc_starts(k)
 
-    @functools.cached_property
+    @property
     def doc_starts(self) -> np.ndarray:
         """Start of every document in split-wide token coordinates (int64, ascending)."""
-        parts = [self.shard_starts(k).astype(np.int64) + self.shard_offsets[k] for k in range(self.num_shards)]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return self.shards.all_doc_starts()
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Split-wide tokens ``[start, stop)``, across shard boundaries when needed."""
-        start, stop = max(0, start), min(stop, self.num_tokens)
-        if stop <= start:
-            return np.empty(0, dtype=self.version.dtype)
-        first = int(np.searchsorted(self.shard_offsets, start, side="right")) - 1
-        last = int(np.searchsorted(self.shard_offsets, stop, side="left")) - 1
-        pieces = []
-        for k in range(first, last + 1):
-            base = int(self.shard_offsets[k])
-            pieces.append(self.shard(k)[max(start - base, 0) : min(stop - base, self.entry.shards[k].tokens)])
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return self.shards.read(start, stop)
 
     def document(self, i: int, *, with_boundary: bool = False) -> np.ndarray:
         """Token ids of document ``i`` of this split (boundary token excluded unless asked)."""
@@ -93,7 +84,7 @@ class Split:
         toks = self.tokens(int(starts[i]), stop)
         if with_boundary:
             return toks
-        return toks[1:] if self.version.manifest.boundary["placement"] == "bos" else toks[:-1]
+        return toks[1:] if self.shards.placement == "bos" else toks[:-1]
 
     def text(self, i: int) -> str:
         """Document ``i`` decoded to text."""

@@ -34,6 +34,7 @@ from .errors import ValidationError
 from .faults import fault
 from .formats import bosidx, get_format
 from .manifest import Manifest, ShardEntry, read_manifest
+from .shardset import ShardSet
 
 # published_manifest_problems is the catalog's check (shardflow.catalog); it is
 # re-exported here, where it has always been importable from.
@@ -62,16 +63,33 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+_recent_sets: dict[tuple[int, str, str], tuple[Manifest, ShardSet]] = {}
+
+
+def _shard_set(directory: Path, manifest: Manifest, split: str) -> ShardSet:
+    # validate_dir asks once per shard: building the set (O(shards)) on every
+    # call would make EOS validation quadratic. Keyed by the manifest object
+    # (kept here, so its id is not reused), since a changed manifest is a new one.
+    key = (id(manifest), str(directory), split)
+    hit = _recent_sets.get(key)
+    if hit is not None and hit[0] is manifest:
+        return hit[1]
+    shards = ShardSet.from_manifest(directory, manifest, split)
+    if len(_recent_sets) >= 4:
+        _recent_sets.clear()
+    _recent_sets[key] = (manifest, shards)
+    return shards
+
+
 def _starts_document(directory: Path, manifest: Manifest, split: str, k: int, boundary: int) -> bool | None:
     """With EOS placement: whether shard ``k`` begins a document (None when that cannot be read)."""
     if k == 0:
         return True
-    prev = manifest.splits[split].shards[k - 1]
     try:
-        tokens = get_format(manifest.format_name).open(directory / prev.file, np.dtype(manifest.dtype).newbyteorder("<"))
-        return len(tokens) > 0 and int(tokens[-1]) == boundary
+        last = _shard_set(directory, manifest, split).last_token(k - 1)
     except (ValidationError, OSError, ValueError):
         return None
+    return last is not None and last == boundary
 
 
 def validate_shard(

@@ -16,16 +16,14 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import BinaryIO
-
 import numpy as np
 
 from ..catalog import Catalog
 from ..config import BuildConfig
 from ..errors import ShardflowError, ValidationError
-from ..formats import bosidx
 from ..formats.writer import ShardWriter
-from ..manifest import Manifest, ShardEntry, SplitEntry, read_manifest
+from ..manifest import Manifest, ShardEntry, read_manifest
+from ..shardset import ShardSet
 from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import SPLITS, Reuse, ReusedInput
@@ -92,10 +90,6 @@ def plan_reuse(
     return Reuse(parent=ref, directory=str(directory), build_key=parent.build_key, inputs=reused)
 
 
-def _offsets(entry: SplitEntry) -> np.ndarray:
-    return np.concatenate(([0], np.cumsum([s.tokens for s in entry.shards], dtype=np.int64)))
-
-
 # Parent shards already checked against their SHA-256 in this process: (path, inode, size, mtime).
 _verified: set[tuple[str, int, int, int]] = set()
 _verified_lock = threading.Lock()
@@ -119,7 +113,9 @@ class ParentVersion:
                 f"{self.directory}: the manifest of {self.ref} changed since this build was planned (another build "
                 f"key); versions are immutable. Check it with `shardflow validate {self.ref}`"
             )
-        self._offsets = {split: _offsets(entry) for split, entry in self.manifest.splits.items()}
+        # The parent's splits, read through the one shard-set type; every file is checked
+        # against its manifest entry (``ShardInfo.entry``) before its bytes are used.
+        self.splits = {split: ShardSet.from_manifest(self.directory, self.manifest, split) for split in self.manifest.splits}
 
     def damaged(self, path: Path, what: str) -> ValidationError:
         return ValidationError(
@@ -129,21 +125,20 @@ class ParentVersion:
 
     def doc_starts(self, split: str, first: int, ntokens: int) -> np.ndarray:
         """Document starts (parent split coordinates) in tokens ``[first, first + ntokens)`` of the parent."""
-        entry = self.manifest.splits[split]
-        offsets = self._offsets[split]
+        shards = self.splits[split]
         end = first + ntokens
         pieces = []
-        k = int(np.searchsorted(offsets, first, side="right")) - 1
-        while k < len(entry.shards) and offsets[k] < end:
-            shard = entry.shards[k]
-            path = self.directory / shard.index.file
+        k = int(np.searchsorted(shards.offsets, first, side="right")) - 1
+        while k < shards.num_shards and shards.offsets[k] < end:
+            info = shards.shards[k]
+            assert info.entry is not None and info.index is not None
             try:
-                raw = path.read_bytes()
+                raw = info.index.read_bytes()
             except OSError as exc:
-                raise self.damaged(path, f"cannot read the index ({exc.strerror})") from None
-            if hashlib.sha256(raw).hexdigest() != shard.index.sha256:
-                raise self.damaged(path, "the index does not match its SHA-256 in the manifest")
-            starts = bosidx.read(path, shard.tokens).astype(np.int64) + offsets[k]
+                raise self.damaged(info.index, f"cannot read the index ({exc.strerror})") from None
+            if hashlib.sha256(raw).hexdigest() != info.entry.index.sha256:
+                raise self.damaged(info.index, "the index does not match its SHA-256 in the manifest")
+            starts = shards.doc_starts(k, cache=False).astype(np.int64) + shards.offsets[k]
             pieces.append(starts[(starts >= first) & (starts < end)])
             k += 1
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
@@ -174,23 +169,20 @@ class ParentVersion:
 
     def copy_range(self, writer: ShardWriter, buf: np.ndarray, split: str, start: int, count: int) -> None:
         """Append tokens ``[start, start + count)`` of the parent's ``split`` stream, across its shard boundaries."""
-        entry = self.manifest.splits[split]
-        offsets = self._offsets[split]
-        k = int(np.searchsorted(offsets, start, side="right")) - 1
+        shards = self.splits[split]
+        if start + count > shards.num_tokens:
+            raise self.damaged(self.directory, f"split {split!r} has fewer tokens than this build expects")
         pos, end = start, start + count
         while pos < end:
-            if k >= len(entry.shards):
-                raise self.damaged(self.directory, f"split {split!r} has fewer tokens than this build expects")
-            shard = entry.shards[k]
-            path = self.directory / shard.file
-            header_bytes = self._verified_shard(path, shard, buf.dtype.itemsize)
-            take = min(end, int(offsets[k + 1])) - pos
-            src: BinaryIO
-            with open(path, "rb") as src:
-                src.seek(header_bytes + (pos - int(offsets[k])) * buf.dtype.itemsize)
+            k, within = shards.locate(pos)
+            info = shards.shards[k]
+            assert info.entry is not None
+            header_bytes = self._verified_shard(info.path, info.entry, buf.dtype.itemsize)
+            take = min(end, int(shards.offsets[k + 1])) - pos
+            with open(info.path, "rb") as src:
+                src.seek(header_bytes + within * buf.dtype.itemsize)
                 writer.copy_from(src, take, buf)
             pos += take
-            k += 1
 
     def same_shard(self, pieces: list[tuple[int, int, int]], ntokens: int) -> ShardEntry | None:
         """The parent shard whose tokens are exactly those of a new shard made of ``pieces``, if any.
@@ -204,12 +196,10 @@ class ParentVersion:
         for (u, lo, n), (u2, lo2, _) in zip(pieces, pieces[1:]):
             if u2 != code or lo2 != lo + n:
                 return None  # not one contiguous range of one parent split
-        split = SPLITS[-1 - code]
-        entry = self.manifest.splits[split]
-        offsets = self._offsets[split]
-        j = int(np.searchsorted(offsets, pieces[0][1], side="left"))
-        if j < len(entry.shards) and offsets[j] == pieces[0][1] and entry.shards[j].tokens == ntokens:
-            return entry.shards[j]
+        shards = self.splits[SPLITS[-1 - code]]
+        j = int(np.searchsorted(shards.offsets, pieces[0][1], side="left"))
+        if j < shards.num_shards and shards.offsets[j] == pieces[0][1] and shards.shards[j].tokens == ntokens:
+            return shards.shards[j].entry
         return None
 
 

@@ -80,7 +80,6 @@ def inspect_version(
     shards = open_shards(ref, split=split, catalog=catalog, **plain)
     tok = _decoder(shards)
     total = shards.num_tokens
-    offsets = np.concatenate(([0], np.cumsum(shards.tokens))).astype(np.int64)
     out: list[str] = []
     out.append(f"{shards.name}  split {split!r}")
     out.append(f"  directory  {shards.directory}")
@@ -93,11 +92,7 @@ def inspect_version(
             name = f"{tok.decode([shards.boundary_token])!r} "
         out.append(f"  boundary   {name}(id {shards.boundary_token}) {where} each document")
     has_index = all(shards.has_index(k) for k in range(shards.num_shards))
-    starts = None
-    if has_index:
-        starts = np.concatenate(
-            [shards.doc_starts(k) + offsets[k] for k in range(shards.num_shards)] or [np.empty(0, np.int64)]
-        )
+    starts = shards.all_doc_starts() if has_index else None
     docs = f"{_n(len(starts))} documents, " if starts is not None else ""
     out.append(f"  split      {_n(total)} tokens, {docs}{_n(shards.num_shards)} shards")
 
@@ -114,9 +109,9 @@ def inspect_version(
         out.append(f"Documents {', '.join(_n(i) for i in picks)} of {_n(len(starts))}, {how}, first {_n(chars)} characters:")
         for i in picks:
             a, b = int(starts[i]), int(ends[i])
-            k = int(np.searchsorted(offsets, a, side="right")) - 1
-            out.append(f"  --- document {_n(i)}: {_n(b - a)} tokens, from shard {k} token {_n(a - offsets[k])}")
-            ids = _tokens(shards, offsets, a, min(b, a + chars))  # a token is at least one character
+            k, local = shards.locate(a)
+            out.append(f"  --- document {_n(i)}: {_n(b - a)} tokens, from shard {k} token {_n(local)}")
+            ids = shards.read(a, min(b, a + chars))  # a token is at least one character
             if tok is not None:
                 text = tok.decode(ids)
                 body = _printable(text[:chars]) + (" [...]" if b - a > len(ids) or len(text) > chars else "")
@@ -151,15 +146,3 @@ def inspect_version(
         out.append(f"  {k:>6}  {shards.shards[k].path.name:<{width}}  {_n(t[k]):>13} tokens{ndocs}")
     return "\n".join(out) + "\n"
 
-
-def _tokens(shards: ShardSet, offsets: np.ndarray, a: int, b: int) -> np.ndarray:
-    """Split-wide tokens ``[a, b)``, across shard boundaries."""
-    parts = []
-    k = int(np.searchsorted(offsets, a, side="right")) - 1
-    while a < b and k < shards.num_shards:
-        lo = a - int(offsets[k])
-        hi = min(b - int(offsets[k]), int(shards.tokens[k]))
-        parts.append(np.asarray(shards.shard(k)[lo:hi]))
-        a = int(offsets[k]) + hi
-        k += 1
-    return np.concatenate(parts) if parts else np.empty(0, dtype=shards.dtype)

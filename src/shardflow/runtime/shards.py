@@ -13,29 +13,28 @@
   nanogpt or ``.npy`` header; a headerless ``.bin`` shard needs ``dtype=``.
   It is never guessed from the file size.
 
-A ``ShardSet`` opens each shard's memory map on first use and keeps it; the
-maps are never pickled (a copy sent to a DataLoader worker reopens them), so
-passing a dataset to workers costs nothing whatever its size.
+A ``ShardSet`` (defined in ``shardflow.shardset``, re-exported here) opens
+each shard's memory map on first use and keeps it; the maps are never pickled
+(a copy sent to a DataLoader worker reopens them), so passing a dataset to
+workers costs nothing whatever its size.
 """
 
 from __future__ import annotations
 
 import glob as _glob
-import hashlib
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from ..catalog import Catalog
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError
 from ..formats import FORMATS, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format
 from ..formats.base import TOKEN_DTYPES
 from ..manifest import MANIFEST_NAME
 from ..reader import open_version
+from ..shardset import ShardInfo, ShardSet, _fingerprint
 
 __all__ = ["ShardInfo", "ShardSet", "open_shards", "SHARD_EXTENSIONS"]
 
@@ -43,159 +42,6 @@ SHARD_EXTENSIONS = (".bin", ".npy")
 """File extensions a plain directory's shards may have (``.bos.idx`` sidecars are not shards)."""
 
 _GLOB_CHARS = frozenset("*?[")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardInfo:
-    """One shard: its file, its token count and its ``.bos.idx`` (None when it has none)."""
-
-    path: Path
-    tokens: int
-    index: Path | None
-
-
-class ShardSet:
-    """The ordered shards of one split, their format and dtype, and where documents start.
-
-    Built by ``open_shards``. ``shard(k)`` is shard ``k``'s tokens as a read-only
-    array over a memory map; ``doc_starts(k)`` the document starts within it.
-    """
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        shards: list[ShardInfo],
-        fmt: ShardFormat,
-        dtype: np.dtype,
-        placement: Literal["bos", "eos"],
-        boundary_token: int | None,
-        tokenizer: str | None,
-        vocab_size: int | None,
-        fingerprint: str,
-        directory: Path,
-        version: Any | None = None,
-    ) -> None:
-        self.name = name
-        """The reference as given (``NAME@vN`` for versions), for messages."""
-        self.shards = shards
-        self.format = fmt
-        self.dtype = np.dtype(dtype)
-        self.placement = placement
-        """Where the boundary token sits: before (``bos``) or after (``eos``) each document."""
-        self.boundary_token = boundary_token
-        self.tokenizer = tokenizer
-        """The tokenizer's name where the manifest records it (None for plain directories)."""
-        self.vocab_size = vocab_size
-        self.fingerprint = fingerprint
-        """Identifies exactly these shards (build key or file names and sizes); saved in resume states."""
-        self.directory = directory
-        self.version = version
-        """The ``shardflow.reader.Version`` for manifest-backed sets, else None."""
-        self.tokens = np.array([s.tokens for s in shards], dtype=np.int64)
-        """Token count of every shard."""
-        self._views: list[np.ndarray | None] = [None] * len(shards)
-        self._starts: list[np.ndarray | None] = [None] * len(shards)
-
-    # Memory maps and cached indexes stay out of pickles: a DataLoader worker
-    # (spawn / forkserver) gets the small description and reopens what it uses.
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_views"] = [None] * len(self.shards)
-        state["_starts"] = [None] * len(self.shards)
-        state["version"] = None
-        return state
-
-    def __repr__(self) -> str:
-        return f"ShardSet({self.name!r}, shards={self.num_shards}, tokens={self.num_tokens}, dtype={self.dtype.name})"
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.shards)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.sum())
-
-    def shard(self, k: int) -> np.ndarray:
-        """Shard ``k``'s tokens: a read-only array over its memory map (header and size checked once)."""
-        view = self._views[k]
-        if view is None:
-            info = self.shards[k]
-            mm = self.format.open(info.path, self.dtype)
-            if len(mm) != info.tokens:
-                raise ValidationError(f"{info.path}: {len(mm)} tokens, but {info.tokens} were expected when it was opened")
-            # A base-class view slices several times faster than np.memmap (no
-            # subclass bookkeeping per slice); it keeps the map alive through .base.
-            view = mm.view(np.ndarray)
-            self._views[k] = view
-        return view
-
-    def has_index(self, k: int) -> bool:
-        return self.shards[k].index is not None or self.boundary_token is not None
-
-    def doc_starts(self, k: int, *, cache: bool = True) -> np.ndarray:
-        """Document starts in shard ``k`` (int32 token indices, ascending), from its ``.bos.idx``.
-
-        A document continued from the previous shard has no entry. Plain
-        directories without sidecars derive them from ``boundary_token`` (one
-        vectorized pass over the shard, once); without either this raises.
-        Kept as int32, as on disk (shards hold fewer than 2**31 tokens), and
-        cached unless ``cache=False``.
-        """
-        starts = self._starts[k]
-        if starts is None:
-            info = self.shards[k]
-            if info.index is not None:
-                starts = bosidx.read(info.index, info.tokens)
-                self._check_index(k, starts)
-            elif self.boundary_token is not None:
-                starts = self._derive_starts(k).astype(np.int32)
-            else:
-                raise ConfigError(
-                    f"{info.path}: no {bosidx.BOS_IDX_SUFFIX} sidecar, so document starts are unknown; packing and "
-                    "BOS alignment need them. Pass boundary_token=ID (and boundary='bos' or 'eos') to derive them"
-                )
-            if cache:
-                self._starts[k] = starts
-        return starts
-
-    def _check_index(self, k: int, starts: np.ndarray) -> None:
-        # Plain directories may hold sidecars written by other tools (NeMo's hold
-        # byte offsets, not token indices). Where the boundary token is known,
-        # check that the index points at it rather than trust it.
-        if self.version is not None or self.boundary_token is None or not len(starts):
-            return
-        toks = self.shard(k)
-        starts = starts.astype(np.int64)
-        if self.placement == "bos":
-            ok = bool(np.all(toks[starts] == self.boundary_token))
-        else:
-            inner = starts[starts > 0]
-            ok = bool(np.all(toks[inner - 1] == self.boundary_token))
-        if not ok:
-            raise ValidationError(
-                f"{self.shards[k].index}: its entries do not point at document starts (token {self.boundary_token} "
-                f"{'at' if self.placement == 'bos' else 'just before'} each entry); it is not a shardflow "
-                ".bos.idx of token indices. Delete it or pass the right boundary_token"
-            )
-
-    def _derive_starts(self, k: int) -> np.ndarray:
-        toks = self.shard(k)
-        hits = np.flatnonzero(toks == self.boundary_token).astype(np.int64)
-        if self.placement == "bos":
-            return hits
-        starts = hits + 1
-        starts = starts[starts < len(toks)]
-        # Shard k starts a document iff it is the first shard or the previous one ends with EOS.
-        prev_ends = k == 0 or (self.shards[k - 1].tokens > 0 and int(self.shard(k - 1)[-1]) == self.boundary_token)
-        if prev_ends and len(toks):
-            starts = np.concatenate(([0], starts))
-        return starts
-
-
-def _fingerprint(items: Any) -> str:
-    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def _looks_like_version(path: Path) -> bool:
@@ -250,26 +96,9 @@ def open_shards(
 def _open_version_split(
     ref: str, *, split: str, catalog: Catalog | str | os.PathLike[str] | None, verify: bool
 ) -> ShardSet:
-    version = open_version(ref, catalog=catalog, verify=verify)
-    entry = version.split(split).entry  # KeyError names the splits there are
-    m = version.manifest
-    shards = [
-        ShardInfo(path=version.directory / s.file, tokens=s.tokens, index=version.directory / s.index.file)
-        for s in entry.shards
-    ]
-    return ShardSet(
-        name=m.ref,
-        shards=shards,
-        fmt=get_format(m.format_name),
-        dtype=version.dtype,
-        placement=m.boundary["placement"],
-        boundary_token=int(m.boundary["token_id"]),
-        tokenizer=str(m.tokenized_info.get("tokenizer")) if m.tokenized_info.get("tokenizer") else None,
-        vocab_size=int(m.tokenized_info["vocab_size"]),
-        fingerprint=_fingerprint({"build_key": m.build_key, "ref": m.ref, "split": split}),
-        directory=version.directory,
-        version=version,
-    )
+    # The version's own shard set (ShardSet.from_manifest): the reader and the
+    # runtime share one cache of maps and indexes.
+    return open_version(ref, catalog=catalog, verify=verify).split(split).shards  # KeyError names the splits
 
 
 def _detect_format(path: Path) -> ShardFormat:
