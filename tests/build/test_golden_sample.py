@@ -1,0 +1,63 @@
+"""Golden output of the bundled sample corpus: shard bytes and build keys pinned across refactors.
+
+The digests were taken from the build code before it was split into stages
+(commit b9be734). A change that alters any shard or index byte, or any build
+key (which would make every published version look different to the next
+scheduled run), fails here. If a change of output is intended, it must raise
+``BUILD_FORMAT_VERSION`` and update these values in the same commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from core_support import SAMPLE
+
+from shardflow.build import build
+from shardflow.config import BuildConfig
+from shardflow.manifest import read_manifest
+
+CASES = {
+    "a": (
+        {},
+        "0633289fc9933a568e8dec04105c38608649231bba99cc9aba2674d7368f1212",
+        "672ec71977b4a43cde97a76ec41ca03dfb105b9ea4bf7d29901f95084da827d9",
+        2,
+    ),
+    "b": (
+        dict(format="npy", boundary="eos", val_fraction=0.2, shard_tokens=20000, unit_bytes=1),
+        "d8e5aa71fc1ad1a1e55f4b3579b0d7091da96ce0043fcba6c816dbb1c5067d5e",
+        "9de761871bb2bd335edeeb889014d4ac3f1ba7b764d10f4574502fc016ae74d6",
+        18,
+    ),
+    "c": (
+        dict(val_count=7, shard_tokens=15000, unit_bytes=1, format="nanogpt"),
+        "ce5711887f8c44d456c76867074950d6ef37ffad0e7a23bd9bc2c8563e630e82",
+        "6b2c84bb5f87001afb1dbe43eade35bad6a8ddb372f475cc7a9d3fe023798b20",
+        22,
+    ),
+}
+
+
+def _digest(directory: Path) -> tuple[str, int]:
+    files = sorted(
+        (p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in directory.iterdir() if p.name != "metadata.yaml"
+    )
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest(), len(files)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sample_builds_are_byte_identical_to_the_pinned_digests(tmp_path, name):
+    options, key, digest, nfiles = CASES[name]
+    result = build(
+        BuildConfig(name=name, sources=(str(SAMPLE),), **options),
+        data_root=tmp_path / "data",
+        catalog=tmp_path / "cat",
+        workers=2,
+    )
+    directory = Path(result.manifest_path).parent
+    assert read_manifest(directory).build_key == key
+    assert _digest(directory) == (digest, nfiles)
