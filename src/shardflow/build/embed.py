@@ -23,10 +23,12 @@ from ..embedding_files import embedding_key, validate_embeddings
 from ..embeddings import add_embeddings, check_embed_options
 from ..errors import ValidationError
 from ..manifest import SplitEntry, read_manifest, write_manifest
+from ..tokenizers import load_tokenizer
 from .manifest import now
 from .model import BuildPlan, BuildResult, EmbedResult
 from .publish import publish_out, staged_manifest
 from .staging import Staging, as_plan
+from .write import write_tokenizer_files
 
 __all__ = ["embed_staged", "embed_version"]
 
@@ -53,6 +55,8 @@ def embed_staged(plan: BuildPlan | str | os.PathLike[str]) -> EmbedResult | None
         done = EmbedResult.from_dict(json.loads(staging.embed_file.read_text()))
         if _files_in_place(staging.out, done):
             return done
+    # The texts are decoded from the staged shards, with the tokenizer file the version will carry.
+    write_tokenizer_files(load_tokenizer(plan.config.tokenizer, backend=plan.config.backend), staging.out)
     manifest = add_embeddings(staging.out, staged_manifest(plan, embeddings=False), options)
     result = EmbedResult(
         info=manifest.extra["embeddings"],

@@ -29,7 +29,7 @@ from .layout import read_layout, unit_results
 from .manifest import TokenizerInfo, assemble_manifest, now
 from .model import BuildPlan, EmbedResult
 from .staging import Staging, as_plan
-from .write import read_shard_results, write_tokenizer_files
+from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
 __all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result"]
 
@@ -47,30 +47,26 @@ def read_embed_result(plan: BuildPlan) -> EmbedResult | None:
 
 
 def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: bool = True) -> Manifest:
-    """The manifest of a staged build (version not yet assigned), from the stages' recorded results.
-
-    Writes the tokenizer file into ``out/`` if the version carries one (so
-    that what the manifest names is there); reads everything else.
-    """
+    """The manifest of a staged build (version not yet assigned), from the stages' recorded results; reads only."""
     plan = as_plan(plan)
     cfg = plan.config
     tokenizer = load_tokenizer(cfg.tokenizer, backend=cfg.backend)
-    rank_copy = write_tokenizer_files(tokenizer, Staging(plan.staging).out)
     return assemble_manifest(
         plan,
         layout=read_layout(plan),
         units=unit_results(plan),
         shards=read_shard_results(plan),
-        tokenizer=TokenizerInfo.of(tokenizer, rank_file=rank_copy),
+        tokenizer=TokenizerInfo.of(tokenizer, rank_file=tokenizer_file_name(tokenizer)),
         embeddings=read_embed_result(plan) if embeddings else None,
         created_at=now(),
     )
 
 
 def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
-    """Write the staged manifest into ``out/`` and validate the staged files against it."""
+    """Copy the tokenizer file into ``out/``, write the manifest there, and validate the staged files against it."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
+    write_tokenizer_files(load_tokenizer(plan.config.tokenizer, backend=plan.config.backend), staging.out)
     manifest = staged_manifest(plan)
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.

@@ -30,7 +30,7 @@ from .layout import read_layout
 from .model import SPLITS, BuildPlan, ShardResult
 from .staging import Staging, as_plan
 
-__all__ = ["write_shard", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
+__all__ = ["write_shard", "read_shard_results", "shard_file_name", "tokenizer_file_name", "write_tokenizer_files", "link_or_copy"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -186,16 +186,26 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     return result
 
 
-def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
-    """Put a user's local ``.tiktoken`` rank file into ``out/`` under its own name; returns that name.
-
-    A version carries the file it was tokenized with, so that it decodes anywhere.
-    """
+def tokenizer_file_name(tokenizer: Tokenizer) -> str | None:
+    """The name under which a version carries its tokenizer's file (a user's local rank file), or None."""
     spec = tokenizer.spec
     if not spec.local_file or spec.rank_file is None:
         return None
     # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), so keep the name.
-    dest = out / Path(spec.rank_file).name
+    return Path(spec.rank_file).name
+
+
+def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
+    """Put a user's local tokenizer file into ``out/`` under its own name; returns that name.
+
+    A version carries the file it was tokenized with, so that it decodes anywhere.
+    """
+    name = tokenizer_file_name(tokenizer)
+    if name is None:
+        return None
+    spec = tokenizer.spec
+    assert spec.rank_file is not None
+    dest = out / name
     if not (dest.exists() and sha256_file(dest) == spec.rank_file_sha256):
         out.mkdir(exist_ok=True)
         tmp = tmp_path_for(dest)
