@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from shardflow.codecs import CODECS, Codec, codec_names, get_codec, quality
+from shardflow.config import EMBED_CODECS
 from shardflow.errors import ConfigError
 
 FP8 = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
@@ -260,6 +262,70 @@ def test_fp8_overflow_is_clipped_not_nan(fmt: str) -> None:
     # the raw ml_dtypes cast would have produced NaN for e4m3 (the reason we clip)
     if fmt == "e4m3":
         assert np.isnan(x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)).any()
+
+
+# ---------------------------------------------------------------- golden output
+
+# SHA-256 of codes.tobytes() + scales.tobytes() (codes alone when a codec has
+# no scales) for golden_matrix(), computed with the single-module
+# shardflow/codecs.py before it became a package.  Published datasets hold
+# these bytes, so no refactoring may change them.
+GOLDEN_SHA256 = {
+    "float32": "7a592a9c811d381c7d505d93734ab4b26b813f3af426b31d3626d28704b1c296",
+    "float16": "e21ac6d20295c968210d3e7f948c20e87c421b528a3fb4abf598d3e8d538c078",
+    "e4m3": "5985afa312c257ecdbb07c25b6aa3aa1ecf695f78c7cebd3707c0752dc822803",
+    "e5m2": "e07043243db4090e15cf6d35a27e510ab6f9c225c5bc3f0ba61426be46cc2264",
+    "e4m3-rowscale": "961834b2e6d5c92781977a308359547be5fee3da151791067116ee271a092a8e",
+    "e5m2-rowscale": "8554f3cd17344eb2dd769271c193b3e0b473d87c064380ef2f9ae5dbda15de8a",
+    "int8": "a6550abca8d48113793ab597fca7156debbe18e0c86836303826fca5c5275ea8",
+}
+
+
+def golden_matrix() -> np.ndarray:
+    """(3000, 96) seeded normals, rows scaled by 2^U(-40, 40) (so fp8 and float16 saturate
+    and underflow), plus a +0 row, a -0 row, rows above and below the absmax caps of the
+    scaled codecs and a float32 subnormal; 3000 rows are two chunks."""
+    rng = np.random.default_rng(20240611)
+    x = rng.standard_normal((3000, 96)).astype(np.float32)
+    x *= np.exp2(rng.uniform(-40.0, 40.0, size=(3000, 1))).astype(np.float32)
+    x[5] = 0.0
+    x[6] = -0.0
+    x[7, ::3] = 3.4028e38  # above _MAX_ABSMAX
+    x[8] = -1e-36  # below _MIN_ABSMAX
+    x[9, 1] = 1e-45
+    return x
+
+
+def test_encoded_bytes_match_the_golden_hashes() -> None:
+    assert list(GOLDEN_SHA256) == list(CODECS)  # every codec, in registry order
+    x = golden_matrix()
+    for name, codec in CODECS.items():
+        codes, scales = codec.encode(x)
+        assert codes.shape == x.shape and codes.dtype == codec.storage_dtype
+        digest = hashlib.sha256(codes.tobytes())
+        if scales is not None:
+            digest.update(scales.tobytes())
+        assert digest.hexdigest() == GOLDEN_SHA256[name], name
+
+
+def test_config_codec_names_match_the_registry() -> None:
+    # shardflow.config keeps its own tuple (it must not import ml_dtypes); it must list the same codecs.
+    assert EMBED_CODECS == tuple(CODECS)
+
+
+def test_package_keeps_every_name_of_the_single_module() -> None:
+    import shardflow.codecs as m
+
+    assert m.__all__ == ["CODECS", "Codec", "Fp8Codec", "FloatCodec", "Int8Codec", "codec_names", "get_codec", "quality"]
+    helpers = """F32 _ABS_MASK _CHUNK_ELEMS _F32_INF_BITS _FLOAT16_MAX _FP8_DTYPES _Fp8Format _KEY_SHIFT
+        _KEY_SHIFT_U32 _LOW_MASK _MAX_ABSMAX _MIN_ABSMAX _PARALLEL_MIN_ELEMS _POOL _POOL_LOCK _U8 _check_input
+        _check_matrix _check_scales _float16_decode_table _for_row_blocks _forget_pool_after_fork _fp8
+        _fp8_decode_table _fp8_encode_chunk _fp8_encode_table _fp8_max _non_finite_error _num_threads _pool
+        _prepare_decode _row_absmax _rows_per_chunk _scales_from_absmax""".split()
+    assert [n for n in helpers if not hasattr(m, n)] == []
+    assert callable(m.quality)  # the function, not the submodule of the same name
+    pool = m._pool()
+    assert m._POOL is pool is not None  # the live pool, not a copy taken at import
 
 
 @pytest.mark.parametrize("name", ALL)
