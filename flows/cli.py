@@ -257,6 +257,15 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
     return result.ref
 
 
+def _prefect_defaults() -> None:
+    """Prefect settings for the command line, set before Prefect is imported; the user's own win."""
+    # The core's log lines go to the Prefect run logs too.
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+    # The temporary server otherwise reports usage to Prefect Cloud, and prints an ERROR line
+    # on every run where that host cannot be reached, which tells a user something is broken.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from shardflow.catalog import Catalog
 
@@ -271,8 +280,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         with display:
             ref = _build_without_prefect(args, config, display)
     else:
-        # The core's log lines go to the Prefect run logs too.
-        os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+        _prefect_defaults()
         from prefect import tags
 
         from flows.build import build_dataset, dataset_tag, require_real_api
@@ -341,7 +349,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps([b.to_dict() for b in builds], indent=2))
         return 0
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+    _prefect_defaults()
     from prefect import serve
 
     deployments = to_deployments(builds)

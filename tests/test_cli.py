@@ -192,3 +192,26 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
 
     a, b = read_manifest(plain), read_manifest(flow_dir)
     assert (a.splits, a.totals, a.build_key, a.boundary) == (b.splits, b.totals, b.build_key, b.boundary)
+
+
+def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
+    """`shardflow build tests/assets/sample.parquet --name sample` with no Prefect server running.
+
+    Prefect starts its temporary server; a successful build prints no ERROR line
+    and no traceback (its telemetry, which fails offline, is off by default).
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "build", str(SAMPLE), "--name", "sample"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.strip().splitlines()
+    assert "published sample@v1" in out and out[-1] == str(tmp_path / "data" / "sample" / "v1" / "metadata.yaml")
+    both = proc.stdout + proc.stderr
+    assert "Starting temporary server" in both  # it really ran as a flow on the temporary server
+    assert "ERROR" not in both and "Traceback" not in both, both[-3000:]
