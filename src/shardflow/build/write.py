@@ -187,14 +187,17 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
-    """Put a user's local ``.tiktoken`` rank file into ``out/`` under its own name; returns that name.
+    """Put the user's tokenizer file into ``out/`` under its own name; returns that name.
 
-    A version carries the file it was tokenized with, so that it decodes anywhere.
+    The file is a local ``.tiktoken`` rank file, a ``tokenizer.json`` or a
+    SentencePiece ``.model`` (``spec.rank_file`` for every family). A version
+    carries the file it was tokenized with, so that it decodes anywhere.
     """
     spec = tokenizer.spec
     if not spec.local_file or spec.rank_file is None:
         return None
-    # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), so keep the name.
+    # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), and the
+    # suffix the family (.json, .model), so keep the name.
     dest = out / Path(spec.rank_file).name
     if not (dest.exists() and sha256_file(dest) == spec.rank_file_sha256):
         out.mkdir(exist_ok=True)
@@ -207,7 +210,8 @@ def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
             raise
         if sha256_file(dest) != spec.rank_file_sha256:
             raise InputError(
-                f"{spec.rank_file}: the rank file changed during the build (its SHA-256 differs from when the "
+                f"{spec.rank_file}: the {'rank' if spec.family == 'tiktoken' else 'tokenizer'} file changed during the "
+                "build (its SHA-256 differs from when the "
                 "build started); keep it unchanged and run the build again"
             )
     return dest.name

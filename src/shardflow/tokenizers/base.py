@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,7 @@ __all__ = [
     "TokenizerSpec",
     "TokenizerFamily",
     "PROBE_STRINGS",
+    "COMMON_SPECIAL_TEXTS",
     "check_identity",
     "unknown_tokenizer_error",
 ]
@@ -59,6 +61,10 @@ PROBE_STRINGS: tuple[str, ...] = (
     "\u00a0non\u00a0breaking\u3000ideographic space",
 )
 
+# Special-token texts of well-known tokenizers. Families whose files define their
+# own specials probe these too: in a document they are ordinary text.
+COMMON_SPECIAL_TEXTS: tuple[str, ...] = ("<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
@@ -76,6 +82,8 @@ class TokenizerSpec:
     """The fast backend's name of the pre-tokenizer (gigatoken's ``gpt2``, ``gpt4``, ``o200k``), when known."""
     local_file: bool = False
     """Whether the user named the file by its path (it then travels with each version)."""
+    family: str = "tiktoken"
+    """The family that loaded it (``tiktoken``, ``hf``, ``sentencepiece``); the manifest records it for the new families."""
 
 
 class Tokenizer(ABC):
@@ -124,6 +132,15 @@ class Tokenizer(ABC):
     def token_text(self, token_id: int) -> str | None:
         """The text of token ``token_id`` as the vocabulary spells it (special tokens included), or None."""
         return self.eot_token if token_id == self.eot_id else None
+
+    def key_facts(self) -> list[Any]:
+        """What the build key records about the tokenizer: every fact that determines the output ids.
+
+        The tiktoken family's list must stay as it is (published versions keep
+        their keys); a family whose boundary defaults come from files other
+        than the vocabulary file adds them.
+        """
+        return [self.name, self.spec.rank_file_sha256, self.vocab_size]
 
     @property
     def vocab_size(self) -> int:
@@ -176,6 +193,13 @@ class TokenizerFamily(ABC):
 
     name: str
     """Short name of the family (``tiktoken``)."""
+    reference_backend: str | None = None
+    """The backend name of the family's reference library (``tiktoken``, ``hf``, ``sentencepiece``).
+
+    ``load_tokenizer`` refuses the reference backend of another family by name.
+    """
+    serves: str = ""
+    """What the family loads, for that refusal (``tokenizer.json``)."""
     path_hint: str = ""
     """How to name a file of this family, for the unknown-tokenizer message (``a path to a .tiktoken rank file``)."""
 
@@ -273,6 +297,44 @@ def _encode_gigatoken(fast: Any, lock: threading.Lock, texts: pa.Array | Sequenc
     else:
         tokens = tokens[: offsets[-1]]
     return tokens.astype(np.uint32, copy=False), offsets
+
+
+def _gigatoken_ordinary(config: dict[str, Any]) -> Any:
+    """A ``gigatoken.Tokenizer`` for a parsed tokenizer.json that encodes special-token text as ordinary text.
+
+    gigatoken always splits the file's added tokens out of the text and has no
+    switch for it, so the special ones are removed from the copy it loads. The
+    non-special added tokens stay: the reference (the tokenizers library with
+    ``encode_special_tokens = True``) still splits those out too.
+    """
+    import gigatoken
+
+    ordinary = dict(config)
+    ordinary["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
+    return gigatoken.Tokenizer.from_json(json.dumps(ordinary, ensure_ascii=False))
+
+
+def _disagreement(fast: Any, reference: Callable[[str], list[int]], texts: Sequence[str]) -> str | None:
+    """The first of ``texts`` on which gigatoken's ``fast`` differs from ``reference`` (one by one, then as a batch), or None."""
+    expected = [reference(text) for text in texts]
+    for text, ids in zip(texts, expected):
+        if [int(t) for t in fast.encode(text)] != ids:
+            return text
+    for text, ids, got in zip(texts, expected, fast.encode_batch_list(list(texts))):
+        if got != ids:
+            return text
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (Rust errors carry a multi-line location trailer)."""
+    text = str(exc).strip().splitlines()
+    return text[0].strip() if text else type(exc).__name__
+
+
+def _file_name(path: Path) -> str:
+    """A tokenizer's name from its file: the stem, or the directory's name for a generic ``tokenizer.*``."""
+    return path.parent.resolve().name if path.stem == "tokenizer" and path.parent.resolve().name else path.stem
 
 
 def _arrow_to_awkward(texts: pa.Array | pa.ChunkedArray) -> Any:
