@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenizer_support
-from core_support import SAMPLE, files_of, stable_manifest
+from core_support import SAMPLE, files_of, stable_manifest, write_parquet
 from shardflow.build.plan import token_dtype
 from shardflow.errors import ConfigError
 from shardflow.reader import open_version
@@ -173,7 +173,9 @@ def test_special_token_text_is_ordinary_text(case, backend):
         assert not set(ids) & case.special_ids, f"{case.name}/{backend}: {doc!r} gave a special id: {ids}"
 
 
-_PIECES = st.sampled_from(["<s>", "</s>", "<|begin_of_text|>", "<|endoftext|>", "<mask>", " ", "  ", "\n", "\r\n", "\t", "a", "é", "😀", "'s", "123"])
+# Unicode 17 letters, which gigatoken classes as letters and the tokenizers library does not.
+_NEW_LETTERS = ["\U000323b0", "\u088f", "\U00010940", "\U0001e6c0"]
+_PIECES = st.sampled_from(["<s>", "</s>", "<|begin_of_text|>", "<|endoftext|>", "<mask>", " ", "  ", "\n", "\r\n", "\t", "a", "é", "😀", "'s", "123", *_NEW_LETTERS])
 _TEXTS = st.one_of(st.text(max_size=200), st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=30).map("".join))
 
 
@@ -186,6 +188,20 @@ def test_encode_batch_is_the_reference_on_hypothesis_strings(case, backend, text
     for text, ids in zip(texts, got):
         assert ids == case.reference(text), f"{case.name}/{backend}: {text!r}"
         assert not set(ids) & case.special_ids
+
+
+def test_characters_gigatoken_classes_differently_are_encoded_by_the_reference(case, documents):
+    import gigatoken
+
+    docs = [*documents[:40], *(f"a{c}'s 1{c}2 {c}" for c in _NEW_LETTERS), "\U000323b0's", *documents[40:80]]
+    tok = _load(case, "gigatoken")
+    for texts in (docs, pa.array(docs), pa.chunked_array([docs[:50], docs[50:]])):
+        got = _split(*tok.encode_batch(texts))
+        assert [ids == case.ids(doc) for doc, ids in zip(docs, got)] == [True] * len(docs)
+    if case.reference_backend == "hf":
+        # Why: gigatoken alone splits "𲎰's" as a letter followed by a contraction.
+        raw = gigatoken.Tokenizer(str(case.path))
+        assert raw.encode("\U000323b0's").tolist() != case.ids("\U000323b0's")
 
 
 def test_decoding_restores_every_document(case, documents):
@@ -270,6 +286,23 @@ def test_sentencepiece_lookups(sp_model):
     piece = tok.token_text(tok.encode_ordinary("the")[0])
     assert piece == " the" and tok.token_id(" the") == tok.token_id("\u2581the") == tok.encode_ordinary("the")[0]
     assert tok.library_versions()["sentencepiece"] and tok.library_versions()["gigatoken"]
+
+
+def test_a_file_edited_in_place_is_loaded_anew(bpe_json, sp_model, tmp_path):
+    directory = tmp_path / "edited"
+    directory.mkdir()
+    shutil.copyfile(bpe_json, directory / "tokenizer.json")
+    before = load_tokenizer(str(directory), backend="auto")
+    assert before.default_eos == ("</s>", 1) and load_tokenizer(str(directory), backend="auto") is before  # cached
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    assert load_tokenizer(str(directory), backend="auto").default_eos == ("<|endoftext|>", 2)
+    tokenizer_support.train_bpe(directory / "tokenizer.json", vocab_size=3000)
+    after = load_tokenizer(str(directory), backend="auto")
+    assert after.max_token_value == 3000 and after.spec.rank_file_sha256 != before.spec.rank_file_sha256
+    model = Path(shutil.copyfile(sp_model, tmp_path / "edited.model"))
+    assert load_tokenizer(str(model)).max_token_value == 3999
+    tokenizer_support.train_sentencepiece(tmp_path / "edited", vocab_size=2000)
+    assert load_tokenizer(str(model)).max_token_value == 1999
 
 
 def test_families_are_registered_before_tiktoken(bpe_json, sp_model, tmp_path):
@@ -358,6 +391,27 @@ def test_show_decodes_with_the_copy_and_validation_checks_it(sp_model, built, tm
     copy.unlink()
     with pytest.raises(ValidationError, match=r"mine\.model: missing; the manifest names it as the tokenizer's tokenizer file"):
         validate_dir(b.directory)
+
+
+def test_an_incremental_build_reuses_its_parent_with_the_same_tokenizer_file(bpe_json, built, tmp_path, sample_texts):
+    inputs = tmp_path / "in"
+    a = write_parquet(inputs / "a.parquet", sample_texts[:30])
+    tokenizer = str(bpe_json)
+    built([a], name="inc", root=tmp_path / "inc", tokenizer=tokenizer, shard_tokens=40_000)
+    b = write_parquet(inputs / "b.parquet", sample_texts[30:])
+    second = built([a, b], name="inc", root=tmp_path / "inc", tokenizer=tokenizer, shard_tokens=40_000)
+    m = second.open().manifest
+    assert m.extra["reuse"]["reused_inputs"] == ["a.parquet"] and m.extra["reuse"]["tokenized_inputs"] == ["b.parquet"]
+    full = built([a, b], name="inc", root=tmp_path / "full", tokenizer=tokenizer, shard_tokens=40_000)
+    assert files_of(second.directory) == files_of(full.directory)
+    # Another tokenizer file (the same vocabulary, another default EOS) is another build, with no reuse.
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copyfile(bpe_json, other / "tokenizer.json")
+    (other / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    third = built([a, b], name="inc", root=tmp_path / "inc", tokenizer=str(other), shard_tokens=40_000)
+    m3 = third.open().manifest
+    assert "reuse" not in m3.extra and m3.boundary["token_id"] == 2 and m3.build_key != m.build_key
 
 
 # -- refusals -------------------------------------------------------------------------

@@ -17,7 +17,9 @@ Families (the reference backend of each is named after its library):
                           rank files; reference ``tiktoken``, gigatoken fast backend (``TIKTOKEN``)
 
 ``--backend`` is ``auto``, ``gigatoken`` or the family's reference backend; the
-reference backend of another family is refused by name.
+reference backend of another family is refused by name. ``routing`` finds the
+characters gigatoken's Unicode tables class differently from a reference's and
+sends the documents holding them to the reference (the file families use it).
 
 Adding a family: write one module implementing ``base.TokenizerFamily``
 (``name``, ``matches(name_or_path)``, ``load(name_or_path, backend)``, and
@@ -94,16 +96,17 @@ def load_tokenizer(name: str, *, backend: str = "auto") -> Tokenizer:
     Cached and locked: build steps in several threads call it per work unit,
     and a family's probe check must run once, on one thread.
     """
-    with _LOAD_LOCK:
-        return _load_tokenizer(name, backend)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_tokenizer(name: str, backend: str) -> Tokenizer:
     # The backend is checked first, so a bad one is reported whatever the name.
     if backend not in BACKENDS:
         raise ConfigError(f"unknown tokenizer backend {backend!r}; use one of {', '.join(BACKENDS)}")
     family = family_for(name)
+    with _LOAD_LOCK:
+        return _load_tokenizer(name, backend, family, family.stamp(name))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(name: str, backend: str, family: TokenizerFamily, stamp: tuple) -> Tokenizer:
+    # ``stamp`` is only part of the key: an edited tokenizer file is another entry.
     reference = family.reference_backend
     if reference is not None and backend not in ("auto", "gigatoken", reference):
         raise ConfigError(f"--backend {backend} does not apply to {family.serves}; use auto, gigatoken or {reference}")

@@ -224,6 +224,14 @@ class TokenizerFamily(ABC):
         """Names (not paths) this family loads, listed when a name matches no family."""
         return ()
 
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        """The size and modification time of the files ``load`` reads for ``name_or_path``; () for none.
+
+        ``load_tokenizer`` caches per name, backend and stamp, so a file edited in
+        place (a long-running ``shardflow serve``) is loaded anew, not served stale.
+        """
+        return ()
+
 
 def unknown_tokenizer_error(name: str, families: Sequence[TokenizerFamily]) -> ConfigError:
     """The error for a name no family serves, listing what each family accepts."""
@@ -330,6 +338,19 @@ def _one_line(exc: BaseException) -> str:
     """An exception's message on one line (Rust errors carry a multi-line location trailer)."""
     text = str(exc).strip().splitlines()
     return text[0].strip() if text else type(exc).__name__
+
+
+def _file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:
+    """``(path, mtime_ns, size)`` of each file, None for one that does not exist."""
+    out: list[Any] = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            out.append((str(path), None))
+        else:
+            out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def _file_name(path: Path) -> str:

@@ -17,7 +17,9 @@
   ``COMMON_SPECIAL_TEXTS`` and every added token's text, alone and inside
   words) before it is used. ``--backend auto`` falls back to the reference,
   and logs why, when gigatoken cannot load the file or disagrees;
-  ``--backend gigatoken`` is then refused, naming ``--backend hf``.
+  ``--backend gigatoken`` is then refused, naming ``--backend hf``. A
+  document holding a character that gigatoken's newer Unicode tables class
+  differently (a Unicode 17 letter) is encoded by the reference (``routing``).
 
 The boundary defaults: ``default_bos`` / ``default_eos`` are read from
 ``tokenizer_config.json`` beside the file (``bos_token`` / ``eos_token``, a
@@ -53,12 +55,13 @@ from .base import (
     TokenizerSpec,
     _disagreement,
     _dist_version,
-    _encode_gigatoken,
     _file_name,
+    _file_stamp,
     _gigatoken_ordinary,
     _one_line,
     _pack_lists,
 )
+from .routing import disputed_pattern, encode_routed, find_disputed
 
 __all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON", "no_boundary_error"]
 
@@ -98,12 +101,13 @@ class HFTokenizer(Tokenizer):
 
     reference_backend = "hf"
 
-    def __init__(self, *, source: _Source, backend: str, fast: Any | None) -> None:
+    def __init__(self, *, source: _Source, backend: str, fast: Any | None, routed: str | None = None) -> None:
         super().__init__(spec=source.spec, backend=backend)
         self._source = source
         self._ref = source.ref
         self._fast = fast  # gigatoken.Tokenizer or None
         self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
 
     # -- boundary tokens ------------------------------------------------------------
     @property
@@ -170,15 +174,11 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._fast is not None:
-            return _encode_gigatoken(self._fast, self._fast_lock, texts)
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._ref))
         if isinstance(texts, (pa.Array, pa.ChunkedArray)):
             texts = texts.to_pylist()
         texts = list(texts)
-        if not texts:
-            return _pack_lists([])
-        # encode_batch_fast skips the offsets, which nothing here reads; same ids.
-        encode = getattr(self._ref, "encode_batch_fast", self._ref.encode_batch)
-        return _pack_lists([e.ids for e in encode(texts, add_special_tokens=False)])
+        return _pack_lists(_reference_lists(self._ref, texts) if texts else [])
 
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """The tokenizers library's ``decode``, special tokens kept (invalid UTF-8 is replaced)."""
@@ -224,29 +224,50 @@ class HFFamily(TokenizerFamily):
         # Any directory: one without a tokenizer.json is told so, not called an unknown name.
         return name_or_path.endswith(".json") or Path(name_or_path).expanduser().is_dir()
 
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        path = Path(name_or_path).expanduser()
+        json_path = path / TOKENIZER_JSON if path.is_dir() else path
+        return _file_stamp([json_path, *(json_path.parent / side for side in _SIDE_FILES)])
+
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
-        source = _load_source(name_or_path)
+        stamp = self.stamp(name_or_path)
+        source = _load_source(name_or_path, stamp)
         if backend == "hf":
             return HFTokenizer(source=source, backend="hf", fast=None)
-        fast, reason = None, ""
-        try:
-            fast = _gigatoken_ordinary(source.config)
-        except ImportError:
-            reason = "gigatoken is not installed (pip install gigatoken)"
-        except Exception as exc:  # a model type or option gigatoken does not implement
-            reason = f"gigatoken cannot load it ({_one_line(exc)})"
-        else:
-            ref = source.ref
-            bad = _disagreement(fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids), _probes(source))
-            if bad is not None:
-                reason = f"gigatoken disagrees with the tokenizers library on the probe string {bad[:40]!r}"
-                fast = None
+        fast, reason, routed = _fast_backend(name_or_path, stamp)
         if fast is None:
             if backend == "gigatoken":
                 raise ConfigError(f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend hf")
             log.info("tokenizer %s: using the tokenizers library (%s)", name_or_path, reason)
             return HFTokenizer(source=source, backend="hf", fast=None)
-        return HFTokenizer(source=source, backend="gigatoken", fast=fast)
+        return HFTokenizer(source=source, backend="gigatoken", fast=fast, routed=routed)
+
+
+@functools.lru_cache(maxsize=4)
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+    """gigatoken for a tokenizer.json, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
+    source = _load_source(name, stamp)
+    try:
+        fast = _gigatoken_ordinary(source.config)
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken)", None
+    except Exception as exc:  # a model type or option gigatoken does not implement
+        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+    ref = source.ref
+    bad = _disagreement(fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids), _probes(source))
+    if bad is not None:
+        return None, f"gigatoken disagrees with the tokenizers library on the probe string {bad[:40]!r}", None
+    disputed = find_disputed(fast, functools.partial(_reference_lists, ref))
+    if disputed:
+        log.info("tokenizer %s: documents holding any of %d characters gigatoken classes differently "
+                 "(newer Unicode tables) are encoded by the tokenizers library", name, len(disputed))
+    return fast, "", disputed_pattern(disputed)
+
+
+def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
+    # encode_batch_fast skips the offsets, which nothing here reads; same ids.
+    encode = getattr(ref, "encode_batch_fast", ref.encode_batch)
+    return [e.ids for e in encode(texts, add_special_tokens=False)]
 
 
 HF = HFFamily()
@@ -270,8 +291,8 @@ def _tokenizer_json(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_source(name: str) -> _Source:
-    """Read and check a tokenizer.json once: the reference tokenizer, its added tokens and boundary defaults."""
+def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
+    """Read and check a tokenizer.json once per ``stamp``: the reference tokenizer, its added tokens and defaults."""
     try:
         import tokenizers
     except ImportError:

@@ -15,7 +15,10 @@ whose ``encode_batch`` is, token for token, the reference:
   ``COMMON_SPECIAL_TEXTS`` and every control and user-defined piece, alone
   and inside words) before it is used; ``--backend auto`` falls back to the
   reference otherwise (a unigram model, or normalizer options gigatoken
-  treats differently), and ``--backend gigatoken`` is then refused.
+  treats differently), and ``--backend gigatoken`` is then refused. The
+  characters gigatoken encodes differently are found as for tokenizer.json
+  files (``routing``; none for the models tested) and their documents are
+  encoded by the reference.
 
 ``default_bos`` / ``default_eos`` are the model's ``bos_id()`` / ``eos_id()``
 (-1: none). The ids are the piece ids (``get_piece_size()`` of them), so a
@@ -48,13 +51,14 @@ from .base import (
     TokenizerSpec,
     _disagreement,
     _dist_version,
-    _encode_gigatoken,
     _file_name,
+    _file_stamp,
     _gigatoken_ordinary,
     _one_line,
     _pack_lists,
 )
 from .hf_family import no_boundary_error
+from .routing import disputed_pattern, encode_routed, find_disputed
 
 __all__ = ["SENTENCEPIECE", "SentencePieceFamily", "SentencePieceTokenizer"]
 
@@ -83,12 +87,13 @@ class SentencePieceTokenizer(Tokenizer):
 
     reference_backend = "sentencepiece"
 
-    def __init__(self, *, model: _Model, backend: str, fast: Any | None) -> None:
+    def __init__(self, *, model: _Model, backend: str, fast: Any | None, routed: str | None = None) -> None:
         super().__init__(spec=model.spec, backend=backend)
         self._model = model
         self._sp = model.sp
         self._fast = fast  # gigatoken.Tokenizer or None
         self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
 
     # -- boundary tokens ------------------------------------------------------------
     def _piece(self, token_id: int) -> Token | None:
@@ -159,13 +164,11 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._fast is not None:
-            return _encode_gigatoken(self._fast, self._fast_lock, texts)
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._sp))
         if isinstance(texts, (pa.Array, pa.ChunkedArray)):
             texts = texts.to_pylist()
         texts = list(texts)
-        if not texts:
-            return _pack_lists([])
-        return _pack_lists(self._sp.encode(texts, num_threads=max(1, os.cpu_count() or 1)))
+        return _pack_lists(_reference_lists(self._sp, texts) if texts else [])
 
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """sentencepiece's ``decode``, control pieces shown as spelled (``</s>``); invalid UTF-8 is replaced.
@@ -218,27 +221,15 @@ class SentencePieceFamily(TokenizerFamily):
     def matches(self, name_or_path: str) -> bool:
         return name_or_path.endswith(".model")
 
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        return _file_stamp([Path(name_or_path).expanduser()])
+
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
-        model = _load_model(name_or_path)
+        stamp = self.stamp(name_or_path)
+        model = _load_model(name_or_path, stamp)
         if backend == "sentencepiece":
             return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
-        fast, reason, probes = None, "", []
-        try:
-            from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
-
-            config = json.loads(sentencepiece_to_tokenizer_json(model.data))
-            probes = [str(t["content"]) for t in config.get("added_tokens") or []]
-            fast = _gigatoken_ordinary(config)
-        except ImportError:
-            reason = "gigatoken is not installed (pip install gigatoken), or cannot read .model files"
-        except Exception as exc:  # unigram models, options gigatoken does not implement
-            reason = f"gigatoken cannot load it ({_one_line(exc)})"
-        else:
-            texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *probes, *(f"a{t}b {t}\n{t}{t}" for t in probes)]
-            bad = _disagreement(fast, lambda t: list(model.sp.encode(t)), texts)
-            if bad is not None:
-                reason = f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}"
-                fast = None
+        fast, reason, routed = _fast_backend(name_or_path, stamp)
         if fast is None:
             if backend == "gigatoken":
                 raise ConfigError(
@@ -246,15 +237,44 @@ class SentencePieceFamily(TokenizerFamily):
                 )
             log.info("tokenizer %s: using sentencepiece (%s)", name_or_path, reason)
             return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
-        return SentencePieceTokenizer(model=model, backend="gigatoken", fast=fast)
+        return SentencePieceTokenizer(model=model, backend="gigatoken", fast=fast, routed=routed)
 
 
 SENTENCEPIECE = SentencePieceFamily()
 
 
 @functools.lru_cache(maxsize=4)
-def _load_model(name: str) -> _Model:
-    """Read and check a ``.model`` file once."""
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+    """gigatoken for a ``.model``, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
+    model = _load_model(name, stamp)
+    try:
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+        config = json.loads(sentencepiece_to_tokenizer_json(model.data))
+        fast = _gigatoken_ordinary(config)
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken), or cannot read .model files", None
+    except Exception as exc:  # unigram models, options gigatoken does not implement
+        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+    pieces = [str(t["content"]) for t in config.get("added_tokens") or []]  # control and user-defined pieces
+    texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *pieces, *(f"a{t}b {t}\n{t}{t}" for t in pieces)]
+    bad = _disagreement(fast, lambda t: list(model.sp.encode(t)), texts)
+    if bad is not None:
+        return None, f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}", None
+    disputed = find_disputed(fast, functools.partial(_reference_lists, model.sp))
+    if disputed:
+        log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
+                 "are encoded by sentencepiece", name, len(disputed))
+    return fast, "", disputed_pattern(disputed)
+
+
+def _reference_lists(sp: Any, texts: list[str]) -> list[list[int]]:
+    return sp.encode(texts, num_threads=max(1, os.cpu_count() or 1))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_model(name: str, stamp: tuple[Any, ...]) -> _Model:
+    """Read and check a ``.model`` file once per ``stamp``."""
     try:
         import sentencepiece
     except ImportError:
