@@ -175,13 +175,15 @@ def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
     A local rank file (``rank_file``), or a tokenizer.json / ``.model`` (``tokenizer_file``).
     """
     info = manifest.tokenized_info
-    kind, key = ("rank file", "rank_file") if info.get("rank_file") else ("tokenizer file", "tokenizer_file")
+    kind, key, named = ("rank file", "rank_file", "the tokenizer's rank file")
+    if not info.get(key):
+        kind, key, named = ("tokenizer file", "tokenizer_file", "the tokenizer file")
     name = info.get(key)
     if not name:
         return []
     path = directory / name
     if not path.is_file():
-        return [f"{path}: missing; the manifest names it as the tokenizer's {kind}"]
+        return [f"{path}: missing; the manifest names it as {named}"]
     if sha256_file(path) != info.get(f"{key}_sha256"):
         return [f"{path}: the {kind} does not match its SHA-256 in the manifest; it is not the one the build used"]
     return []

@@ -37,6 +37,7 @@ __all__ = [
     "COMMON_SPECIAL_TEXTS",
     "check_identity",
     "unknown_tokenizer_error",
+    "no_boundary_error",
 ]
 
 # Strings that stress pre-tokenization and byte-level BPE: special-token text
@@ -239,6 +240,13 @@ def unknown_tokenizer_error(name: str, families: Sequence[TokenizerFamily]) -> C
     hints = [family.path_hint for family in families if family.path_hint]
     accepted = f"use one of {', '.join(known)}" + "".join(f" or {hint}" for hint in hints)
     return ConfigError(f"unknown tokenizer {name!r}; {accepted}")
+
+
+def no_boundary_error(name: str, where: str) -> ConfigError:
+    """The error for a tokenizer that defines neither a BOS nor an EOS token (``where`` says where it looked)."""
+    return ConfigError(
+        f"tokenizer {name!r} defines no BOS or EOS token ({where}); name the boundary token with --eos-token or --bos-token"
+    )
 
 
 def check_identity(tokenizer: Tokenizer, texts: Sequence[str], *, where: str) -> None:

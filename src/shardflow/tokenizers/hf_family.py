@@ -60,10 +60,11 @@ from .base import (
     _gigatoken_ordinary,
     _one_line,
     _pack_lists,
+    no_boundary_error,
 )
 from .routing import disputed_pattern, encode_routed, find_disputed
 
-__all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON", "no_boundary_error"]
+__all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON"]
 
 log = logging.getLogger("shardflow.tokenizers")
 
@@ -87,13 +88,6 @@ class _Source:
     added: dict[str, int]  # every added token's content -> id, special or not
     special_ids: frozenset[int]
     max_id: int
-
-
-def no_boundary_error(name: str, where: str) -> ConfigError:
-    """The error for a tokenizer that defines neither a BOS nor an EOS token."""
-    return ConfigError(
-        f"tokenizer {name!r} defines no BOS or EOS token ({where}); name the boundary token with --eos-token or --bos-token"
-    )
 
 
 class HFTokenizer(Tokenizer):

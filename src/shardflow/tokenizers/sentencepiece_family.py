@@ -56,8 +56,8 @@ from .base import (
     _gigatoken_ordinary,
     _one_line,
     _pack_lists,
+    no_boundary_error,
 )
-from .hf_family import no_boundary_error
 from .routing import disputed_pattern, encode_routed, find_disputed
 
 __all__ = ["SENTENCEPIECE", "SentencePieceFamily", "SentencePieceTokenizer"]
