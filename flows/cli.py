@@ -83,8 +83,12 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--name", required=name_required, help="dataset name (lowercase letters, digits, '.', '_', '-')")
     b.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
-    b.add_argument("--tokenizer", default="cl100k_base", help="tiktoken encoding name or .tiktoken rank file")
-    b.add_argument("--backend", default="auto", choices=["auto", "gigatoken", "tiktoken"], help="tokenizer backend")
+    from shardflow.config import BACKENDS
+
+    b.add_argument("--tokenizer", default="cl100k_base",
+                   help="tiktoken encoding name, .tiktoken rank file, tokenizer.json (or its directory) or SentencePiece .model")
+    b.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="tokenizer backend: auto, gigatoken, or the family's reference (tiktoken, hf, sentencepiece)")
     b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy or bin")
     b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
     g = b.add_mutually_exclusive_group()

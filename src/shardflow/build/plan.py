@@ -43,7 +43,7 @@ def build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer
         "build_format_version": BUILD_FORMAT_VERSION,
         "config": config.key_fields(),
         "inputs": [[i.relname, i.size, i.sha256] for i in inputs],
-        "tokenizer": [tokenizer.name, tokenizer.spec.rank_file_sha256, tokenizer.vocab_size],
+        "tokenizer": tokenizer.key_facts(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

@@ -187,16 +187,21 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
 
 
 def tokenizer_file_name(tokenizer: Tokenizer) -> str | None:
-    """The name under which a version carries its tokenizer's file (a user's local rank file), or None."""
+    """The name under which a version carries its tokenizer's file, or None for a named encoding.
+
+    The file is a local ``.tiktoken`` rank file, a ``tokenizer.json`` or a
+    SentencePiece ``.model`` (``spec.rank_file`` for every family). The stem
+    selects the split pattern of a known encoding (cl100k_base.tiktoken), and
+    the suffix the family (.json, .model), so the name is kept.
+    """
     spec = tokenizer.spec
     if not spec.local_file or spec.rank_file is None:
         return None
-    # The stem selects the split pattern of a known encoding (cl100k_base.tiktoken), so keep the name.
     return Path(spec.rank_file).name
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
-    """Put a user's local tokenizer file into ``out/`` under its own name; returns that name.
+    """Put the user's tokenizer file into ``out/`` under its own name; returns that name.
 
     A version carries the file it was tokenized with, so that it decodes anywhere.
     """
@@ -217,7 +222,8 @@ def write_tokenizer_files(tokenizer: Tokenizer, out: Path) -> str | None:
             raise
         if sha256_file(dest) != spec.rank_file_sha256:
             raise InputError(
-                f"{spec.rank_file}: the rank file changed during the build (its SHA-256 differs from when the "
+                f"{spec.rank_file}: the {'rank' if spec.family == 'tiktoken' else 'tokenizer'} file changed during the "
+                "build (its SHA-256 differs from when the "
                 "build started); keep it unchanged and run the build again"
             )
     return dest.name

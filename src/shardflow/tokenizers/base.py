@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +34,10 @@ __all__ = [
     "TokenizerSpec",
     "TokenizerFamily",
     "PROBE_STRINGS",
+    "COMMON_SPECIAL_TEXTS",
     "check_identity",
     "unknown_tokenizer_error",
+    "no_boundary_error",
 ]
 
 # Strings that stress pre-tokenization and byte-level BPE: special-token text
@@ -59,6 +62,10 @@ PROBE_STRINGS: tuple[str, ...] = (
     "\u00a0non\u00a0breaking\u3000ideographic space",
 )
 
+# Special-token texts of well-known tokenizers. Families whose files define their
+# own specials probe these too: in a document they are ordinary text.
+COMMON_SPECIAL_TEXTS: tuple[str, ...] = ("<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
@@ -76,6 +83,8 @@ class TokenizerSpec:
     """The fast backend's name of the pre-tokenizer (gigatoken's ``gpt2``, ``gpt4``, ``o200k``), when known."""
     local_file: bool = False
     """Whether the user named the file by its path (it then travels with each version)."""
+    family: str = "tiktoken"
+    """The family that loaded it (``tiktoken``, ``hf``, ``sentencepiece``); the manifest records it for the new families."""
 
 
 class Tokenizer(ABC):
@@ -124,6 +133,15 @@ class Tokenizer(ABC):
     def token_text(self, token_id: int) -> str | None:
         """The text of token ``token_id`` as the vocabulary spells it (special tokens included), or None."""
         return self.eot_token if token_id == self.eot_id else None
+
+    def key_facts(self) -> list[Any]:
+        """What the build key records about the tokenizer: every fact that determines the output ids.
+
+        The tiktoken family's list must stay as it is (published versions keep
+        their keys); a family whose boundary defaults come from files other
+        than the vocabulary file adds them.
+        """
+        return [self.name, self.spec.rank_file_sha256, self.vocab_size]
 
     @property
     def vocab_size(self) -> int:
@@ -176,6 +194,13 @@ class TokenizerFamily(ABC):
 
     name: str
     """Short name of the family (``tiktoken``)."""
+    reference_backend: str | None = None
+    """The backend name of the family's reference library (``tiktoken``, ``hf``, ``sentencepiece``).
+
+    ``load_tokenizer`` refuses the reference backend of another family by name.
+    """
+    serves: str = ""
+    """What the family loads, for that refusal (``tokenizer.json``)."""
     path_hint: str = ""
     """How to name a file of this family, for the unknown-tokenizer message (``a path to a .tiktoken rank file``)."""
 
@@ -200,6 +225,14 @@ class TokenizerFamily(ABC):
         """Names (not paths) this family loads, listed when a name matches no family."""
         return ()
 
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        """The size and modification time of the files ``load`` reads for ``name_or_path``; () for none.
+
+        ``load_tokenizer`` caches per name, backend and stamp, so a file edited in
+        place (a long-running ``shardflow serve``) is loaded anew, not served stale.
+        """
+        return ()
+
 
 def unknown_tokenizer_error(name: str, families: Sequence[TokenizerFamily]) -> ConfigError:
     """The error for a name no family serves, listing what each family accepts."""
@@ -207,6 +240,13 @@ def unknown_tokenizer_error(name: str, families: Sequence[TokenizerFamily]) -> C
     hints = [family.path_hint for family in families if family.path_hint]
     accepted = f"use one of {', '.join(known)}" + "".join(f" or {hint}" for hint in hints)
     return ConfigError(f"unknown tokenizer {name!r}; {accepted}")
+
+
+def no_boundary_error(name: str, where: str) -> ConfigError:
+    """The error for a tokenizer that defines neither a BOS nor an EOS token (``where`` says where it looked)."""
+    return ConfigError(
+        f"tokenizer {name!r} defines no BOS or EOS token ({where}); name the boundary token with --eos-token or --bos-token"
+    )
 
 
 def check_identity(tokenizer: Tokenizer, texts: Sequence[str], *, where: str) -> None:
@@ -273,6 +313,57 @@ def _encode_gigatoken(fast: Any, lock: threading.Lock, texts: pa.Array | Sequenc
     else:
         tokens = tokens[: offsets[-1]]
     return tokens.astype(np.uint32, copy=False), offsets
+
+
+def _gigatoken_ordinary(config: dict[str, Any]) -> Any:
+    """A ``gigatoken.Tokenizer`` for a parsed tokenizer.json that encodes special-token text as ordinary text.
+
+    gigatoken always splits the file's added tokens out of the text and has no
+    switch for it, so the special ones are removed from the copy it loads. The
+    non-special added tokens stay: the reference (the tokenizers library with
+    ``encode_special_tokens = True``) still splits those out too.
+    """
+    import gigatoken
+
+    ordinary = dict(config)
+    ordinary["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
+    return gigatoken.Tokenizer.from_json(json.dumps(ordinary, ensure_ascii=False))
+
+
+def _disagreement(fast: Any, reference: Callable[[str], list[int]], texts: Sequence[str]) -> str | None:
+    """The first of ``texts`` on which gigatoken's ``fast`` differs from ``reference`` (one by one, then as a batch), or None."""
+    expected = [reference(text) for text in texts]
+    for text, ids in zip(texts, expected):
+        if [int(t) for t in fast.encode(text)] != ids:
+            return text
+    for text, ids, got in zip(texts, expected, fast.encode_batch_list(list(texts))):
+        if got != ids:
+            return text
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (Rust errors carry a multi-line location trailer)."""
+    text = str(exc).strip().splitlines()
+    return text[0].strip() if text else type(exc).__name__
+
+
+def _file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:
+    """``(path, mtime_ns, size)`` of each file, None for one that does not exist."""
+    out: list[Any] = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            out.append((str(path), None))
+        else:
+            out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def _file_name(path: Path) -> str:
+    """A tokenizer's name from its file: the stem, or the directory's name for a generic ``tokenizer.*``."""
+    return path.parent.resolve().name if path.stem == "tokenizer" and path.parent.resolve().name else path.stem
 
 
 def _arrow_to_awkward(texts: pa.Array | pa.ChunkedArray) -> Any:

@@ -161,6 +161,8 @@ class TiktokenFamily(TokenizerFamily):
     """
 
     name = "tiktoken"
+    reference_backend = "tiktoken"
+    serves = "tiktoken encodings"
     path_hint = "a path to a .tiktoken rank file"
 
     def matches(self, name_or_path: str) -> bool:

@@ -1,0 +1,448 @@
+"""The Hugging Face family: a ``tokenizer.json``, or a directory holding one, with gigatoken as the fast backend.
+
+``load_tokenizer("path/to/tokenizer.json")`` (or the directory) returns an
+``HFTokenizer`` whose ``encode_batch`` is, token for token, the reference:
+
+* The reference is the ``tokenizers`` library (backend ``hf``):
+  ``Tokenizer.from_file`` with ``encode_special_tokens = True`` and
+  ``encode(text, add_special_tokens=False)``, the file's truncation and
+  padding switched off. A document's ``<|begin_of_text|>`` or ``<s>`` is the
+  ordinary text it spells, never the special id: only shardflow inserts
+  boundary tokens. (Added tokens the file does not mark special are still
+  split out of the text, as the library does.)
+* The fast backend is gigatoken, which loads the byte-level BPE and
+  SentencePiece-style (byte fallback) BPE files. It always splits added tokens
+  out of the text, so it loads a copy of the file without the special ones.
+  It must agree with the reference on the probe strings (``PROBE_STRINGS``,
+  ``COMMON_SPECIAL_TEXTS`` and every added token's text, alone and inside
+  words) before it is used. ``--backend auto`` falls back to the reference,
+  and logs why, when gigatoken cannot load the file or disagrees;
+  ``--backend gigatoken`` is then refused, naming ``--backend hf``. A
+  document holding a character that gigatoken's newer Unicode tables class
+  differently (a Unicode 17 letter) is encoded by the reference (``routing``).
+
+The boundary defaults: ``default_bos`` / ``default_eos`` are read from
+``tokenizer_config.json`` beside the file (``bos_token`` / ``eos_token``, a
+string or an AddedToken mapping with ``content``), else from
+``special_tokens_map.json``, else from the file's post-processor (in a
+TemplateProcessing ``single`` template, a special token before ``$A`` is the
+BOS and one after it the EOS; Roberta/Bert processing: ``cls`` / ``sep``).
+
+A version carries a byte copy of the tokenizer.json (decoding needs only it);
+the build key covers its SHA-256 and the defaults the side files gave.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError
+from .base import (
+    COMMON_SPECIAL_TEXTS,
+    PROBE_STRINGS,
+    Tokenizer,
+    TokenizerFamily,
+    TokenizerSpec,
+    _disagreement,
+    _dist_version,
+    _file_name,
+    _file_stamp,
+    _gigatoken_ordinary,
+    _one_line,
+    _pack_lists,
+    no_boundary_error,
+)
+from .routing import disputed_pattern, encode_routed, find_disputed
+
+__all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON"]
+
+log = logging.getLogger("shardflow.tokenizers")
+
+TOKENIZER_JSON = "tokenizer.json"
+# Read for the BOS/EOS defaults, in this order; neither travels with a version.
+_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+Token = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One tokenizer.json as loaded once: the reference tokenizer and the facts read from the files."""
+
+    path: Path
+    config: dict[str, Any]
+    ref: Any  # tokenizers.Tokenizer, the reference
+    spec: TokenizerSpec
+    bos: Token | None
+    eos: Token | None
+    added: dict[str, int]  # every added token's content -> id, special or not
+    special_ids: frozenset[int]
+    max_id: int
+
+
+class HFTokenizer(Tokenizer):
+    """One tokenizer.json with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
+
+    reference_backend = "hf"
+
+    def __init__(self, *, source: _Source, backend: str, fast: Any | None, routed: str | None = None) -> None:
+        super().__init__(spec=source.spec, backend=backend)
+        self._source = source
+        self._ref = source.ref
+        self._fast = fast  # gigatoken.Tokenizer or None
+        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
+
+    # -- boundary tokens ------------------------------------------------------------
+    @property
+    def default_bos(self) -> Token | None:
+        return self._source.bos
+
+    @property
+    def default_eos(self) -> Token | None:
+        return self._source.eos
+
+    def _boundary(self) -> Token:
+        # Today's single boundary token: the EOS the files define, else their BOS.
+        found = self._source.eos or self._source.bos
+        if found is None:
+            raise no_boundary_error(self.name, f"none in {', '.join(_SIDE_FILES)} or the post-processor of {self._source.path}")
+        return found
+
+    @property
+    def eot_token(self) -> str:
+        return self._boundary()[0]
+
+    @property
+    def eot_id(self) -> int:
+        return self._boundary()[1]
+
+    def token_id(self, text: str) -> int | None:
+        """An added or vocabulary token's id by its spelling (``<|begin_of_text|>``, ``Ġthe``), or the id of a one-token text."""
+        found = self._ref.token_to_id(text)
+        if found is not None:
+            return int(found)
+        ids = self.encode_ordinary(text)
+        return ids[0] if len(ids) == 1 and self.decode(ids) == text else None
+
+    def token_text(self, token_id: int) -> str | None:
+        token_id = int(token_id)
+        if not 0 <= token_id <= self._source.max_id or self._ref.id_to_token(token_id) is None:
+            return None
+        return self.decode([token_id])
+
+    def key_facts(self) -> list[Any]:
+        # The side files choose the boundary defaults, and only the tokenizer.json's SHA-256 is in the spec.
+        return [*super().key_facts(), self.spec.family, self._source.bos, self._source.eos]
+
+    @property
+    def max_token_value(self) -> int:
+        """The largest id the file defines, added tokens included (Llama 3: 128255)."""
+        return self._source.max_id
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the added tokens the file marks special: no text ever encodes to one."""
+        return self._source.special_ids
+
+    def library_versions(self) -> dict[str, str | None]:
+        return {
+            "tokenizers": _dist_version("tokenizers"),
+            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
+        }
+
+    # -- encoding -------------------------------------------------------------------
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The reference: ``encode(text, add_special_tokens=False)`` with special-token text as ordinary text."""
+        return list(self._ref.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._fast is not None:
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._ref))
+        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+            texts = texts.to_pylist()
+        texts = list(texts)
+        return _pack_lists(_reference_lists(self._ref, texts) if texts else [])
+
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
+        """The tokenizers library's ``decode``, special tokens kept (invalid UTF-8 is replaced)."""
+        return self._ref.decode(np.asarray(tokens, dtype=np.int64).tolist(), skip_special_tokens=False)
+
+    def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
+        """The bytes the ids stand for: exact for byte-level files; otherwise the UTF-8 of ``decode``."""
+        table = self._byte_table
+        ids = np.asarray(tokens, dtype=np.int64).tolist()
+        if table is None:
+            return self.decode(ids).encode("utf-8")
+        try:
+            return b"".join(table[i] for i in ids)
+        except KeyError:
+            raise KeyError(f"token id {next(i for i in ids if i not in table)} is not in tokenizer {self.name!r}") from None
+
+    @functools.cached_property
+    def _byte_table(self) -> dict[int, bytes] | None:
+        """id -> bytes for a byte-level file (its ``decoder`` is ByteLevel), else None."""
+        if not _has_type(self._source.config.get("decoder"), "ByteLevel"):
+            return None
+        inverse = {ch: b for b, ch in _bytes_to_unicode().items()}
+        table: dict[int, bytes] = {}
+        for token, tid in self._ref.get_vocab(with_added_tokens=False).items():
+            try:
+                table[int(tid)] = bytes(inverse[ch] for ch in token)
+            except KeyError:
+                return None  # a vocabulary not spelled in the byte-level alphabet
+        for content, tid in self._source.added.items():
+            table[tid] = content.encode("utf-8")
+        return table
+
+
+class HFFamily(TokenizerFamily):
+    """Paths to a Hugging Face ``tokenizer.json`` (any ``*.json``), or to a directory holding one."""
+
+    name = "hf"
+    reference_backend = "hf"
+    serves = "tokenizer.json"
+    path_hint = "a path to a Hugging Face tokenizer.json (or a directory holding one)"
+
+    def matches(self, name_or_path: str) -> bool:
+        # Any directory: one without a tokenizer.json is told so, not called an unknown name.
+        return name_or_path.endswith(".json") or Path(name_or_path).expanduser().is_dir()
+
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        path = Path(name_or_path).expanduser()
+        json_path = path / TOKENIZER_JSON if path.is_dir() else path
+        return _file_stamp([json_path, *(json_path.parent / side for side in _SIDE_FILES)])
+
+    def load(self, name_or_path: str, backend: str) -> Tokenizer:
+        stamp = self.stamp(name_or_path)
+        source = _load_source(name_or_path, stamp)
+        if backend == "hf":
+            return HFTokenizer(source=source, backend="hf", fast=None)
+        fast, reason, routed = _fast_backend(name_or_path, stamp)
+        if fast is None:
+            if backend == "gigatoken":
+                raise ConfigError(f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend hf")
+            log.info("tokenizer %s: using the tokenizers library (%s)", name_or_path, reason)
+            return HFTokenizer(source=source, backend="hf", fast=None)
+        return HFTokenizer(source=source, backend="gigatoken", fast=fast, routed=routed)
+
+
+@functools.lru_cache(maxsize=4)
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+    """gigatoken for a tokenizer.json, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
+    source = _load_source(name, stamp)
+    try:
+        fast = _gigatoken_ordinary(source.config)
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken)", None
+    except Exception as exc:  # a model type or option gigatoken does not implement
+        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+    ref = source.ref
+    bad = _disagreement(fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids), _probes(source))
+    if bad is not None:
+        return None, f"gigatoken disagrees with the tokenizers library on the probe string {bad[:40]!r}", None
+    disputed = find_disputed(fast, functools.partial(_reference_lists, ref))
+    if disputed:
+        log.info("tokenizer %s: documents holding any of %d characters gigatoken classes differently "
+                 "(newer Unicode tables) are encoded by the tokenizers library", name, len(disputed))
+    return fast, "", disputed_pattern(disputed)
+
+
+def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
+    # encode_batch_fast skips the offsets, which nothing here reads; same ids.
+    encode = getattr(ref, "encode_batch_fast", ref.encode_batch)
+    return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+
+HF = HFFamily()
+
+
+def _probes(source: _Source) -> list[str]:
+    """The strings gigatoken must encode as the reference does: the shared probes and this file's added tokens."""
+    added = sorted(source.added)
+    return [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *added, *(f"a{t}b {t}\n{t}{t}" for t in added)]
+
+
+def _tokenizer_json(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / TOKENIZER_JSON).is_file():
+            raise ConfigError(f"tokenizer directory {str(path)!r} holds no {TOKENIZER_JSON}; pass a directory that holds one, or the file")
+        return path / TOKENIZER_JSON
+    if not path.is_file():
+        raise ConfigError(f"tokenizer file {str(path)!r} does not exist; pass an existing tokenizer.json or a directory holding one")
+    return path
+
+
+@functools.lru_cache(maxsize=4)
+def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
+    """Read and check a tokenizer.json once per ``stamp``: the reference tokenizer, its added tokens and defaults."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError("a tokenizer.json needs the tokenizers library: pip install 'tokenizers>=0.22'") from None
+    path = _tokenizer_json(name)
+    data = path.read_bytes()
+    problem: str | None = None
+    config: Any = None
+    ref: Any = None
+    try:
+        config = json.loads(data)
+    except ValueError as exc:  # a truncated copy, most often
+        problem = f"not JSON, or cut short: {_one_line(exc)}"
+    else:
+        if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+            problem = "it has no 'model' section"
+        else:
+            try:
+                ref = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+            except Exception as exc:  # an unknown model type, a hand-edited field: the library says which
+                problem = _one_line(exc)
+    if problem is not None:
+        raise ConfigError(
+            f"tokenizer file {str(path)!r} is not a valid tokenizer.json ({problem}); "
+            "pass a file saved by the Hugging Face tokenizers library"
+        )
+    # The reference is the whole-document encoding: a file may carry truncation or padding for a model's inputs.
+    ref.no_truncation()
+    ref.no_padding()
+    ref.encode_special_tokens = True
+    added = {str(t["content"]): int(t["id"]) for t in config.get("added_tokens") or []}
+    special_ids = frozenset(int(t["id"]) for t in config.get("added_tokens") or [] if t.get("special"))
+    vocab = ref.get_vocab(with_added_tokens=True)
+    max_id = max([*vocab.values(), *added.values()], default=-1)
+    if max_id < 0:
+        raise ConfigError(f"tokenizer file {str(path)!r} defines no tokens")
+    bos, eos = _defaults(path, config, ref)
+    spec = TokenizerSpec(
+        name=_file_name(path) if not Path(name).expanduser().is_dir() else Path(name).expanduser().resolve().name,
+        rank_file=str(path.resolve()),
+        rank_file_sha256=_sha256_bytes(data),
+        pretokenizer=None,
+        local_file=True,
+        family="hf",
+    )
+    return _Source(path=path, config=config, ref=ref, spec=spec, bos=bos, eos=eos, added=added, special_ids=special_ids, max_id=max_id)
+
+
+def _sha256_bytes(data: bytes) -> str:
+    # Hashed from the bytes that were parsed, so the recorded SHA-256 is of the file loaded.
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- boundary defaults ------------------------------------------------------------
+
+
+def _defaults(path: Path, config: dict[str, Any], ref: Any) -> tuple[Token | None, Token | None]:
+    """(BOS, EOS) from tokenizer_config.json, else special_tokens_map.json, else the post-processor; per role."""
+    found: dict[str, Token | None] = {"bos": None, "eos": None}
+    for side in _SIDE_FILES:
+        side_path = path.parent / side
+        if not side_path.is_file():
+            continue
+        try:
+            side_config = json.loads(side_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{side_path}: not valid JSON ({_one_line(exc)}); fix it or remove it") from None
+        if not isinstance(side_config, dict):
+            continue
+        for role in ("bos", "eos"):
+            if found[role] is None:
+                found[role] = _named_token(ref, side_config.get(f"{role}_token"), f"{side_path} {role}_token")
+    template_bos, template_eos = _template_defaults(config.get("post_processor"))
+    return found["bos"] or template_bos, found["eos"] or template_eos
+
+
+def _named_token(ref: Any, value: Any, where: str) -> Token | None:
+    """A side file's ``bos_token``/``eos_token`` (a string or an AddedToken mapping) as ``(text, id)``."""
+    text = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(text, str) or not text:
+        return None
+    token_id = ref.token_to_id(text)
+    if token_id is None:
+        log.warning("%s names %r, which is not a token of the tokenizer; ignored", where, text)
+        return None
+    return text, int(token_id)
+
+
+def _template_defaults(post: Any) -> tuple[Token | None, Token | None]:
+    """(BOS, EOS) of a post-processor: the special tokens around ``$A`` in its single-sequence template."""
+    if not isinstance(post, dict):
+        return None, None
+    kind = post.get("type")
+    if kind == "Sequence":
+        for inner in post.get("processors") or []:
+            found = _template_defaults(inner)
+            if found != (None, None):
+                return found
+        return None, None
+    if kind in ("RobertaProcessing", "BertProcessing"):
+        return _pair(post.get("cls")), _pair(post.get("sep"))
+    if kind != "TemplateProcessing":
+        return None, None
+    specials = post.get("special_tokens") or {}
+    before: Token | None = None
+    after: Token | None = None
+    seen_sequence = False
+    for piece in post.get("single") or []:
+        if not isinstance(piece, dict):
+            continue
+        if "Sequence" in piece:
+            seen_sequence = True
+        elif "SpecialToken" in piece:
+            name = piece["SpecialToken"].get("id")
+            entry = specials.get(name) or {}
+            ids, tokens = entry.get("ids") or [], entry.get("tokens") or []
+            if len(ids) != 1:
+                continue  # a multi-token "special" is no single boundary token
+            token = (str(tokens[0]) if tokens else str(name), int(ids[0]))
+            if not seen_sequence and before is None:
+                before = token
+            elif seen_sequence and after is None:
+                after = token
+    return before, after
+
+
+def _pair(value: Any) -> Token | None:
+    """A Roberta/Bert processing ``[text, id]`` as ``(text, id)``."""
+    if isinstance(value, list) and len(value) == 2:
+        return str(value[0]), int(value[1])
+    return None
+
+
+# -- byte-level decoding ----------------------------------------------------------
+
+
+def _has_type(component: Any, kind: str) -> bool:
+    """Whether a tokenizer.json component (decoder, ...) is of ``kind`` or a Sequence containing one."""
+    if not isinstance(component, dict):
+        return False
+    if component.get("type") == kind:
+        return True
+    inner = component.get("decoders") or component.get("processors") or []
+    return any(_has_type(c, kind) for c in inner)
+
+
+@functools.lru_cache(maxsize=1)
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, in which byte-level vocabularies are spelled."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(printable, map(chr, chars)))
+

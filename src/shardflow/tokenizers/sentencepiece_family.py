@@ -1,0 +1,311 @@
+"""The SentencePiece family: a ``.model`` file, with gigatoken as the fast backend where it agrees.
+
+``load_tokenizer("path/to/spm.model")`` returns a ``SentencePieceTokenizer``
+whose ``encode_batch`` is, token for token, the reference:
+
+* The reference is the ``sentencepiece`` library (backend ``sentencepiece``):
+  ``SentencePieceProcessor(model_proto=...).encode(text)``, no BOS or EOS
+  added. It never maps text to a control piece: ``<s>`` in a document is the
+  ordinary pieces of ``<``, ``s`` and ``>``. (User-defined pieces are split
+  out of the text, as the library does.)
+* The fast backend is gigatoken, which converts BPE models with byte fallback
+  to its tokenizer.json form; like the library it must not match control
+  pieces in text, so those are removed from what it loads. It must agree with
+  the reference on the probe strings (``PROBE_STRINGS``,
+  ``COMMON_SPECIAL_TEXTS`` and every control and user-defined piece, alone
+  and inside words) before it is used; ``--backend auto`` falls back to the
+  reference otherwise (a unigram model, or normalizer options gigatoken
+  treats differently), and ``--backend gigatoken`` is then refused. The
+  characters gigatoken encodes differently are found as for tokenizer.json
+  files (``routing``; none for the models tested) and their documents are
+  encoded by the reference.
+
+``default_bos`` / ``default_eos`` are the model's ``bos_id()`` / ``eos_id()``
+(-1: none). The ids are the piece ids (``get_piece_size()`` of them), so a
+32,000-piece model writes uint16 shards. A version carries a byte copy of the
+``.model`` file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError
+from .base import (
+    COMMON_SPECIAL_TEXTS,
+    PROBE_STRINGS,
+    Tokenizer,
+    TokenizerFamily,
+    TokenizerSpec,
+    _disagreement,
+    _dist_version,
+    _file_name,
+    _file_stamp,
+    _gigatoken_ordinary,
+    _one_line,
+    _pack_lists,
+    no_boundary_error,
+)
+from .routing import disputed_pattern, encode_routed, find_disputed
+
+__all__ = ["SENTENCEPIECE", "SentencePieceFamily", "SentencePieceTokenizer"]
+
+log = logging.getLogger("shardflow.tokenizers")
+
+_SPACE = "\u2581"  # "▁": how SentencePiece spells a space inside pieces
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+# A first line like "IQ== 0": Llama 3 ships its tiktoken ranks as tokenizer.model.
+_RANK_LINE = re.compile(rb"^[A-Za-z0-9+/=]+ \d+\r?$")
+
+Token = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class _Model:
+    """One ``.model`` file as loaded once."""
+
+    path: Path
+    data: bytes
+    sp: Any  # sentencepiece.SentencePieceProcessor, the reference
+    spec: TokenizerSpec
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """One SentencePiece model with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
+
+    reference_backend = "sentencepiece"
+
+    def __init__(self, *, model: _Model, backend: str, fast: Any | None, routed: str | None = None) -> None:
+        super().__init__(spec=model.spec, backend=backend)
+        self._model = model
+        self._sp = model.sp
+        self._fast = fast  # gigatoken.Tokenizer or None
+        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
+
+    # -- boundary tokens ------------------------------------------------------------
+    def _piece(self, token_id: int) -> Token | None:
+        return (self._sp.id_to_piece(token_id), token_id) if token_id >= 0 else None
+
+    @property
+    def default_bos(self) -> Token | None:
+        return self._piece(int(self._sp.bos_id()))
+
+    @property
+    def default_eos(self) -> Token | None:
+        return self._piece(int(self._sp.eos_id()))
+
+    def _boundary(self) -> Token:
+        # Today's single boundary token: the model's EOS, else its BOS.
+        found = self.default_eos or self.default_bos
+        if found is None:
+            raise no_boundary_error(self.name, f"{self._model.path} has bos_id and eos_id -1")
+        return found
+
+    @property
+    def eot_token(self) -> str:
+        return self._boundary()[0]
+
+    @property
+    def eot_id(self) -> int:
+        return self._boundary()[1]
+
+    def token_id(self, text: str) -> int | None:
+        """A piece's id by its spelling (``<s>``, ``▁the``), spaces written as spaces or as ``▁``."""
+        for piece in (text, text.replace(" ", _SPACE)):
+            token_id = int(self._sp.piece_to_id(piece))
+            # piece_to_id answers the unknown piece's id for any piece it does not know.
+            if token_id != self._sp.unk_id() or piece == self._sp.id_to_piece(token_id):
+                return token_id
+        return None
+
+    def token_text(self, token_id: int) -> str | None:
+        """A piece's text: control pieces as spelled (``</s>``), byte pieces as their byte, ``▁`` as a space."""
+        token_id = int(token_id)
+        if not 0 <= token_id <= self.max_token_value:
+            return None
+        piece = self._sp.id_to_piece(token_id)
+        if self._sp.is_byte(token_id):
+            return bytes([int(_BYTE_PIECE.match(piece).group(1), 16)]).decode("utf-8", errors="replace")  # type: ignore[union-attr]
+        if self._sp.is_control(token_id) or self._sp.is_unknown(token_id):
+            return piece
+        return piece.replace(_SPACE, " ")
+
+    def key_facts(self) -> list[Any]:
+        return [*super().key_facts(), self.spec.family, self.default_bos, self.default_eos]
+
+    @property
+    def max_token_value(self) -> int:
+        """The largest piece id (a 32,000-piece model: 31999, so uint16)."""
+        return int(self._sp.get_piece_size()) - 1
+
+    def library_versions(self) -> dict[str, str | None]:
+        return {
+            "sentencepiece": _dist_version("sentencepiece"),
+            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
+        }
+
+    # -- encoding -------------------------------------------------------------------
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The reference: sentencepiece's ``encode(text)`` (no BOS/EOS; control-piece text stays ordinary)."""
+        return list(self._sp.encode(text))
+
+    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._fast is not None:
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._sp))
+        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+            texts = texts.to_pylist()
+        texts = list(texts)
+        return _pack_lists(_reference_lists(self._sp, texts) if texts else [])
+
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
+        """sentencepiece's ``decode``, control pieces shown as spelled (``</s>``); invalid UTF-8 is replaced.
+
+        The library decodes a control piece to nothing; a boundary token is
+        then invisible, unlike in the other families. So each run of other
+        pieces is decoded by the library, and a control piece is its text.
+        """
+        ids = np.asarray(tokens, dtype=np.int64).tolist()
+        parts: list[str] = []
+        run: list[int] = []
+        for token_id in ids:
+            if self._sp.is_control(token_id):
+                parts += [self._sp.decode(run), self._sp.id_to_piece(token_id)]
+                run = []
+            else:
+                run.append(token_id)
+        parts.append(self._sp.decode(run))
+        return "".join(parts)
+
+    def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
+        """The bytes ``decode`` stands for, byte pieces one by one (``decode`` would replace a partial character)."""
+        ids = np.asarray(tokens, dtype=np.int64).tolist()
+        out = bytearray()
+        first = True
+        for token_id in ids:
+            if self._sp.is_control(token_id):
+                out += self._sp.id_to_piece(token_id).encode("utf-8")
+                first = True  # as in decode, the pieces after it are a new run
+                continue
+            if self._sp.is_byte(token_id):
+                out.append(int(_BYTE_PIECE.match(self._sp.id_to_piece(token_id)).group(1), 16))  # type: ignore[union-attr]
+            elif first or self._sp.is_unknown(token_id):
+                # The library drops the dummy-prefix space of the text's first piece; let it decide.
+                out += self._sp.decode([token_id]).encode("utf-8")
+            else:
+                out += self._sp.id_to_piece(token_id).replace(_SPACE, " ").encode("utf-8")
+            first = False
+        return bytes(out)
+
+
+class SentencePieceFamily(TokenizerFamily):
+    """Paths to a SentencePiece ``.model`` file."""
+
+    name = "sentencepiece"
+    reference_backend = "sentencepiece"
+    serves = "SentencePiece .model files"
+    path_hint = "a path to a SentencePiece .model file"
+
+    def matches(self, name_or_path: str) -> bool:
+        return name_or_path.endswith(".model")
+
+    def stamp(self, name_or_path: str) -> tuple[Any, ...]:
+        return _file_stamp([Path(name_or_path).expanduser()])
+
+    def load(self, name_or_path: str, backend: str) -> Tokenizer:
+        stamp = self.stamp(name_or_path)
+        model = _load_model(name_or_path, stamp)
+        if backend == "sentencepiece":
+            return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
+        fast, reason, routed = _fast_backend(name_or_path, stamp)
+        if fast is None:
+            if backend == "gigatoken":
+                raise ConfigError(
+                    f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend sentencepiece"
+                )
+            log.info("tokenizer %s: using sentencepiece (%s)", name_or_path, reason)
+            return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
+        return SentencePieceTokenizer(model=model, backend="gigatoken", fast=fast, routed=routed)
+
+
+SENTENCEPIECE = SentencePieceFamily()
+
+
+@functools.lru_cache(maxsize=4)
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+    """gigatoken for a ``.model``, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
+    model = _load_model(name, stamp)
+    try:
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+        config = json.loads(sentencepiece_to_tokenizer_json(model.data))
+        fast = _gigatoken_ordinary(config)
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken), or cannot read .model files", None
+    except Exception as exc:  # unigram models, options gigatoken does not implement
+        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+    pieces = [str(t["content"]) for t in config.get("added_tokens") or []]  # control and user-defined pieces
+    texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *pieces, *(f"a{t}b {t}\n{t}{t}" for t in pieces)]
+    bad = _disagreement(fast, lambda t: list(model.sp.encode(t)), texts)
+    if bad is not None:
+        return None, f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}", None
+    disputed = find_disputed(fast, functools.partial(_reference_lists, model.sp))
+    if disputed:
+        log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
+                 "are encoded by sentencepiece", name, len(disputed))
+    return fast, "", disputed_pattern(disputed)
+
+
+def _reference_lists(sp: Any, texts: list[str]) -> list[list[int]]:
+    return sp.encode(texts, num_threads=max(1, os.cpu_count() or 1))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_model(name: str, stamp: tuple[Any, ...]) -> _Model:
+    """Read and check a ``.model`` file once per ``stamp``."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise ConfigError("a .model file needs the sentencepiece library: pip install 'sentencepiece>=0.2'") from None
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"tokenizer file {str(path)!r} does not exist; pass an existing SentencePiece .model file")
+    data = path.read_bytes()
+    problem = None
+    try:
+        # From the bytes read, so the SHA-256 recorded is of the model loaded.
+        sp = sentencepiece.SentencePieceProcessor(model_proto=data)
+    except Exception as exc:
+        message = _one_line(exc)
+        # The library names its own source line and a protobuf call; say what it means.
+        problem = "sentencepiece cannot parse it" if "Parse" in message else message
+    else:
+        if sp.get_piece_size() == 0:
+            problem = "it has no pieces"
+    if problem is not None:
+        if _RANK_LINE.match(data.split(b"\n", 1)[0]):
+            fix = "it looks like a tiktoken rank file: rename it to NAME.tiktoken to use it as one"
+        else:
+            fix = "pass a .model file written by sentencepiece's trainer"
+        raise ConfigError(f"tokenizer file {str(path)!r} is not a SentencePiece model ({problem}); {fix}")
+    spec = TokenizerSpec(
+        name=_file_name(path),
+        rank_file=str(path.resolve()),
+        rank_file_sha256=hashlib.sha256(data).hexdigest(),
+        pretokenizer=None,
+        local_file=True,
+        family="sentencepiece",
+    )
+    return _Model(path=path, data=data, sp=sp, spec=spec)
