@@ -46,7 +46,11 @@ from .base import (
     unknown_tokenizer_error,
 )
 from .hf_family import HF, HFFamily, HFTokenizer
-from .sentencepiece_family import SENTENCEPIECE, SentencePieceFamily, SentencePieceTokenizer
+from .sentencepiece_family import (
+    SENTENCEPIECE,
+    SentencePieceFamily,
+    SentencePieceTokenizer,
+)
 from .tiktoken_family import ENDOFTEXT, TIKTOKEN, TiktokenFamily, TiktokenTokenizer
 
 __all__ = [

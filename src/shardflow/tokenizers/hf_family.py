@@ -95,7 +95,7 @@ class HFTokenizer(Tokenizer):
 
     reference_backend = "hf"
 
-    def __init__(self, *, source: _Source, backend: str, fast: Any | None, routed: str | None = None) -> None:
+    def __init__(self, *, source: _Source, backend: str, fast: Any | None, routed: Any | None = None) -> None:
         super().__init__(spec=source.spec, backend=backend)
         self._source = source
         self._ref = source.ref
@@ -238,7 +238,7 @@ class HFFamily(TokenizerFamily):
 
 
 @functools.lru_cache(maxsize=4)
-def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, Any | None]:
     """gigatoken for a tokenizer.json, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
     source = _load_source(name, stamp)
     try:
@@ -251,7 +251,8 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, s
     bad = _disagreement(fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids), _probes(source))
     if bad is not None:
         return None, f"gigatoken disagrees with the tokenizers library on the probe string {bad[:40]!r}", None
-    disputed = find_disputed(fast, functools.partial(_reference_lists, ref))
+    key = f"hf {source.spec.rank_file_sha256} tokenizers {_dist_version('tokenizers')}"
+    disputed = find_disputed(fast, functools.partial(_reference_lists, ref), cache_key=key)
     if disputed:
         log.info("tokenizer %s: documents holding any of %d characters gigatoken classes differently "
                  "(newer Unicode tables) are encoded by the tokenizers library", name, len(disputed))

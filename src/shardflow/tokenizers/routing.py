@@ -9,23 +9,37 @@ so once per tokenizer ``find_disputed`` encodes every code point of planes
 0-3 and 14 (the assigned ones, and those a newer Unicode may assign) in a few
 contexts on both backends, and ``encode_routed`` encodes the documents that
 hold one of the characters it found with the reference. Each document's ids
-are then the reference's, whichever backend ran, at the cost of one regular
-expression scan (RE2, in Arrow) per batch.
+are then the reference's, whichever backend ran.
+
+Finding the characters takes about a second per vocabulary, so the result is
+kept in a small file under ``$SHARDFLOW_CACHE_DIR`` (default
+``~/.cache/shardflow``), keyed by the vocabulary, the libraries' versions and
+Python's Unicode version: each process and worker after the first reads it.
+Finding the documents is one vectorized pass over each batch's UTF-8 bytes
+(``Disputed.hits``): only the lead bytes of the disputed characters are
+looked at, which costs a few milliseconds per 10 MB of text.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import json
+import os
 import threading
+import unicodedata
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .base import _encode_gigatoken
 
-__all__ = ["find_disputed", "disputed_pattern", "encode_routed"]
+__all__ = ["Disputed", "find_disputed", "disputed_pattern", "encode_routed"]
+
+CACHE_ENV = "SHARDFLOW_CACHE_DIR"
 
 # Each character after a letter and before an apostrophe (a contraction), after a digit
 # and before a space: the neighbours whose classes the split patterns ask about.
@@ -49,13 +63,44 @@ def _differing(fast: Any, reference: ReferenceBatch, texts: list[str]) -> list[i
     return [i for i, (a, b) in enumerate(zip(got, expected)) if list(a) != list(b)]
 
 
-def find_disputed(fast: Any, reference: ReferenceBatch) -> tuple[int, ...]:
+def _cache_file(key: str) -> Path:
+    try:
+        giga = importlib.metadata.version("gigatoken")
+    except importlib.metadata.PackageNotFoundError:
+        giga = None
+    full = json.dumps([key, giga, unicodedata.unidata_version, 1])
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "shardflow")
+    return root / f"disputed-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
+
+
+def find_disputed(fast: Any, reference: ReferenceBatch, *, cache_key: str | None = None) -> tuple[int, ...]:
     """The code points on which gigatoken's ``fast`` and the ``reference`` batch encoding disagree.
 
     Chunks of characters first (about a second for Llama 3's vocabulary, on two cores),
     then each character of a chunk that differs on its own. A chunk that
     differs while none of its characters does alone counts whole.
+    ``cache_key`` (the vocabulary file's SHA-256 and the reference library's
+    version, say) keeps the answer on disk for the next process.
     """
+    path = _cache_file(cache_key) if cache_key else None
+    if path is not None:
+        try:
+            return tuple(int(c) for c in json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass  # not computed yet, or unreadable: compute it
+    found = _find_disputed(fast, reference)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(list(found)))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: computed again next time
+    return found
+
+
+def _find_disputed(fast: Any, reference: ReferenceBatch) -> tuple[int, ...]:
     chars = _candidates()
     chunks = [chars[i : i + _CHUNK] for i in range(0, len(chars), _CHUNK)]
     bad_chunks = _differing(fast, reference, ["".join(_CONTEXT.format(c=c) for c in chunk) for chunk in chunks])
@@ -67,31 +112,68 @@ def find_disputed(fast: Any, reference: ReferenceBatch) -> tuple[int, ...]:
     return tuple(sorted(disputed))
 
 
-def disputed_pattern(code_points: Sequence[int]) -> str | None:
-    """An RE2 character class matching ``code_points`` (ranges merged), or None for none."""
-    if not code_points:
-        return None
-    parts: list[str] = []
-    start = prev = code_points[0]
-    for c in [*code_points[1:], None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        parts.append(f"\\x{{{start:X}}}" if start == prev else f"\\x{{{start:X}}}-\\x{{{prev:X}}}")
-        if c is not None:
-            start = prev = c
-    return "[" + "".join(parts) + "]"
+class Disputed:
+    """A set of code points, and which documents of a batch hold one of them (from the UTF-8 bytes)."""
+
+    def __init__(self, code_points: Sequence[int]) -> None:
+        self.code_points = tuple(code_points)
+        self._table = np.zeros(0x110000, dtype=bool)
+        self._table[list(self.code_points)] = True
+        # The UTF-8 lead bytes of the disputed characters: only bytes at least the
+        # smallest of them are looked at further.
+        self._min_lead = min(chr(c).encode("utf-8")[0] for c in self.code_points)
+
+    def __repr__(self) -> str:
+        return f"Disputed({len(self.code_points)} code points)"
+
+    def hits(self, texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Indices of the documents of ``texts`` (a string array without nulls) holding a disputed character."""
+        if isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks()
+        n = len(texts)
+        off_dtype = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+        bufs = texts.buffers()
+        if n == 0 or bufs[2] is None:
+            return np.empty(0, dtype=np.int64)
+        offsets = np.frombuffer(bufs[1], dtype=off_dtype)[texts.offset : texts.offset + n + 1].astype(np.int64)
+        data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+        pos = np.flatnonzero(data >= self._min_lead)
+        if not len(pos):
+            return np.empty(0, dtype=np.int64)
+        lead = data[pos]
+        starts = lead >= 0xC0  # continuation bytes (0x80-0xBF) start no character
+        pos, lead = pos[starts], lead[starts].astype(np.int64)
+        # Decode each character from its lead byte and up to three continuation bytes
+        # (gathered at those positions only; an index past the end reads the last byte).
+        last = len(data) - 1
+        b1, b2, b3 = (data[np.minimum(pos + k, last)].astype(np.int64) & 0x3F for k in (1, 2, 3))
+        cp = np.where(
+            lead >= 0xF0,
+            ((lead & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
+            np.where(lead >= 0xE0, ((lead & 0x0F) << 12) | (b1 << 6) | b2, ((lead & 0x1F) << 6) | b1),
+        )
+        found = pos[self._table[np.minimum(cp, 0x10FFFF)]]
+        if not len(found):
+            return np.empty(0, dtype=np.int64)
+        return np.unique(np.searchsorted(offsets - offsets[0], found, side="right") - 1)
+
+
+def disputed_pattern(code_points: Sequence[int]) -> Disputed | None:
+    """What ``encode_routed`` routes: the code points (None for none)."""
+    return Disputed(code_points) if code_points else None
 
 
 def encode_routed(
-    fast: Any, lock: threading.Lock, texts: pa.Array | Sequence[str], pattern: str | None, reference: ReferenceBatch
+    fast: Any, lock: threading.Lock, texts: pa.Array | Sequence[str], disputed: Disputed | None, reference: ReferenceBatch
 ) -> tuple[np.ndarray, np.ndarray]:
-    """gigatoken's flat ``(tokens, offsets)``, with the documents matching ``pattern`` encoded by ``reference``."""
+    """gigatoken's flat ``(tokens, offsets)``, with the documents holding a ``disputed`` character encoded by ``reference``."""
     tokens, offsets = _encode_gigatoken(fast, lock, texts)
-    if pattern is None or len(offsets) < 2:
+    if disputed is None or len(offsets) < 2:
         return tokens, offsets
     array = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(list(texts), type=pa.large_string())
-    hits = np.flatnonzero(pc.match_substring_regex(array, pattern).to_numpy(zero_copy_only=False))
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    hits = disputed.hits(array)
     if not len(hits):
         return tokens, offsets
     redo = reference([array[int(i)].as_py() for i in hits])

@@ -87,7 +87,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     reference_backend = "sentencepiece"
 
-    def __init__(self, *, model: _Model, backend: str, fast: Any | None, routed: str | None = None) -> None:
+    def __init__(self, *, model: _Model, backend: str, fast: Any | None, routed: Any | None = None) -> None:
         super().__init__(spec=model.spec, backend=backend)
         self._model = model
         self._sp = model.sp
@@ -244,7 +244,7 @@ SENTENCEPIECE = SentencePieceFamily()
 
 
 @functools.lru_cache(maxsize=4)
-def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, str | None]:
+def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, Any | None]:
     """gigatoken for a ``.model``, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
     model = _load_model(name, stamp)
     try:
@@ -261,7 +261,8 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, s
     bad = _disagreement(fast, lambda t: list(model.sp.encode(t)), texts)
     if bad is not None:
         return None, f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}", None
-    disputed = find_disputed(fast, functools.partial(_reference_lists, model.sp))
+    key = f"sentencepiece {model.spec.rank_file_sha256} sentencepiece {_dist_version('sentencepiece')}"
+    disputed = find_disputed(fast, functools.partial(_reference_lists, model.sp), cache_key=key)
     if disputed:
         log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
                  "are encoded by sentencepiece", name, len(disputed))

@@ -46,11 +46,11 @@ from .base import (
     TokenizerFamily,
     TokenizerSpec,
     _dist_version,
-    _encode_gigatoken,
     _pack_lists,
     _sha256,
     unknown_tokenizer_error,
 )
+from .routing import Disputed, disputed_pattern, encode_routed, find_disputed
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT"]
 
@@ -89,11 +89,14 @@ class TiktokenTokenizer(Tokenizer):
 
     reference_backend = "tiktoken"
 
-    def __init__(self, *, spec: TokenizerSpec, encoding: Any, backend: str, fast: Any | None) -> None:
+    def __init__(
+        self, *, spec: TokenizerSpec, encoding: Any, backend: str, fast: Any | None, routed: str | None = None
+    ) -> None:
         super().__init__(spec=spec, backend=backend)
         self._encoding = encoding  # tiktoken.Encoding, the reference
         self._fast = fast  # gigatoken.Tokenizer or None
         self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
+        self._routed = routed  # documents matching it are encoded by tiktoken (see routing.py)
 
     @property
     def eot_token(self) -> str:
@@ -136,9 +139,12 @@ class TiktokenTokenizer(Tokenizer):
         """The reference encoding of one text (tiktoken's ``encode_ordinary``)."""
         return list(self._encoding.encode_ordinary(text))
 
+    def _reference_lists(self, texts: list[str]) -> list[list[int]]:
+        return self._encoding.encode_ordinary_batch(texts, num_threads=max(1, os.cpu_count() or 1))
+
     def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._fast is not None:
-            return _encode_gigatoken(self._fast, self._fast_lock, texts)
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, self._reference_lists)
         if isinstance(texts, (pa.Array, pa.ChunkedArray)):
             texts = texts.to_pylist()
         lists = self._encoding.encode_ordinary_batch(list(texts), num_threads=max(1, os.cpu_count() or 1))
@@ -204,7 +210,23 @@ class TiktokenFamily(TokenizerFamily):
                 )
             log.info("tokenizer %s: using tiktoken (%s)", name, reason)
             return TiktokenTokenizer(spec=spec, encoding=encoding, backend="tiktoken", fast=None)
-        return TiktokenTokenizer(spec=spec, encoding=encoding, backend="gigatoken", fast=fast)
+        routed = _routed_pattern(f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {_dist_version('tiktoken')}", fast, encoding)
+        return TiktokenTokenizer(spec=spec, encoding=encoding, backend="gigatoken", fast=fast, routed=routed)
+
+
+@functools.lru_cache(maxsize=8)
+def _routed_pattern(key: str, fast: Any, encoding: Any) -> Disputed | None:
+    """The characters gigatoken classes unlike tiktoken (Unicode 17 letters), found once per vocabulary.
+
+    gigatoken 0.10 splits with Unicode 17 tables, tiktoken's regex engine with
+    older ones: a document holding such a letter can get other ids. No probe
+    string list holds them all, so every candidate code point is compared
+    (about a second), and documents holding one are encoded by tiktoken.
+    """
+    disputed = find_disputed(fast, lambda texts: encoding.encode_ordinary_batch(texts), cache_key=key)
+    if disputed:
+        log.info("tokenizer (%s): %d characters split differently by gigatoken are encoded by tiktoken", key, len(disputed))
+    return disputed_pattern(disputed)
 
 
 TIKTOKEN = TiktokenFamily()
