@@ -95,9 +95,9 @@ def embed_version(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     names = [name for entry in parent.splits.values() for shard in entry.shards for name in (shard.file, shard.index.file)]
-    for key in ("rank_file", "tokenizer_file"):  # the tokenizer file's copy (tiktoken's key, the file families')
-        if parent.tokenized_info.get(key):
-            names.append(parent.tokenized_info[key])
+    for field in ("rank_file", "tokenizer_file"):  # the tokenizer file's copy (tiktoken's key, the file families')
+        if parent.tokenized_info.get(field):
+            names.append(parent.tokenized_info[field])
     for name in names:
         try:
             os.link(src_dir / name, out / name)
