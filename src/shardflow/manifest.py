@@ -141,6 +141,15 @@ class BoundaryTokens(NamedTuple):
     eos: tuple[str, int] | None
     """``(text, id)`` of the token after each document, or None."""
 
+    def describe(self) -> str:
+        """``<|endoftext|> = 100257 (bos)`` for one token; ``BOS <|x|> = 1, EOS <|y|> = 2 (both)`` otherwise."""
+        if self.placement != "both":
+            tok = self.bos if self.placement == "bos" else self.eos
+            if tok is not None:
+                return f"{tok[0]} = {tok[1]} ({self.placement})"
+        parts = [f"{kind} {tok[0]} = {tok[1]}" for kind, tok in (("BOS", self.bos), ("EOS", self.eos)) if tok is not None]
+        return f"{', '.join(parts)} ({self.placement})"
+
 
 def boundary_tokens(section: dict[str, Any]) -> BoundaryTokens:
     """The placement and tokens a ``boundary`` section records.
