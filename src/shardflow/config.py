@@ -222,7 +222,7 @@ class BuildConfig:
                 "(2**31 - 1, because .bos.idx entries are int32)"
             )
         if self.boundary not in BOUNDARY_PLACEMENTS:
-            raise ConfigError(f"boundary must be 'bos', 'eos' or 'both', not {self.boundary!r}")
+            raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {self.boundary!r}")
         for field_name, flag, kind in (("bos_token", "--bos-token", "bos"), ("eos_token", "--eos-token", "eos")):
             value = getattr(self, field_name)
             if value is None:

@@ -128,7 +128,7 @@ def _open_plain(
     placement: str,
 ) -> ShardSet:
     if placement not in ("bos", "eos", "both"):
-        raise ConfigError(f"boundary must be 'bos', 'eos' or 'both', not {placement!r}")
+        raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {placement!r}")
     if boundary_token is not None and (isinstance(boundary_token, bool) or not isinstance(boundary_token, (int, np.integer))):
         raise ConfigError(f"boundary_token must be a token id (an int), not {boundary_token!r}")
     want_dtype = None
