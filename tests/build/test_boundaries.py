@@ -293,3 +293,21 @@ def test_incremental_reuse_compares_the_whole_boundary(tmp_path, corpus, monkeyp
 
     changed = dataclasses.replace(b, eos=("<|fim_suffix|>", tok.token_id(FIM_SUFFIX)))
     assert plan_reuse(cfg, inputs, tok, token_dtype(tok), cat, None, boundaries=changed) is None
+
+
+def test_schedules_file_takes_the_boundary_options(tmp_path):
+    from flows.schedules import load_schedules
+
+    f = tmp_path / "s.yaml"
+    f.write_text(
+        "datasets:\n"
+        "  - name: w\n    sources: [x/]\n    cron: '0 2 * * *'\n"
+        "    options: {boundary: both, bos_token: 100258, eos_token: '<|fim_suffix|>'}\n"
+        "  - name: v\n    sources: [x/]\n    cron: '0 2 * * *'\n    options: {eos_token: '<|fim_suffix|>'}\n"
+    )
+    with pytest.raises(ConfigError, match=r"--eos-token <\|fim_suffix\|> is given but boundary='bos' places no EOS"):
+        load_schedules(f)
+    f.write_text(f.read_text().split("  - name: v")[0])
+    (sb,) = load_schedules(f)
+    assert (sb.config.boundary, sb.config.bos_token, sb.config.eos_token) == ("both", "100258", FIM_SUFFIX)
+    assert sb.parameters()["config"]["bos_token"] == "100258"
