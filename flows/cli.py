@@ -91,10 +91,17 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
                    help="tokenizer backend: auto, gigatoken, or the family's reference (tiktoken, hf, sentencepiece)")
     b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy or bin")
     b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
-    g = b.add_mutually_exclusive_group()
-    g.add_argument("--bos", dest="boundary", action="store_const", const="bos", help="prepend <|endoftext|> (default)")
-    g.add_argument("--eos", dest="boundary", action="store_const", const="eos", help="append <|endoftext|> instead")
-    b.set_defaults(boundary="bos")
+    b.add_argument("--bos", action="store_true",
+                   help="put a BOS token before each document (the default); with --eos too, each document is "
+                   "BOS + ids + EOS (Llama 3 style)")
+    b.add_argument("--eos", action="store_true",
+                   help="put an EOS token after each document (alone: instead of the BOS, nanoGPT style)")
+    b.add_argument("--bos-token", default=None, metavar="TEXT|ID",
+                   help="the BOS token's text or id (all digits: an id); default: the tokenizer's own "
+                   "(<|endoftext|> for tiktoken encodings)")
+    b.add_argument("--eos-token", default=None, metavar="TEXT|ID",
+                   help="the EOS token's text or id (all digits: an id); default: the tokenizer's own "
+                   "(<|endoftext|> for tiktoken encodings)")
     b.add_argument("--val-fraction", type=float, default=0.0, help="hold out this fraction of documents as 'val'")
     b.add_argument("--val-count", type=int, default=0, help="hold out this many documents as 'val'")
     b.add_argument("--seed", type=int, default=0, help="seed of the validation split (default 0)")
@@ -178,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _placement(args: argparse.Namespace) -> str:
+    """``--bos`` (or neither): bos; ``--eos``: eos; both flags: both (BOS + ids + EOS)."""
+    if args.bos and args.eos:
+        return "both"
+    return "eos" if args.eos else "bos"
+
+
 def _config(args: argparse.Namespace) -> Any:
     from shardflow.config import BuildConfig
 
@@ -190,7 +204,9 @@ def _config(args: argparse.Namespace) -> Any:
         backend=args.backend,
         format=args.format,
         shard_tokens=args.shard_tokens,
-        boundary=args.boundary,
+        boundary=_placement(args),
+        bos_token=args.bos_token,
+        eos_token=args.eos_token,
         val_fraction=args.val_fraction,
         val_count=args.val_count,
         seed=args.seed,
@@ -381,7 +397,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"  format:        {fmt['name']} (header {fmt.get('header_bytes', 0)} bytes)")
     print(f"  dtype:         {manifest.dtype}")
     print(f"  vocab_size:    {manifest.tokenized_info['vocab_size']}")
-    print(f"  boundary:      {manifest.boundary['token']} = {manifest.boundary['token_id']} ({manifest.boundary['placement']})")
+    print(f"  boundary:      {manifest.boundary_tokens.describe()}")
     for split, entry in manifest.splits.items():
         print(f"  {split:6s}         {len(entry.shards)} shards, {entry.tokens} tokens, {entry.documents} documents")
     return 0
@@ -463,7 +479,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  created {m.created_at}, parent {m.parent or '-'}")
     print(f"  tokenizer {m.tokenized_info['tokenizer']} ({m.tokenized_info.get('backend')}), dtype {m.dtype}, "
           f"vocab {m.tokenized_info['vocab_size']}, format {m.format_name}")
-    print(f"  boundary {m.boundary['token']} = {m.boundary['token_id']} ({m.boundary['placement']})")
+    print(f"  boundary {m.boundary_tokens.describe()}")
     t = m.totals
     print(f"  totals: {t['documents']} documents, {t['tokens']} tokens, {t['shards']} shards, {t['bytes']} bytes; "
           f"{t['input_rows']} input rows, {t['null_texts']} null, {t['empty_texts']} empty")

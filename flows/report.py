@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from shardflow.manifest import Manifest
+from shardflow.manifest import Manifest, boundary_tokens
 
 __all__ = ["artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_link"]
 
@@ -124,7 +124,7 @@ def summary_markdown(
         f"| Tokenizer | `{ti['tokenizer']}` ({ti.get('backend', '?')} backend), vocab {_n(ti['vocab_size'])} |",
         f"| dtype | `{manifest.dtype}` |",
         f"| Format | `{fmt['name']}` (header {fmt.get('header_bytes', 0)} bytes, files `{fmt.get('file_pattern', '')}`) |",
-        f"| Boundary | `{_cell(b['token'])}` = {b['token_id']} ({b['placement']}) |",
+        f"| Boundary | {_boundary_cell(b)} |",
         f"| Build key | `{manifest.build_key[:16]}` |",
         f"| Created | {manifest.created_at} |",
         "",
@@ -167,3 +167,14 @@ def summary_markdown(
     else:
         lines.append("Nothing was tokenized: this run found the identical version already published.")
     return "\n".join(lines) + "\n"
+
+
+def _boundary_cell(section: dict) -> str:
+    """``<|endoftext|>`` = 100257 (bos), or each placed token: BOS `<|x|>` = 1, EOS `<|y|>` = 2 (both)."""
+    bt = boundary_tokens(section)
+    if bt.placement != "both":
+        tok = bt.bos if bt.placement == "bos" else bt.eos
+        if tok is not None:
+            return f"`{_cell(tok[0])}` = {tok[1]} ({bt.placement})"
+    parts = [f"{kind} `{_cell(tok[0])}` = {tok[1]}" for kind, tok in (("BOS", bt.bos), ("EOS", bt.eos)) if tok is not None]
+    return f"{', '.join(parts)} ({bt.placement})"

@@ -18,6 +18,9 @@ the UI's "Run" button). A schedules file::
         options:                   # any build option (BuildConfig field)
           tokenizer: cl100k_base
           val_fraction: 0.001
+          boundary: both           # bos (default), eos, or both: BOS + ids + EOS (--bos --eos)
+          bos_token: "<|fim_prefix|>"   # text or id (--bos-token); default: the tokenizer's own
+          eos_token: 100259             # (--eos-token)
       - name: code
         sources: ["s3://corpora/code/*.parquet"]
         cron: "30 3 * * 0"         # Sundays 03:30

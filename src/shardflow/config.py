@@ -14,7 +14,7 @@ from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
 
-__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "NAME_RE", "check_name"]
+__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "NAME_RE", "check_name"]
 
 # Tokenizer backends; defined here (not in tokenizers.py) so that importing the
 # config does not import pyarrow and tiktoken: the training runtime needs neither.
@@ -27,6 +27,12 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # which (identical) backend runs it. They stay out of the build key, so a
 # rebuild that only changes them reports the existing version.
 _NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes", "batch_rows", "description"})
+
+# Where the boundary tokens go: before each document, after it, or both (BOS + ids + EOS).
+BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
+
+# Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
+_OMITTED_WHEN_NONE = ("bos_token", "eos_token")
 
 
 def check_name(name: str) -> str:
@@ -172,7 +178,12 @@ class BuildConfig:
     backend: str = "auto"
     format: str = "nanogpt"
     shard_tokens: int = 100_000_000
-    boundary: Literal["bos", "eos"] = "bos"
+    boundary: Literal["bos", "eos", "both"] = "bos"
+    """Where boundary tokens go: before each document (``bos``), after it (``eos``) or both (BOS + ids + EOS)."""
+    bos_token: str | None = None
+    """The BOS token's text or id (an all-digit string); None: the tokenizer's own (``default_bos``)."""
+    eos_token: str | None = None
+    """The EOS token's text or id (an all-digit string); None: the tokenizer's own (``default_eos``)."""
     val_fraction: float = 0.0
     val_count: int = 0
     seed: int = 0
@@ -211,8 +222,23 @@ class BuildConfig:
                 f"shard_tokens={self.shard_tokens} is out of range; a shard holds 1 to {MAX_SHARD_TOKENS} tokens "
                 "(2**31 - 1, because .bos.idx entries are int32)"
             )
-        if self.boundary not in ("bos", "eos"):
-            raise ConfigError(f"boundary must be 'bos' or 'eos', not {self.boundary!r}")
+        if self.boundary not in BOUNDARY_PLACEMENTS:
+            raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {self.boundary!r}")
+        for field_name, flag, kind in (("bos_token", "--bos-token", "bos"), ("eos_token", "--eos-token", "eos")):
+            value = getattr(self, field_name)
+            if value is None:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)  # an id given as a number: stored as its digits, as the CLI gives it
+                object.__setattr__(self, field_name, value)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{field_name} ({flag}) must be a token's text or id, not {value!r}")
+            if self.boundary not in (kind, "both"):
+                other = "--bos" if kind == "bos" else "--eos"
+                raise ConfigError(
+                    f"{flag} {value} is given but boundary={self.boundary!r} places no {kind.upper()} token; "
+                    f"add {other} (with --bos --eos each document is BOS + ids + EOS)"
+                )
         if not (isinstance(self.val_fraction, (int, float)) and math.isfinite(self.val_fraction)):
             raise ConfigError(f"val_fraction must be a number in [0, 1), not {self.val_fraction!r}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -233,6 +259,11 @@ class BuildConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["sources"] = list(self.sources)
+        # Unset boundary tokens (the tokenizer's defaults) are left out, so that the
+        # manifests and build keys of configurations that predate them stay the same.
+        for name in _OMITTED_WHEN_NONE:
+            if d[name] is None:
+                del d[name]
         return d
 
     @classmethod

@@ -18,7 +18,7 @@ import dataclasses
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -32,6 +32,8 @@ __all__ = [
     "ShardEntry",
     "SplitEntry",
     "Manifest",
+    "BoundaryTokens",
+    "boundary_tokens",
     "read_manifest",
     "write_manifest",
 ]
@@ -129,6 +131,46 @@ class SplitEntry:
         )
 
 
+class BoundaryTokens(NamedTuple):
+    """A manifest's ``boundary`` section read whatever its age: the placement and the two tokens."""
+
+    placement: str
+    """``bos``, ``eos`` or ``both``."""
+    bos: tuple[str, int] | None
+    """``(text, id)`` of the token before each document, or None."""
+    eos: tuple[str, int] | None
+    """``(text, id)`` of the token after each document, or None."""
+
+    def describe(self) -> str:
+        """``<|endoftext|> = 100257 (bos)`` for one token; ``BOS <|x|> = 1, EOS <|y|> = 2 (both)`` otherwise."""
+        if self.placement != "both":
+            tok = self.bos if self.placement == "bos" else self.eos
+            if tok is not None:
+                return f"{tok[0]} = {tok[1]} ({self.placement})"
+        parts = [f"{kind} {tok[0]} = {tok[1]}" for kind, tok in (("BOS", self.bos), ("EOS", self.eos)) if tok is not None]
+        return f"{', '.join(parts)} ({self.placement})"
+
+
+def boundary_tokens(section: dict[str, Any]) -> BoundaryTokens:
+    """The placement and tokens a ``boundary`` section records.
+
+    Sections written before ``both`` existed hold only ``token``, ``token_id`` and
+    ``placement`` (the one token, placed as it says); newer ones may add ``bos``
+    and ``eos`` (``{token, id}``), which then take precedence.
+    """
+    placement = str(section["placement"])
+
+    def one(kind: str) -> tuple[str, int] | None:
+        sub = section.get(kind)
+        if isinstance(sub, dict):
+            return str(sub["token"]), int(sub["id"])
+        if placement == kind or (placement == "both" and kind == "bos" and "bos" not in section):
+            return str(section["token"]), int(section["token_id"])
+        return None
+
+    return BoundaryTokens(placement, one("bos"), one("eos"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     """A published (or staged) version, as ``metadata.yaml`` records it."""
@@ -158,6 +200,11 @@ class Manifest:
     @property
     def dtype(self) -> str:
         return str(self.tokenized_info["dtype"])
+
+    @property
+    def boundary_tokens(self) -> BoundaryTokens:
+        """The boundary section's placement and its BOS and EOS tokens (see ``boundary_tokens``)."""
+        return boundary_tokens(self.boundary)
 
     @property
     def format_name(self) -> str:

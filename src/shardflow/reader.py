@@ -76,7 +76,7 @@ class Split:
         return self.shards.read(start, stop)
 
     def document(self, i: int, *, with_boundary: bool = False) -> np.ndarray:
-        """Token ids of document ``i`` of this split (boundary token excluded unless asked)."""
+        """Token ids of document ``i`` of this split (its BOS and/or EOS excluded unless asked)."""
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} out of range: split {self.name!r} has {self.num_documents} documents")
         starts = self.doc_starts
@@ -84,7 +84,10 @@ class Split:
         toks = self.tokens(int(starts[i]), stop)
         if with_boundary:
             return toks
-        return toks[1:] if self.shards.placement == "bos" else toks[:-1]
+        placement = self.shards.placement
+        head = 1 if placement in ("bos", "both") else 0
+        tail = 1 if placement in ("eos", "both") else 0
+        return toks[head : len(toks) - tail]
 
     def text(self, i: int) -> str:
         """Document ``i`` decoded to text."""

@@ -84,7 +84,7 @@ class ShardSet:
         shards: list[ShardInfo],
         fmt: ShardFormat,
         dtype: np.dtype,
-        placement: Literal["bos", "eos"],
+        placement: Literal["bos", "eos", "both"],
         boundary_token: int | None,
         tokenizer: str | None,
         vocab_size: int | None,
@@ -98,7 +98,9 @@ class ShardSet:
         self.format = fmt
         self.dtype = np.dtype(dtype)
         self.placement = placement
-        """Where the boundary token sits: before (``bos``) or after (``eos``) each document."""
+        """Where the boundary tokens sit: before (``bos``), after (``eos``) or around (``both``) each document.
+
+        With ``both``, ``boundary_token`` is the BOS (the manifest's ``token_id``)."""
         self.boundary_token = boundary_token
         self.tokenizer = tokenizer
         """The tokenizer's name where the manifest records it (None for plain directories)."""
@@ -216,6 +218,14 @@ class ShardSet:
         k = int(np.searchsorted(self.offsets, token, side="right")) - 1
         return k, int(token - self.offsets[k])
 
+    def first_token(self, k: int) -> int | None:
+        """Shard ``k``'s first token id (None when the shard is empty); reads one page, keeps no new map."""
+        info = self.shards[k]
+        if info.tokens == 0:
+            return None
+        view = self._views[k]
+        return int((view if view is not None else self._open(k))[0])
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Split-wide tokens ``[start, stop)`` (clipped to the split), across shard boundaries when needed.
 
@@ -285,7 +295,7 @@ class ShardSet:
             return
         toks = self.shard(k)
         starts = starts.astype(np.int64)
-        if self.placement == "bos":
+        if self.placement in ("bos", "both"):
             ok = bool(np.all(toks[starts] == self.boundary_token))
         else:
             inner = starts[starts > 0]
@@ -293,14 +303,14 @@ class ShardSet:
         if not ok:
             raise ValidationError(
                 f"{self.shards[k].index}: its entries do not point at document starts (token {self.boundary_token} "
-                f"{'at' if self.placement == 'bos' else 'just before'} each entry); it is not a shardflow "
+                f"{'just before' if self.placement == 'eos' else 'at'} each entry); it is not a shardflow "
                 ".bos.idx of token indices. Delete it or pass the right boundary_token"
             )
 
     def _derive_starts(self, k: int) -> np.ndarray:
         toks = self.shard(k)
         hits = np.flatnonzero(toks == self.boundary_token).astype(np.int64)
-        if self.placement == "bos":
+        if self.placement in ("bos", "both"):  # plain directories: both is read like bos (its BOS token)
             return hits
         starts = hits + 1
         starts = starts[starts < len(toks)]

@@ -9,7 +9,8 @@ any published version (``shardflow validate REF``):
 * every token id is below the vocabulary size;
 * ``.bos.idx`` entries are ascending, in range, one per document, and point at
   document starts: at BOS tokens with BOS placement (and every BOS is indexed),
-  right after EOS tokens with EOS placement (and every EOS is followed by one);
+  right after EOS tokens with EOS placement (and every EOS is followed by one),
+  at BOS tokens preceded by the EOS (inside the shard) with both;
 * per-split and overall totals add up;
 * the embeddings, if any (``shardflow.embedding_files.validate_embeddings``).
 
@@ -92,6 +93,18 @@ def _starts_document(directory: Path, manifest: Manifest, split: str, k: int, bo
     return last is not None and last == boundary
 
 
+def _next_token(directory: Path, manifest: Manifest, split: str, k: int) -> int | None:
+    """The first token after shard ``k`` in its split (None at the split's end or when unreadable)."""
+    try:
+        shards = _shard_set(directory, manifest, split)
+        for j in range(k + 1, shards.num_shards):
+            if shards.shards[j].tokens:
+                return shards.first_token(j)
+    except (ValidationError, OSError, ValueError):
+        return None
+    return None
+
+
 def validate_shard(
     directory: Path, manifest: Manifest, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
 ) -> list[str]:
@@ -127,7 +140,9 @@ def validate_shard(
         problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
     vocab = int(manifest.tokenized_info["vocab_size"])
     boundary = int(manifest.boundary["token_id"])
-    placement = manifest.boundary["placement"]
+    placement, bos_tok, eos_tok = manifest.boundary_tokens
+    bos_id = None if bos_tok is None else bos_tok[1]
+    eos_id = None if eos_tok is None else eos_tok[1]
     # With EOS placement token 0 starts a document when the previous shard ends with EOS.
     first_is_start = _starts_document(directory, manifest, split, k, boundary) if placement == "eos" else None
     n = len(tokens)
@@ -136,6 +151,7 @@ def validate_shard(
     # boundary positions together (a memory map would grow resident memory).
     h = hashlib.sha256()
     boundary_positions: list[np.ndarray] = []
+    eos_positions: list[np.ndarray] = []
     buf = np.empty(min(_BLOCK, max(n, 1)), dtype=dtype)
     with open(path, "rb") as f:
         head = f.read(max(header_bytes, 0))
@@ -153,6 +169,8 @@ def validate_shard(
                 at = lo + int(np.argmax(block))
                 return problems + [f"{path}: token {at} is id {top}, not below the vocabulary size {vocab}"]
             boundary_positions.append(np.flatnonzero(block == boundary) + lo)
+            if placement == "both" and eos_id != bos_id:
+                eos_positions.append(np.flatnonzero(block == eos_id) + lo)
             lo += k
     if checksums and h.hexdigest() != entry.sha256:
         problems.append(
@@ -160,7 +178,19 @@ def validate_shard(
             "the shard's bytes were changed"
         )
     positions = np.concatenate(boundary_positions) if boundary_positions else np.empty(0, dtype=np.int64)
-    if placement == "bos":
+    ends: np.ndarray | None = None  # with both: where the EOS tokens are
+    if placement == "both" and eos_id != bos_id:
+        expected = positions
+        ends = np.concatenate(eos_positions) if eos_positions else np.empty(0, dtype=np.int64)
+    elif placement == "both":
+        # One token as BOS and EOS: an occurrence is a BOS when the token after it is not
+        # that token too (documents are never empty), the next shard's first one at the end.
+        after = np.isin(positions + 1, positions)
+        if len(positions) and positions[-1] == n - 1:
+            after[-1] = _next_token(directory, manifest, split, k) in (None, boundary)
+        expected = positions[~after]
+        ends = positions[after]
+    elif placement == "bos":
         expected = positions
     else:
         after = positions + 1
@@ -173,7 +203,7 @@ def validate_shard(
     if len(expected) != len(starts) or not np.array_equal(expected, starts):
         missing = np.setdiff1d(expected, starts)
         extra = np.setdiff1d(starts, expected)
-        what = placement.upper()
+        what = "BOS" if placement == "both" else placement.upper()
         if len(extra):
             problems.append(
                 f"{idx_path}: entry {int(np.searchsorted(starts, extra[0]))} points at token {int(extra[0])}, "
@@ -183,6 +213,21 @@ def validate_shard(
             problems.append(
                 f"{path}: the document starting at token {int(missing[0])} has no entry in {idx_path.name} "
                 f"({len(missing)} unindexed)"
+            )
+    if ends is not None:
+        # Both placements: the token before every document start inside the shard closes the previous one.
+        inner = starts[starts > 0].astype(np.int64)
+        open_docs = np.setdiff1d(inner - 1, ends)
+        if len(open_docs):
+            at = int(open_docs[0]) + 1
+            problems.append(
+                f"{idx_path}: entry {int(np.searchsorted(starts, at))} points at token {at}, but token {at - 1} "
+                f"before it is not the EOS token {eos_id} (placement both: BOS + ids + EOS)"
+            )
+        unclosed = np.setdiff1d(ends[ends + 1 < n] + 1, starts)
+        if len(unclosed) and not len(open_docs):
+            problems.append(
+                f"{path}: the EOS token at {int(unclosed[0])} is not followed by a document start in {idx_path.name}"
             )
     return problems
 

@@ -94,19 +94,32 @@ def test_same_texts_from_every_source_kind_give_the_same_shards(built, tmp_path)
     assert all(o == outputs[0] for o in outputs[1:])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     lengths=st.lists(st.integers(min_value=0, max_value=6), max_size=30),
-    bos=st.booleans(),
+    placement=st.sampled_from(["bos", "eos", "both"]),
     dtype=st.sampled_from([np.uint16, np.uint32]),
+    same=st.booleans(),
 )
-def test_boundaries_are_inserted_like_np_insert(lengths: list[int], bos: bool, dtype: type) -> None:
-    """The fast boundary insertion is ``np.insert`` at each document's start (BOS) or end (EOS)."""
+def test_boundaries_are_inserted_like_np_insert(lengths: list[int], placement: str, dtype: type, same: bool) -> None:
+    """The fast boundary insertion is ``np.insert`` at each document's start (BOS) and/or end (EOS)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = (np.arange(offsets[-1], dtype=np.uint32) * 7919) % 50000
-    expected = np.insert(tokens.astype(dtype), offsets[:-1] if bos else offsets[1:], dtype(50256))
-    got = _with_boundaries(tokens, offsets, np.dtype(dtype), 50256, bos=bos)
+    bos = 50256 if placement in ("bos", "both") else None
+    eos = (50256 if same else 50300) if placement in ("eos", "both") else None
+    # Per document, in order: its BOS at its start, then its EOS at its end (np.insert keeps
+    # the order of equal indices, so an empty document still gets BOS before EOS).
+    where, values = [], []
+    for i in range(len(lengths)):
+        if bos is not None:
+            where.append(offsets[i])
+            values.append(bos)
+        if eos is not None:
+            where.append(offsets[i + 1])
+            values.append(eos)
+    expected = np.insert(tokens.astype(dtype), np.array(where, dtype=np.int64), np.array(values, dtype=dtype))
+    got = _with_boundaries(tokens, offsets, np.dtype(dtype), bos=bos, eos=eos)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, expected)
 

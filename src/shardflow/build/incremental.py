@@ -26,7 +26,7 @@ from ..manifest import Manifest, ShardEntry, read_manifest
 from ..shardset import ShardSet
 from ..sources import InputFile
 from ..tokenizers import Tokenizer
-from .model import SPLITS, Reuse, ReusedInput
+from .model import SPLITS, Boundaries, Reuse, ReusedInput
 
 __all__ = ["NO_REUSE_ENV", "plan_reuse", "ParentVersion", "open_parent"]
 
@@ -37,7 +37,14 @@ NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
 
 
 def plan_reuse(
-    config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer, dtype: np.dtype, cat: Catalog, prefer: str | None
+    config: BuildConfig,
+    inputs: list[InputFile],
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    cat: Catalog,
+    prefer: str | None,
+    *,
+    boundaries: Boundaries,
 ) -> Reuse | None:
     """Which inputs an incremental build can take from the parent version unchanged (None: none).
 
@@ -69,6 +76,11 @@ def plan_reuse(
     ours = {k: v for k, v in config.key_fields().items() if k != "embed"}
     theirs = {k: v for k, v in parent_config.key_fields().items() if k != "embed"}
     info = parent.tokenized_info
+    try:
+        # The whole boundary: placement, and the BOS and EOS (text and id) the parent placed.
+        parent_boundaries: Boundaries | None = Boundaries.from_section(parent.boundary)
+    except (TypeError, ValueError, KeyError):
+        parent_boundaries = None
     if (
         ours != theirs
         or parent.format_name != config.format
@@ -76,8 +88,7 @@ def plan_reuse(
         or info.get("family", "tiktoken") != tokenizer.spec.family
         or info.get("tokenizer_file_sha256", info.get("rank_file_sha256")) != tokenizer.spec.rank_file_sha256
         or info.get("vocab_size") != tokenizer.vocab_size
-        or parent.boundary.get("token_id") != tokenizer.eot_id
-        or parent.boundary.get("placement") != config.boundary
+        or parent_boundaries != boundaries
     ):
         return None
     known = {(e["relname"], e["size"], e["sha256"]): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e)}

@@ -80,6 +80,15 @@ class TokenizerInfo:
         return {"family": self.family, "tokenizer_file": self.rank_file, "tokenizer_file_sha256": self.rank_file_sha256}
 
 
+def _boundary_section(plan: BuildPlan, tokenizer: TokenizerInfo) -> dict[str, Any]:
+    """The ``boundary`` section: ``{token, token_id, placement}`` as always for one token at the classic
+    boundary (``<|endoftext|>``); ``bos`` and ``eos`` added for ``both`` or another token."""
+    default = (tokenizer.boundary_token, tokenizer.boundary_id)
+    if plan.boundaries is None:  # a plan from before boundaries were resolved while planning
+        return {"token": default[0], "token_id": default[1], "placement": plan.config.boundary}
+    return plan.boundaries.manifest_section(default)
+
+
 def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
     """Per input: its counts, from its work units or, for a reused input, from the parent version."""
     per_input = [InputCounts() for _ in plan.inputs]
@@ -164,7 +173,7 @@ def assemble_manifest(
             "file_pattern": f"{cfg.name}_{{split}}_*.{fmt.extension}",
             "index_suffix": bosidx.BOS_IDX_SUFFIX,
         },
-        boundary={"token": tokenizer.boundary_token, "token_id": tokenizer.boundary_id, "placement": cfg.boundary},
+        boundary=_boundary_section(plan, tokenizer),
         splits=splits,
         totals=totals,
         inputs=[

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import BuildConfig
-from ..manifest import ShardEntry
+from ..manifest import ShardEntry, boundary_tokens
 from ..sources import InputFile, WorkUnit
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "SplitRange",
     "ReusedInput",
     "Reuse",
+    "Boundaries",
     "BuildPlan",
     "UnitResult",
     "SplitLayout",
@@ -144,6 +145,86 @@ class Reuse:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Boundaries:
+    """The boundary tokens of a build, resolved once while planning: the placement, BOS and EOS.
+
+    ``bos`` is set for placements ``bos`` and ``both``, ``eos`` for ``eos`` and
+    ``both``; each is ``(text, id)``. The tokenize stage inserts exactly these.
+    """
+
+    placement: str
+    """``bos``, ``eos`` or ``both``."""
+    bos: tuple[str, int] | None = None
+    eos: tuple[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.bos is not None:
+            object.__setattr__(self, "bos", (str(self.bos[0]), int(self.bos[1])))
+        if self.eos is not None:
+            object.__setattr__(self, "eos", (str(self.eos[0]), int(self.eos[1])))
+        wants = {"bos": (True, False), "eos": (False, True), "both": (True, True)}.get(self.placement)
+        if wants is None or wants != (self.bos is not None, self.eos is not None):
+            raise ValueError(f"boundaries: placement {self.placement!r} with bos={self.bos!r}, eos={self.eos!r}")
+
+    @property
+    def bos_id(self) -> int | None:
+        return None if self.bos is None else self.bos[1]
+
+    @property
+    def eos_id(self) -> int | None:
+        return None if self.eos is None else self.eos[1]
+
+    @property
+    def per_document(self) -> int:
+        """Boundary tokens added to each document (1 or 2)."""
+        return (self.bos is not None) + (self.eos is not None)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(t[1] for t in (self.bos, self.eos) if t is not None)
+
+    def manifest_section(self, default: tuple[str, int]) -> dict[str, Any]:
+        """The manifest's ``boundary`` section.
+
+        ``token``/``token_id`` are the BOS (placements ``bos``, ``both``) or the
+        EOS (``eos``), as readers before ``both`` expect. One token at the
+        tokenizer's classic boundary ``default`` (``<|endoftext|>``) gives exactly
+        the section such builds always had; otherwise ``bos`` and ``eos``
+        (``{token, id}``, absent when not placed) are added.
+        """
+        main = self.bos if self.bos is not None else self.eos
+        assert main is not None
+        section: dict[str, Any] = {"token": main[0], "token_id": main[1], "placement": self.placement}
+        if self.placement != "both" and main == tuple(default):
+            return section
+        for kind, tok in (("bos", self.bos), ("eos", self.eos)):
+            if tok is not None:
+                section[kind] = {"token": tok[0], "id": tok[1]}
+        return section
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> "Boundaries":
+        """A manifest's ``boundary`` section (any age) as ``Boundaries``."""
+        placement, bos, eos = boundary_tokens(section)
+        return cls(placement=placement, bos=bos, eos=eos)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "placement": self.placement,
+            "bos": None if self.bos is None else list(self.bos),
+            "eos": None if self.eos is None else list(self.eos),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Boundaries":
+        return cls(
+            placement=d["placement"],
+            bos=None if d.get("bos") is None else tuple(d["bos"]),  # type: ignore[arg-type]
+            eos=None if d.get("eos") is None else tuple(d["eos"]),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildPlan:
     """What a build will do; small enough to pass between orchestration tasks."""
 
@@ -155,6 +236,8 @@ class BuildPlan:
     inputs: tuple[InputFile, ...]
     units: tuple[WorkUnit, ...]
     dtype: str
+    boundaries: Boundaries | None = None
+    """The boundary tokens, resolved while planning (None only in a plan read from an older ``plan.json``)."""
     existing: str | None = None
     """``NAME@VERSION`` of an already published identical build; nothing to do then."""
     parent: str | None = None
@@ -174,6 +257,7 @@ class BuildPlan:
             "inputs": [i.to_dict() for i in self.inputs],
             "units": [u.to_dict() for u in self.units],
             "dtype": self.dtype,
+            "boundaries": None if self.boundaries is None else self.boundaries.to_dict(),
             "existing": self.existing,
             "parent": self.parent,
             "reuse": None if self.reuse is None else self.reuse.to_dict(),
@@ -190,6 +274,7 @@ class BuildPlan:
             inputs=tuple(InputFile(**i) for i in d["inputs"]),
             units=tuple(WorkUnit(**u) for u in d["units"]),
             dtype=d["dtype"],
+            boundaries=Boundaries.from_dict(d["boundaries"]) if d.get("boundaries") else None,
             existing=d.get("existing"),
             parent=d.get("parent"),
             reuse=Reuse.from_dict(d.get("reuse")),

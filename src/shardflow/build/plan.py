@@ -18,23 +18,82 @@ import numpy as np
 
 from ..catalog import Catalog, default_catalog, default_data_root
 from ..config import BuildConfig
-from ..errors import CatalogError, InputError
+from ..errors import CatalogError, ConfigError, InputError
 from ..faults import fault
 from ..formats import get_format
 from ..formats.base import TOKEN_DTYPES
 from ..sources import InputFile, discover_inputs, fingerprint_inputs, plan_units
 from ..tokenizers import Tokenizer, load_tokenizer
 from .incremental import NO_REUSE_ENV, plan_reuse
-from .model import BUILD_FORMAT_VERSION, BuildPlan, Reuse
+from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
 from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
 
-__all__ = ["plan_build", "token_dtype", "build_key"]
+__all__ = ["plan_build", "token_dtype", "build_key", "resolve_boundaries"]
+
+_FLAGS = {"bos": "--bos-token", "eos": "--eos-token"}
 
 
 def token_dtype(tokenizer: Tokenizer) -> np.dtype:
     """uint16 if every id the encoding can emit fits (max id < 2**16), else uint32."""
     # uint16 is enough for GPT-2's 50257 ids; cl100k's specials reach 100276, so it needs uint32.
     return TOKEN_DTYPES["uint16"] if tokenizer.max_token_value < 2**16 else TOKEN_DTYPES["uint32"]
+
+
+def _resolve_token(tokenizer: Tokenizer, kind: str, given: str | None, dtype: np.dtype) -> tuple[str, int]:
+    """``(text, id)`` of the BOS or EOS (``kind``): the one given (text or all-digit id), else the tokenizer's own."""
+    flag = _FLAGS[kind]
+    what = kind.upper()
+    if given is None:
+        try:
+            found = tokenizer.default_bos if kind == "bos" else tokenizer.default_eos
+        except Exception as exc:  # a family that cannot tell says why
+            raise ConfigError(
+                f"tokenizer {tokenizer.name!r}: its default {what} token cannot be found ({exc}); "
+                f"give one with {flag} TEXT or {flag} ID"
+            ) from None
+        if found is None:
+            raise ConfigError(
+                f"tokenizer {tokenizer.name!r} defines no {what} token; give one with {flag} TEXT or {flag} ID"
+            )
+        text, token_id = str(found[0]), int(found[1])
+    elif given.isdigit():
+        token_id = int(given)
+        if token_id >= tokenizer.vocab_size:
+            raise ConfigError(
+                f"{flag} {given}: id {token_id} is not in the vocabulary of {tokenizer.name!r}, whose ids are "
+                f"0 to {tokenizer.vocab_size - 1}"
+            )
+        text_or_none = tokenizer.token_text(token_id)
+        if text_or_none is None:
+            raise ConfigError(f"{flag} {given}: id {token_id} is not a token of {tokenizer.name!r} (an unused id)")
+        text = text_or_none
+    else:
+        id_or_none = tokenizer.token_id(given)
+        if id_or_none is None:
+            raise ConfigError(
+                f"{flag} {given!r}: no token of {tokenizer.name!r} has this text; give a special token's or a "
+                "single token's exact text, or its id"
+            )
+        text, token_id = given, int(id_or_none)
+    if not 0 <= token_id < tokenizer.vocab_size or token_id > np.iinfo(dtype).max:
+        raise ConfigError(
+            f"{flag}: the {what} token {text!r} (id {token_id}) does not fit the vocabulary of {tokenizer.name!r} "
+            f"({tokenizer.vocab_size} ids) and its {dtype.name} shards"
+        )
+    return text, token_id
+
+
+def resolve_boundaries(config: BuildConfig, tokenizer: Tokenizer, dtype: np.dtype | None = None) -> Boundaries:
+    """The build's boundary tokens: ``config.bos_token``/``eos_token`` or the tokenizer's defaults.
+
+    Raises ``ConfigError`` naming the flag to give (``--bos-token``/``--eos-token``)
+    when a default cannot be found, and naming a token that is not in the vocabulary.
+    """
+    dtype = token_dtype(tokenizer) if dtype is None else np.dtype(dtype)
+    placement = config.boundary
+    bos = _resolve_token(tokenizer, "bos", config.bos_token, dtype) if placement in ("bos", "both") else None
+    eos = _resolve_token(tokenizer, "eos", config.eos_token, dtype) if placement in ("eos", "both") else None
+    return Boundaries(placement=placement, bos=bos, eos=eos)
 
 
 def build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer) -> str:
@@ -76,6 +135,8 @@ def plan_build(
     tokenizer = load_tokenizer(config.tokenizer, backend=config.backend)
     dtype = token_dtype(tokenizer)
     fmt.check_dtype(dtype)
+    # Resolved once, before any input is read: a bad token fails here, with nothing staged.
+    boundaries = resolve_boundaries(config, tokenizer, dtype)
     dataset_dir = root / config.name
     inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
     units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)
@@ -93,6 +154,7 @@ def plan_build(
         inputs=tuple(inputs),
         units=tuple(units),
         dtype=str(dtype.name),
+        boundaries=boundaries,
         parent=f"{config.name}@{latest}" if latest else None,
     )
     existing = cat.find_build(config.name, key)
@@ -110,7 +172,9 @@ def plan_build(
     if reuse:
         # An interrupted run of this build chose its parent: keep it, so that its work stays valid.
         old = read_old_plan(staging, key)
-        chosen = plan_reuse(config, inputs, tokenizer, dtype, cat, ((old or {}).get("reuse") or {}).get("parent"))
+        chosen = plan_reuse(
+            config, inputs, tokenizer, dtype, cat, ((old or {}).get("reuse") or {}).get("parent"), boundaries=boundaries
+        )
         if chosen is not None:
             kept = [u for u in units if u.input not in chosen.inputs]
             units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
@@ -142,7 +206,10 @@ def _prepare_staging(plan: BuildPlan, cat: Catalog) -> BuildPlan:
     old = read_old_plan(staging, plan.build_key)
     if old is not None and _same_work(old, plan):
         # Resume: everything a previous run committed here is reused, the parent it chose included.
-        plan = dataclasses.replace(BuildPlan.from_dict(old), existing=None)
+        resumed = BuildPlan.from_dict(old)
+        plan = dataclasses.replace(resumed, existing=None, boundaries=resumed.boundaries or plan.boundaries)
+        if resumed.boundaries is None:  # a plan.json from before boundaries were recorded in it
+            write_plan(plan)
         adopt_orphan(cat, plan, dataset_dir)
         sweep_stale_tmp(staging)
     else:

@@ -3,8 +3,8 @@
 Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
 bounded by the batch, not the unit), encodes each batch with the fast
 backend (one document per batch is re-encoded with the reference library, to
-guard exactness on live data), inserts the boundary token before (BOS) or
-after (EOS) every document, and appends to ``parts/unit-N.tok``. The unit's
+guard exactness on live data), inserts the plan's boundary tokens before (BOS)
+and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. The unit's
 ``.json`` is written last: it is the unit's commit point.
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 
 from .._io import atomic_write_text, remove_quietly, tmp_path_for
 from ..config import BuildConfig
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
-from .model import BuildPlan, UnitResult
+from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 
 __all__ = ["tokenize_unit", "with_boundaries"]
@@ -52,9 +52,13 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     wu = plan.units[unit]
     inp = plan.inputs[wu.input]
     tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
+    if plan.boundaries is None:
+        raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
     try:
-        counts = _tokenize_into(tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype))
+        counts = _tokenize_into(
+            tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
+        )
     except BaseException:
         # A failed unit (bad input, a full disk) leaves no temporary files behind.
         remove_quietly(tmp_tok)
@@ -71,10 +75,16 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
 
 
 def _tokenize_into(
-    tmp_tok: Path, tmp_docs: Path, cfg: BuildConfig, wu: WorkUnit, inp: InputFile, tokenizer: Tokenizer, dtype: np.dtype
+    tmp_tok: Path,
+    tmp_docs: Path,
+    cfg: BuildConfig,
+    wu: WorkUnit,
+    inp: InputFile,
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    boundaries: Boundaries,
 ) -> dict[str, int]:
     """Tokenize one unit into its temporary token file and document table; returns its counts."""
-    eot = tokenizer.eot_id
     limit = np.iinfo(dtype).max
     counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0)
     doc_chunks: list[np.ndarray] = []
@@ -101,10 +111,10 @@ def _tokenize_into(
                         "refusing to truncate it (this tokenizer needs uint32 shards)"
                     )
                 counts["max_id"] = max(counts["max_id"], top)
-            tokens_out = with_boundaries(tokens, offsets, dtype, eot, bos=cfg.boundary == "bos")
+            tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
             out.write(tokens_out.data)
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
-            docs["length"] = np.diff(offsets) + 1
+            docs["length"] = np.diff(offsets) + boundaries.per_document
             docs["row"] = batch.rows
             docs["score"] = split_scores(inp.relname, batch.rows, cfg.seed)
             doc_chunks.append(docs)
@@ -113,7 +123,7 @@ def _tokenize_into(
             fault("tokenize-batch", tmp_tok)
         out.flush()
         os.fsync(out.fileno())
-    counts["max_id"] = max(counts["max_id"], eot) if counts["documents"] else counts["max_id"]
+    counts["max_id"] = max(counts["max_id"], *boundaries.ids) if counts["documents"] else counts["max_id"]
     docs_all = np.concatenate(doc_chunks) if doc_chunks else np.empty(0, dtype=DOC_DTYPE)
     with open(tmp_docs, "wb") as f:
         np.save(f, docs_all)
@@ -122,18 +132,31 @@ def _tokenize_into(
     return counts
 
 
-def with_boundaries(tokens: np.ndarray, offsets: np.ndarray, dtype: np.dtype, eot: int, *, bos: bool) -> np.ndarray:
-    """The documents' tokens with the boundary token before (BOS) or after (EOS) each one.
+def with_boundaries(
+    tokens: np.ndarray, offsets: np.ndarray, dtype: np.dtype, *, bos: int | None = None, eos: int | None = None
+) -> np.ndarray:
+    """The documents' tokens with ``bos`` before and/or ``eos`` after each one (None: not placed).
 
-    Same result as ``np.insert(tokens, offsets[:-1] or offsets[1:], eot)``, about
-    twice as fast: one scatter of the boundaries and one masked copy of the tokens.
+    Same result as ``np.insert`` of ``bos`` at ``offsets[:-1]`` and ``eos`` at
+    ``offsets[1:]``, about twice as fast: one scatter per boundary kind and one
+    masked copy of the tokens.
     """
     ndocs = len(offsets) - 1
-    out = np.empty(len(tokens) + ndocs, dtype=dtype)
-    # Document i's boundary lands i places further than its offset: i boundaries precede it.
-    where = (offsets[:-1] if bos else offsets[1:]) + np.arange(ndocs, dtype=np.int64)
+    per_doc = (bos is not None) + (eos is not None)
+    if per_doc == 0:
+        raise ValueError("with_boundaries needs bos, eos or both")
+    out = np.empty(len(tokens) + per_doc * ndocs, dtype=dtype)
     is_token = np.ones(len(out), dtype=bool)
-    is_token[where] = False
-    out[where] = eot
+    # Before document i's tokens come per_doc boundaries for each earlier document
+    # (and its own BOS): its BOS lands at offsets[i] + per_doc*i, its EOS right after its last token.
+    shift = np.arange(ndocs, dtype=np.int64) * per_doc
+    if bos is not None:
+        where = offsets[:-1] + shift
+        is_token[where] = False
+        out[where] = bos
+    if eos is not None:
+        where = offsets[1:] + shift + (per_doc - 1)
+        is_token[where] = False
+        out[where] = eos
     out[is_token] = tokens
     return out

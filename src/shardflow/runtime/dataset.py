@@ -127,7 +127,7 @@ class TokenDataset:
         format: str | None = None,
         pattern: str | None = None,
         boundary_token: int | None = None,
-        boundary: Literal["bos", "eos"] | None = None,
+        boundary: Literal["bos", "eos", "both"] | None = None,
     ) -> None:
         self.seq_len = _check_int("seq_len", seq_len, minimum=1)
         if overflow not in ("skip", "continue"):

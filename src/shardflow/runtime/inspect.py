@@ -86,7 +86,7 @@ def inspect_version(
     tok_desc = f"tokenizer {shards.tokenizer} (vocab {_n(shards.vocab_size or 0)})" if shards.tokenizer else "tokenizer unknown"
     out.append(f"  format     {shards.format.name}, {shards.dtype.name} tokens, {tok_desc}")
     if shards.boundary_token is not None:
-        where = "before" if shards.placement == "bos" else "after"
+        where = {"bos": "before", "eos": "after", "both": "(BOS, with an EOS after) before"}.get(shards.placement, "at")
         name = ""
         if tok is not None:
             name = f"{tok.decode([shards.boundary_token])!r} "

@@ -13,8 +13,9 @@ Conventions, for a window ``w`` of ``seq_len + 1`` tokens whose inputs are
 * ``labels[t] = -100`` where the label token ``w[t+1]`` starts a new document:
   the last token of a document never predicts the next one. With BOS placement
   that masks "last token -> next BOS"; with EOS placement "EOS -> next
-  document's first token"; "token -> its own EOS" is kept, so the model learns
-  to end documents;
+  document's first token"; with both, "EOS -> next BOS". "token -> its own EOS"
+  is kept, so the model learns to end documents. The starts are the version's
+  ``.bos.idx`` entries whatever the placement: no token id is scanned for;
 * ``position_ids`` restart at 0 at the start of the window and at every
   document start (the positions RoPE needs when documents are packed);
 * ``cu_seqlens`` (int32) are the cumulative segment lengths ``[0, ...,

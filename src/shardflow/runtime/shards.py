@@ -58,7 +58,7 @@ def open_shards(
     format: str | None = None,
     pattern: str | None = None,
     boundary_token: int | None = None,
-    boundary: Literal["bos", "eos"] | None = None,
+    boundary: Literal["bos", "eos", "both"] | None = None,
 ) -> ShardSet:
     """The shards of ``split`` of a version reference, or of a plain directory / glob of shards.
 
@@ -127,8 +127,8 @@ def _open_plain(
     boundary_token: int | None,
     placement: str,
 ) -> ShardSet:
-    if placement not in ("bos", "eos"):
-        raise ConfigError(f"boundary must be 'bos' or 'eos', not {placement!r}")
+    if placement not in ("bos", "eos", "both"):
+        raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {placement!r}")
     if boundary_token is not None and (isinstance(boundary_token, bool) or not isinstance(boundary_token, (int, np.integer))):
         raise ConfigError(f"boundary_token must be a token id (an int), not {boundary_token!r}")
     want_dtype = None

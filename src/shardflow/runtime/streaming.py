@@ -312,7 +312,7 @@ class StreamingTokenDataset(SampleStream):
         format: str | None = None,
         pattern: str | None = None,
         boundary_token: int | None = None,
-        boundary: Literal["bos", "eos"] | None = None,
+        boundary: Literal["bos", "eos", "both"] | None = None,
     ) -> None:
         if isinstance(ref, TokenDataset):
             if seq_len is not None and seq_len != ref.seq_len:
