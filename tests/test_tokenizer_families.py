@@ -356,7 +356,9 @@ def test_builds_carry_the_tokenizer_and_agree_across_backends_and_workers(case, 
     assert "rank_file" not in info and "rank_file_sha256" not in info
     assert info["dtype"] == case.dtype and m.dtype == case.dtype
     assert (first / json_or_model.name).read_bytes() == json_or_model.read_bytes()
-    assert m.boundary["token_id"] == case.eos[1] and m.boundary["token"] == case.eos[0]
+    # The default placement puts the tokenizer's own BOS before each document.
+    assert m.boundary["token_id"] == case.bos[1] and m.boundary["token"] == case.bos[0]
+    assert m.boundary["placement"] == "bos"
     assert m.tools[{"hf": "tokenizers", "sentencepiece": "sentencepiece"}[family]]
     # The same build again is the published version.
     again = built(SAMPLE, name="fam", root=tmp_path / "gigatoken-1", tokenizer=str(tokenizer), backend="gigatoken", shard_tokens=40_000)
@@ -411,7 +413,8 @@ def test_an_incremental_build_reuses_its_parent_with_the_same_tokenizer_file(bpe
     (other / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     third = built([a, b], name="inc", root=tmp_path / "inc", tokenizer=str(other), shard_tokens=40_000)
     m3 = third.open().manifest
-    assert "reuse" not in m3.extra and m3.boundary["token_id"] == 2 and m3.build_key != m.build_key
+    # (With the default placement the boundary is the BOS, <s> = 0, in both; the tokenizer's facts differ.)
+    assert "reuse" not in m3.extra and m3.boundary["token_id"] == 0 and m3.build_key != m.build_key
 
 
 # -- refusals -------------------------------------------------------------------------
