@@ -81,7 +81,8 @@ def _embed_options(args: argparse.Namespace) -> Any:
 
 def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> None:
     b.add_argument("--name", required=name_required, help="dataset name (lowercase letters, digits, '.', '_', '-')")
-    b.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    b.add_argument("--text-column", default="text",
+                   help="column or JSON field holding the text (default: text); meta.text reaches a nested field")
     b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
     b.add_argument("--tokenizer", default="cl100k_base", help="tiktoken encoding name or .tiktoken rank file")
     b.add_argument("--backend", default="auto", choices=["auto", "gigatoken", "tiktoken"], help="tokenizer backend")
@@ -95,6 +96,8 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--val-count", type=int, default=0, help="hold out this many documents as 'val'")
     b.add_argument("--seed", type=int, default=0, help="seed of the validation split (default 0)")
     b.add_argument("--utf8-errors", default="replace", choices=["replace", "skip"], help="invalid UTF-8 in binary text")
+    b.add_argument("--on-bad-record", default="fail", choices=["fail", "skip"],
+                   help="a JSON line that is not JSON or lacks the text field: fail (default) or skip and count it")
     b.add_argument("--description", default="", help="free text stored in the manifest")
     b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
     b.add_argument("--batch-mb", type=int, default=32, help="MB of text read and tokenized at once per worker (bounds memory)")
@@ -191,6 +194,7 @@ def _config(args: argparse.Namespace) -> Any:
         val_count=args.val_count,
         seed=args.seed,
         utf8_errors=args.utf8_errors,
+        on_bad_record=args.on_bad_record,
         description=args.description,
         batch_bytes=args.batch_mb << 20,
         batch_rows=args.batch_rows,
