@@ -149,7 +149,7 @@ def _text(line: bytes, field: str) -> tuple[str | None, str | None]:
     try:
         record = json.loads(line.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at column {exc.colno}); fix or remove the line"
+        return None, f"not valid JSON ({exc.msg}: column {exc.colno}); fix or remove the line"
     except RecursionError:
         return None, "not valid JSON (nested too deeply); fix or remove the line"
     if not isinstance(record, dict):
