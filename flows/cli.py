@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="tokenize sources into a new published version")
     b.add_argument(
         "sources", nargs="+",
-        help="Parquet/Arrow files, directories, globs, save_to_disk datasets, or URLs (file://, s3://...)",
+        help="Parquet/Arrow/JSON Lines files, directories, globs, save_to_disk datasets, or URLs (file://, s3://...)",
     )
     _add_build_options(b, name_required=True)
     b.add_argument("--no-prefect", action="store_true", help="run the steps in this process, without Prefect")

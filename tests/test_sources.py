@@ -281,7 +281,7 @@ def test_registry_detects_parquet_by_suffix_and_arrow_file_or_stream_by_magic(tm
     from shardflow.sources import detect_kind, input_suffixes
 
     assert input_suffixes() == (
-        ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst"
+        ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst"
     )
     for name in ("a.parquet", "b.pq", "C.PARQUET"):
         pq.write_table(table, tmp_path / name)
@@ -299,7 +299,7 @@ def test_registry_detects_parquet_by_suffix_and_arrow_file_or_stream_by_magic(tm
     with pytest.raises(
         InputError,
         match=r"data\.csv: unsupported file type '\.csv'; inputs are Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\) "
-        r"or JSON Lines \(\.jsonl, \.json, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst\) files$",
+        r"or JSON Lines \(\.jsonl, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst\) files$",
     ):
         detect_kind(tmp_path / "data.csv")
 
@@ -361,7 +361,7 @@ def test_a_registered_kind_is_discovered_planned_and_read(tmp_path, table, text_
     assert counts["empties"] == 1
     # The registry's suffixes and families reach the messages, with no code naming the kind.
     (tmp_path / "data.csv").write_text("x")
-    jsonl = r"\.jsonl, \.json, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst"
+    jsonl = r"\.jsonl, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst"
     listing = rf"Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\), JSON Lines \({jsonl}\) or text lines \(\.txtlines\)"
     with pytest.raises(InputError, match=rf"inputs are {listing} files"):
         discover_inputs([str(tmp_path / "data.csv")])

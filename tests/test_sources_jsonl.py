@@ -260,6 +260,18 @@ def test_a_json_document_is_not_json_lines(tmp_path, content, shape):
         read_all(f)
 
 
+def test_plain_json_is_read_when_named_but_not_picked_up_by_a_directory_scan(tmp_path, docs):
+    d = tmp_path / "corpus"
+    write_parquet(d / "part-0.parquet", docs[:3])
+    (d / "dataset_infos.json").write_text('{\n  "default": {"features": {}}\n}\n')  # metadata, as hub snapshots have
+    write_jsonl(d / "more.json.gz", [{"text": t} for t in docs[3:5]])
+    assert [(i.relname, i.kind) for i in discover_inputs([str(d)])] == [("more.json.gz", "jsonl"), ("part-0.parquet", "parquet")]
+    named = write_jsonl(tmp_path / "named" / "docs.json", [{"text": t} for t in docs[:2]])
+    assert [i.kind for i in discover_inputs([str(named)])] == ["jsonl"]
+    assert [i.kind for i in discover_inputs([str(tmp_path / "named" / "*.json")])] == ["jsonl"]
+    assert read_all(named)[1] == docs[:2]
+
+
 def test_missing_id_field_is_named(tmp_path):
     src = write_jsonl(tmp_path / "i.jsonl", ["", {"text": "a"}])
     inputs = discover_inputs([str(src)])

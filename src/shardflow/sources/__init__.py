@@ -2,7 +2,8 @@
 
 Inputs are Parquet files, Arrow IPC files or streams (``.arrow``, ``.feather``,
 ``.ipc``), JSON Lines (``.jsonl``, ``.json``, gzip- or Zstandard-compressed:
-``.jsonl.gz``, ``.jsonl.zst``, ...), directories or globs of those, and Hugging
+``.jsonl.gz``, ``.jsonl.zst``, ...; a plain ``.json`` only when named, as
+directory scans leave metadata files alone), directories or globs of those, and Hugging
 Face ``datasets`` saved with ``save_to_disk`` (a directory with ``state.json``;
 its Arrow files are read directly, in the dataset's order). A work unit is a
 run of whole row groups (or record batches) of one file, or a byte range of

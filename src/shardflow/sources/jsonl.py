@@ -6,6 +6,12 @@ it), and the same compressed with gzip (``.jsonl.gz``, ``.json.gz``) or
 Zstandard (``.jsonl.zst``, ``.json.zst``), decompressed by pyarrow's
 compressed input streams (no other dependency).
 
+A plain ``.json`` file is read when it is named (as a file or by a glob), but a
+directory scan does not pick it up: beside the data files of a corpus
+directory, ``.json`` files are usually metadata (``dataset_infos.json``), and
+directories that build today must keep building. Compressed ``.json.gz`` /
+``.json.zst`` files are data (C4 ships as ``.json.gz``), and are scanned.
+
 The text is the field ``--text-column`` names; ``meta.text`` reaches the field
 ``text`` of the object in the field ``meta`` (a top-level key spelled
 ``meta.text`` wins over the dotted reading, as a column of that name does for
@@ -59,18 +65,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 
 from ..errors import InputError
-from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
+from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, has_suffix
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
 
 _PLAIN = (".jsonl", ".json")
 _CODECS = {".gz": "gzip", ".zst": "zstd"}
-JSONL_SUFFIXES = _PLAIN + tuple(p + c for c in _CODECS for p in _PLAIN)
+_NAMED_ONLY = (".json",)  # read when named, not picked up by directory scans (see above)
+JSONL_SUFFIXES = (".jsonl",) + tuple(p + c for c in _CODECS for p in _PLAIN)
 
 _BLOCK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -221,6 +229,9 @@ class JsonLinesKind(InputKind):
     name = "jsonl"
     label = "JSON Lines"
     suffixes = JSONL_SUFFIXES
+
+    def detect(self, path: Path) -> str | None:
+        return self.name if has_suffix(path.name, self.suffixes + _NAMED_ONLY) else None
 
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
