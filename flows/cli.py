@@ -81,7 +81,8 @@ def _embed_options(args: argparse.Namespace) -> Any:
 
 def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> None:
     b.add_argument("--name", required=name_required, help="dataset name (lowercase letters, digits, '.', '_', '-')")
-    b.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    b.add_argument("--text-column", default="text",
+                   help="column or JSON field holding the text (default: text); meta.text reaches a nested field")
     b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
     from shardflow.config import BACKENDS
 
@@ -106,6 +107,8 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--val-count", type=int, default=0, help="hold out this many documents as 'val'")
     b.add_argument("--seed", type=int, default=0, help="seed of the validation split (default 0)")
     b.add_argument("--utf8-errors", default="replace", choices=["replace", "skip"], help="invalid UTF-8 in binary text")
+    b.add_argument("--on-bad-record", default="fail", choices=["fail", "skip"],
+                   help="a JSON line that is not JSON or lacks the text field: fail (default) or skip and count it")
     b.add_argument("--description", default="", help="free text stored in the manifest")
     b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
     b.add_argument("--batch-mb", type=int, default=32, help="MB of text read and tokenized at once per worker (bounds memory)")
@@ -133,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="tokenize sources into a new published version")
     b.add_argument(
         "sources", nargs="+",
-        help="Parquet/Arrow files, directories, globs, save_to_disk datasets, or URLs (file://, s3://...)",
+        help="Parquet/Arrow/JSON Lines files, directories, globs, save_to_disk datasets, or URLs (file://, s3://...)",
     )
     _add_build_options(b, name_required=True)
     b.add_argument("--no-prefect", action="store_true", help="run the steps in this process, without Prefect")
@@ -211,6 +214,7 @@ def _config(args: argparse.Namespace) -> Any:
         val_count=args.val_count,
         seed=args.seed,
         utf8_errors=args.utf8_errors,
+        on_bad_record=args.on_bad_record,
         description=args.description,
         batch_bytes=args.batch_mb << 20,
         batch_rows=args.batch_rows,

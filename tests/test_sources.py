@@ -184,7 +184,7 @@ def test_input_errors_name_the_problem(tmp_path):
     with pytest.raises(InputError, match=r"not a readable Parquet file .*corrupt or truncated"):
         read_all([str(tmp_path / "empty.parquet")])
     (tmp_path / "d").mkdir()
-    with pytest.raises(InputError, match=r"the directory has no Parquet or Arrow files"):
+    with pytest.raises(InputError, match=r"the directory has no Parquet, Arrow or JSON Lines files"):
         discover_inputs([str(tmp_path / "d")])
 
 
@@ -273,14 +273,16 @@ def test_every_arrow_text_type_is_read(tmp_path):
 def test_registry_names_are_what_the_manifest_records():
     from shardflow.sources import INPUT_KINDS
 
-    assert list(INPUT_KINDS) == ["parquet", "arrow-file", "arrow-stream"]
+    assert list(INPUT_KINDS) == ["parquet", "arrow-file", "arrow-stream", "jsonl"]
     assert all(name == kind.name for name, kind in INPUT_KINDS.items())
 
 
 def test_registry_detects_parquet_by_suffix_and_arrow_file_or_stream_by_magic(tmp_path, table):
     from shardflow.sources import detect_kind, input_suffixes
 
-    assert input_suffixes() == (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+    assert input_suffixes() == (
+        ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst"
+    )
     for name in ("a.parquet", "b.pq", "C.PARQUET"):
         pq.write_table(table, tmp_path / name)
         assert detect_kind(tmp_path / name) == "parquet", name
@@ -296,7 +298,8 @@ def test_registry_detects_parquet_by_suffix_and_arrow_file_or_stream_by_magic(tm
     (tmp_path / "data.csv").write_text("text\nx\n")
     with pytest.raises(
         InputError,
-        match=r"data\.csv: unsupported file type '\.csv'; inputs are Parquet \(\.parquet, \.pq\) or Arrow \(\.arrow, \.feather, \.ipc\) files$",
+        match=r"data\.csv: unsupported file type '\.csv'; inputs are Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\) "
+        r"or JSON Lines \(\.jsonl, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst\) files$",
     ):
         detect_kind(tmp_path / "data.csv")
 
@@ -358,12 +361,13 @@ def test_a_registered_kind_is_discovered_planned_and_read(tmp_path, table, text_
     assert counts["empties"] == 1
     # The registry's suffixes and families reach the messages, with no code naming the kind.
     (tmp_path / "data.csv").write_text("x")
-    listing = r"Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\) or text lines \(\.txtlines\)"
+    jsonl = r"\.jsonl, \.jsonl\.gz, \.json\.gz, \.jsonl\.zst, \.json\.zst"
+    listing = rf"Parquet \(\.parquet, \.pq\), Arrow \(\.arrow, \.feather, \.ipc\), JSON Lines \({jsonl}\) or text lines \(\.txtlines\)"
     with pytest.raises(InputError, match=rf"inputs are {listing} files"):
         discover_inputs([str(tmp_path / "data.csv")])
     (tmp_path / "e").mkdir()
-    suffixes = r"\.parquet, \.pq, \.arrow, \.feather, \.ipc, \.txtlines"
-    with pytest.raises(InputError, match=rf"no Parquet, Arrow or text lines files \({suffixes}\)"):
+    suffixes = rf"\.parquet, \.pq, \.arrow, \.feather, \.ipc, {jsonl}, \.txtlines"
+    with pytest.raises(InputError, match=rf"no Parquet, Arrow, JSON Lines or text lines files \({suffixes}\)"):
         discover_inputs([str(tmp_path / "e")])
 
 

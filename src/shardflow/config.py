@@ -188,6 +188,10 @@ class BuildConfig:
     val_count: int = 0
     seed: int = 0
     utf8_errors: Literal["replace", "skip"] = "replace"
+    on_bad_record: Literal["fail", "skip"] = "fail"
+    """A record that cannot be read (a JSON line that is not JSON, or lacks the text field):
+    "fail" names its file and line and stops; "skip" skips and counts it (``bad_records``).
+    Left out of ``to_dict`` (so of manifests and build keys) at its default."""
     description: str = ""
     unit_bytes: int = 64 << 20
     """Target size of one work unit, in uncompressed text bytes (row groups are never split)."""
@@ -208,7 +212,7 @@ class BuildConfig:
             object.__setattr__(self, "sources", (self.sources,))
         object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
         if not self.sources:
-            raise ConfigError("no sources given; pass at least one Parquet/Arrow file, directory or glob")
+            raise ConfigError("no sources given; pass at least one Parquet/Arrow/JSON Lines file, directory or glob")
         if not self.text_column:
             raise ConfigError("text_column must be a non-empty column name")
         if self.backend not in BACKENDS:
@@ -249,6 +253,8 @@ class BuildConfig:
             raise ConfigError("give val_fraction or val_count, not both")
         if self.utf8_errors not in ("replace", "skip"):
             raise ConfigError(f"utf8_errors must be 'replace' or 'skip', not {self.utf8_errors!r}")
+        if self.on_bad_record not in ("fail", "skip"):
+            raise ConfigError(f"on_bad_record must be 'fail' or 'skip', not {self.on_bad_record!r}")
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
 
@@ -264,6 +270,10 @@ class BuildConfig:
         for name in _OMITTED_WHEN_NONE:
             if d[name] is None:
                 del d[name]
+        if self.on_bad_record == "fail":
+            # Added after versions were published: at its default it is left out, so that
+            # their build keys and manifests stay the same.
+            del d["on_bad_record"]
         return d
 
     @classmethod

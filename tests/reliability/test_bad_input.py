@@ -116,7 +116,7 @@ def test_directory_without_matching_files(tmp_path, capsys):
     d = tmp_path / "in"
     d.mkdir()
     (d / "notes.txt").write_text("hello")
-    refused(tmp_path, capsys, rf"{re.escape(str(d))}: the directory has no Parquet or Arrow files", str(d))
+    refused(tmp_path, capsys, rf"{re.escape(str(d))}: the directory has no Parquet, Arrow or JSON Lines files", str(d))
 
 
 def test_glob_without_matches(tmp_path, capsys):

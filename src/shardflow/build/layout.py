@@ -183,10 +183,12 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
     )
     if total_docs == 0:
         counts = [r.counts() for r in results] + [e.counts for e in reused.values()]
+        bad = sum(c.bad_records for c in counts)
         raise InputError(
             f"the corpus has no text to tokenize: every one of its {sum(c.rows for c in counts)} rows in column "
             f"{cfg.text_column!r} is null ({sum(c.null_texts for c in counts)}) or empty "
-            f"({sum(c.empty_texts for c in counts)}); check --text-column"
+            f"({sum(c.empty_texts for c in counts)})" + (f" or a skipped bad record ({bad})" if bad else "")
+            + "; check --text-column"
         )
     cut = _val_selection(plan, staging)
     staging.layout_dir.mkdir(exist_ok=True)

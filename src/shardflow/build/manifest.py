@@ -136,6 +136,14 @@ def assemble_manifest(
         "skipped_invalid_utf8": sum(c.skipped_invalid_utf8 for c in counts),
         "max_token_id": max(c.max_token_id for c in counts),
     }
+    # bad_records only where records can be bad or are skipped: Parquet-only manifests stay as they were.
+    shows_bad = [cfg.on_bad_record == "skip" or inp.kind == "jsonl" for inp in plan.inputs]
+    if any(shows_bad):
+        totals["bad_records"] = sum(c.bad_records for c in counts)
+    entries = [counts[n].to_dict() for n in range(len(plan.inputs))]
+    for entry, shown in zip(entries, shows_bad):
+        if not shown:
+            del entry["bad_records"]
     extra: dict[str, Any] = {}
     if plan.reuse:
         reused = plan.reuse.inputs
@@ -177,7 +185,7 @@ def assemble_manifest(
         splits=splits,
         totals=totals,
         inputs=[
-            {**inp.to_dict(), **counts[n].to_dict(), "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
+            {**inp.to_dict(), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
             for n, inp in enumerate(plan.inputs)
         ],
         config=cfg.to_dict(),

@@ -48,6 +48,8 @@ class InputCounts:
     invalid_utf8: int = 0
     skipped_invalid_utf8: int = 0
     max_token_id: int = 0
+    bad_records: int = 0
+    """Records skipped as unreadable (``on_bad_record="skip"``); in manifests only where it applies."""
 
     def __add__(self, other: "InputCounts") -> "InputCounts":
         return InputCounts(
@@ -57,6 +59,7 @@ class InputCounts:
             invalid_utf8=self.invalid_utf8 + other.invalid_utf8,
             skipped_invalid_utf8=self.skipped_invalid_utf8 + other.skipped_invalid_utf8,
             max_token_id=max(self.max_token_id, other.max_token_id),
+            bad_records=self.bad_records + other.bad_records,
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -64,7 +67,7 @@ class InputCounts:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InputCounts":
-        return cls(**{k: int(d[k]) for k in cls.__dataclass_fields__})
+        return cls(**{k: int(d[k] if k != "bad_records" else d.get(k, 0)) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,6 +303,7 @@ class UnitResult:
     invalid_utf8: int
     skipped_invalid: int
     max_id: int
+    bad_records: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -313,6 +317,7 @@ class UnitResult:
             invalid_utf8=self.invalid_utf8,
             skipped_invalid_utf8=self.skipped_invalid,
             max_token_id=self.max_id,
+            bad_records=self.bad_records,
         )
 
 

@@ -86,13 +86,15 @@ def _tokenize_into(
 ) -> dict[str, int]:
     """Tokenize one unit into its temporary token file and document table; returns its counts."""
     limit = np.iinfo(dtype).max
-    counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0)
+    counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0, bad_records=0)
     doc_chunks: list[np.ndarray] = []
     with open(tmp_tok, "wb") as out:
         for batch in iter_text_batches(
-            inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors
+            inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
+            on_bad_record=cfg.on_bad_record,
         ):
-            counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid
+            counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid + batch.bad_records
+            counts["bad_records"] += batch.bad_records
             counts["nulls"] += batch.nulls
             counts["empties"] += batch.empties
             counts["invalid_utf8"] += batch.invalid_utf8

@@ -1,20 +1,30 @@
 """Sources: find the input files, cut them into work units, and read texts in bounded batches.
 
 Inputs are Parquet files, Arrow IPC files or streams (``.arrow``, ``.feather``,
-``.ipc``), directories or globs of those, and Hugging Face ``datasets`` saved
-with ``save_to_disk`` (a directory with ``state.json``; its Arrow files are
-read directly, in the dataset's order). A work unit is a run of whole row
-groups (or record batches) of one file, about ``unit_bytes`` of text; units
-are read with ``iter_batches`` in batches of about ``batch_bytes`` of text, so memory depends
-on the batch size and never on the corpus size.
+``.ipc``), JSON Lines (``.jsonl``, ``.json``, gzip- or Zstandard-compressed:
+``.jsonl.gz``, ``.jsonl.zst``, ...; a plain ``.json`` only when named, as
+directory scans leave metadata files alone), directories or globs of those, and Hugging
+Face ``datasets`` saved with ``save_to_disk`` (a directory with ``state.json``;
+its Arrow files are read directly, in the dataset's order). A work unit is a
+run of whole row groups (or record batches) of one file, or a byte range of
+whole lines of a JSON Lines file, about ``unit_bytes`` of text; units are read
+with ``iter_batches`` in batches of about ``batch_bytes`` of text, so memory
+depends on the batch size and never on the corpus size.
+
+The text column is ``text_column``; a dotted name (``meta.text``) reaches a
+field of a struct column (Parquet, Arrow) or of a nested object (JSON Lines),
+and a column or key spelled with the dot itself wins over that reading.
 
 Null and empty texts are skipped and counted; invalid UTF-8 in a binary text
-column is replaced or skipped (``utf8_errors``) and counted.
+column is replaced or skipped (``utf8_errors``) and counted. A record that
+cannot be read (a JSON line that is not JSON, or lacks the text field) is
+refused with its file and line, or skipped and counted (``on_bad_record``).
 
 The modules:
 
     base         InputFile, WorkUnit, TextBatch, the InputKind contract, text cleaning, split scores
     parquet      Parquet files (row groups)          arrow        Arrow IPC files and streams (record batches)
+    jsonl        JSON Lines, plain, .gz or .zst (byte ranges of whole lines)
     hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
     fingerprint  content hashes of the inputs
 
@@ -24,7 +34,8 @@ Adding an input kind: write one module with a subclass of ``base.InputKind``
 does not decide; ``plan_units``, which checks the schema with ``check_schema``
 and cuts units, with ``cut_units`` when the file is made of indivisible
 pieces; ``iter_batches``, which yields the unit's raw text column in slices of
-at most ``batch_rows`` rows; ``locate_damage`` optionally), and add its
+at most ``batch_rows`` rows, or ``ParsedColumn`` slices when it parses records
+that can be bad; ``locate_damage`` optionally), and add its
 instance to ``INPUT_KINDS`` below. Discovery, the "unsupported file type"
 message, cleaning, row numbering and read-error messages then cover it.
 """
@@ -42,6 +53,7 @@ from .base import (
     DirectoryLayout,
     InputFile,
     InputKind,
+    ParsedColumn,
     TextBatch,
     WorkUnit,
     clean_texts,
@@ -49,6 +61,7 @@ from .base import (
 )
 from .fingerprint import fingerprint_inputs
 from .hf_dataset import HF_SAVED_DATASET
+from .jsonl import JSONL, JSONL_SUFFIXES
 from .parquet import PARQUET, PARQUET_SUFFIXES
 
 __all__ = [
@@ -69,11 +82,16 @@ __all__ = [
     "input_suffixes",
     "PARQUET_SUFFIXES",
     "ARROW_SUFFIXES",
+    "JSONL_SUFFIXES",
+    "ON_BAD_RECORD",
 ]
 
 # The input kinds, by the name InputFile.kind (and the manifest) records. The
 # order is the order of detection and of the supported suffixes in messages.
-INPUT_KINDS: dict[str, InputKind] = {k.name: k for k in (PARQUET, ARROW_FILE, ARROW_STREAM)}
+INPUT_KINDS: dict[str, InputKind] = {k.name: k for k in (PARQUET, ARROW_FILE, ARROW_STREAM, JSONL)}
+
+# What to do with a record that cannot be read (``BuildConfig.on_bad_record``).
+ON_BAD_RECORD = ("fail", "skip")
 
 # Directories with a layout of their own, tried in order before a directory is scanned for files.
 DIRECTORY_LAYOUTS: list[DirectoryLayout] = [HF_SAVED_DATASET]
@@ -115,14 +133,31 @@ def plan_units(
 
 
 def iter_text_batches(
-    inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, utf8_errors: str = "replace"
+    inp: InputFile,
+    unit: WorkUnit,
+    *,
+    text_column: str,
+    batch_rows: int,
+    utf8_errors: str = "replace",
+    on_bad_record: str = "fail",
 ) -> Iterator[TextBatch]:
-    """The unit's texts in batches of at most ``batch_rows`` rows, in file order."""
+    """The unit's texts in batches of at most ``batch_rows`` rows, in file order.
+
+    A bad record (``ParsedColumn``) raises one ``InputError`` naming the file and
+    the line (``on_bad_record="fail"``), or is skipped and counted (``"skip"``).
+    """
     kind = input_kind(inp)
     row = unit.first_row
     try:
         for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows):
-            yield clean_texts(col, inp, row, utf8_errors)
+            if isinstance(col, ParsedColumn):
+                if col.bad_records and on_bad_record != "skip":
+                    raise InputError(
+                        f"{inp.path} {col.first_bad}, or pass --on-bad-record skip to skip and count such records"
+                    )
+                yield clean_texts(col.values, inp, row, utf8_errors, col.bad_records)
+            else:
+                yield clean_texts(col, inp, row, utf8_errors)
             row += len(col)
     except READ_ERRORS as exc:
         if isinstance(exc, OSError) and exc.errno is not None:

@@ -23,8 +23,10 @@ from .base import (
     InputKind,
     WorkUnit,
     check_schema,
+    column_path,
     cut_units,
     has_suffix,
+    select_column,
 )
 
 __all__ = ["ARROW_SUFFIXES", "ArrowFileKind", "ArrowStreamKind", "ARROW_FILE", "ARROW_STREAM"]
@@ -72,15 +74,17 @@ class _ArrowIPCKind(InputKind):
         batches = self._batches(inp)
         schema = batches[0].schema if batches else self._open(inp).schema
         check_schema(inp, schema, text_column, id_column)
-        sizes = [(b.num_rows, b.column(text_column).nbytes) for b in batches]
+        path = column_path(inp, schema, text_column)
+        sizes = [(b.num_rows, select_column(b, path).nbytes) for b in batches]
         return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
 
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[pa.Array | pa.ChunkedArray]:
         for b in self._batches(inp)[unit.start : unit.stop]:
+            col = select_column(b, column_path(inp, b.schema, text_column))
             for k in range(0, b.num_rows, batch_rows):
-                yield b.column(text_column).slice(k, batch_rows)
+                yield col.slice(k, batch_rows)
 
 
 class ArrowFileKind(_ArrowIPCKind):

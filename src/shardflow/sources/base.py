@@ -29,11 +29,14 @@ __all__ = [
     "InputFile",
     "WorkUnit",
     "TextBatch",
+    "ParsedColumn",
     "InputKind",
     "DirectoryLayout",
     "READ_ERRORS",
     "has_suffix",
     "check_schema",
+    "column_path",
+    "select_column",
     "is_text_type",
     "cut_units",
     "clean_texts",
@@ -93,6 +96,29 @@ class TextBatch:
     empties: int
     invalid_utf8: int
     skipped_invalid: int
+    bad_records: int = 0
+    """Records that could not be read (a line that is not JSON, a record without the text field),
+    skipped under ``on_bad_record="skip"``; they are rows, so ``rows`` numbering goes on past them."""
+
+
+@dataclass(frozen=True)
+class ParsedColumn:
+    """A slice of text column parsed from records (JSON Lines), with the records that were bad.
+
+    A kind whose files are parsed record by record yields this instead of a bare
+    array: ``values`` has one entry per row, a bad record being a null there;
+    ``bad_records`` says how many of those nulls are bad records, and
+    ``first_bad`` where the first one is and what is wrong with it (``"line 12:
+    not valid JSON (...)"``). The caller raises it (``on_bad_record="fail"``)
+    or skips and counts them (``"skip"``).
+    """
+
+    values: pa.Array
+    bad_records: int = 0
+    first_bad: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def has_suffix(name: str, suffixes: Sequence[str]) -> bool:
@@ -137,11 +163,12 @@ class InputKind(ABC):
     @abstractmethod
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
-    ) -> Iterator[pa.Array | pa.ChunkedArray]:
+    ) -> Iterator[pa.Array | pa.ChunkedArray | ParsedColumn]:
         """The unit's raw text column, in file order, in slices of at most ``batch_rows`` rows.
 
         Nulls, empties and binary text are left as they are (the caller cleans
-        them); pyarrow's read errors (``READ_ERRORS``) may propagate: the caller turns
+        them); a kind that parses records yields ``ParsedColumn`` slices, its bad
+        records marked (the caller applies ``on_bad_record``); pyarrow's read errors (``READ_ERRORS``) may propagate: the caller turns
         them into one ``InputError`` naming the file and the place.
         """
 
@@ -173,15 +200,59 @@ def is_text_type(ty: pa.DataType) -> bool:
     )
 
 
+def column_path(inp: InputFile, schema: pa.Schema, text_column: str) -> tuple[str, ...]:
+    """The field names leading to the text column: ``("text",)``, or ``("meta", "text")`` for ``meta.text``.
+
+    A column whose name is ``text_column`` itself wins over the dotted reading; else a
+    dotted name reaches into struct columns, one field per dot. An ``InputError``
+    names what is missing and what there is.
+    """
+    names = schema.names
+    if text_column in names:
+        return (text_column,)
+    parts = tuple(text_column.split("."))
+    if len(parts) > 1 and parts[0] in names and all(parts):
+        ty = schema.field(parts[0]).type
+        for depth, part in enumerate(parts[1:], start=1):
+            where = ".".join(parts[:depth])
+            if not pa.types.is_struct(ty):
+                raise InputError(
+                    f"{inp.path}: column {where!r} has type {ty}, not a struct, so it has no field {part!r}; "
+                    "pick the text column with --text-column NAME (a dotted NAME reaches into struct columns)"
+                )
+            if ty.get_field_index(part) < 0:
+                fields = ", ".join(ty.field(i).name for i in range(ty.num_fields))
+                raise InputError(
+                    f"{inp.path}: column {where!r} has no field {part!r}; its fields are {fields}. "
+                    "Pick the text column with --text-column NAME"
+                )
+            ty = ty.field(part).type
+        return parts
+    raise InputError(
+        f"{inp.path}: no column {text_column!r}; the columns are {', '.join(names)}. "
+        "Pick the text column with --text-column NAME"
+    )
+
+
+def _path_type(schema: pa.Schema, path: Sequence[str]) -> pa.DataType:
+    ty = schema.field(path[0]).type
+    for part in path[1:]:
+        ty = ty.field(part).type
+    return ty
+
+
+def select_column(data: pa.RecordBatch | pa.Table, path: Sequence[str]) -> pa.Array | pa.ChunkedArray:
+    """The column at ``path`` (see ``column_path``); a null struct gives a null text."""
+    col = data.column(path[0])
+    for part in path[1:]:
+        col = pc.struct_field(col, part)  # propagates the parent's nulls, unlike StructArray.field
+    return col
+
+
 def check_schema(inp: InputFile, schema: pa.Schema, text_column: str, id_column: str | None) -> None:
     """Refuse a file without the text column (or the id column), or whose text column is not text."""
     names = schema.names
-    if text_column not in names:
-        raise InputError(
-            f"{inp.path}: no column {text_column!r}; the columns are {', '.join(names)}. "
-            "Pick the text column with --text-column NAME"
-        )
-    ty = schema.field(text_column).type
+    ty = _path_type(schema, column_path(inp, schema, text_column))
     if not is_text_type(ty):
         raise InputError(
             f"{inp.path}: column {text_column!r} has type {ty}, not a string type; "
@@ -222,8 +293,13 @@ def cut_units(sizes: Sequence[tuple[int, int]], *, input_index: int, unit_bytes:
     return units
 
 
-def clean_texts(col: pa.Array | pa.ChunkedArray, inp: InputFile, first_row: int, utf8_errors: str) -> TextBatch:
-    """Drop nulls and empties, decode binary text; keep the row number of every kept text."""
+def clean_texts(
+    col: pa.Array | pa.ChunkedArray, inp: InputFile, first_row: int, utf8_errors: str, bad_records: int = 0
+) -> TextBatch:
+    """Drop nulls and empties, decode binary text; keep the row number of every kept text.
+
+    ``bad_records`` of the nulls are records that could not be read (``ParsedColumn``), counted apart.
+    """
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if pa.types.is_dictionary(col.type):
@@ -252,15 +328,23 @@ def clean_texts(col: pa.Array | pa.ChunkedArray, inp: InputFile, first_row: int,
                     else:
                         values.append(raw.decode("utf-8", errors="replace"))
             col = pa.array(values, type=target)
-    nulls = col.null_count - skipped
+    nulls = col.null_count - skipped - bad_records
     lengths = pc.binary_length(col)
     keep = pc.and_(pc.is_valid(col), pc.greater(pc.fill_null(lengths, 0), 0))
     keep_np = keep.to_numpy(zero_copy_only=False)
     kept = int(keep_np.sum())
-    empties = n - nulls - skipped - kept
+    empties = n - nulls - skipped - bad_records - kept
     rows = np.flatnonzero(keep_np).astype(np.int64) + first_row
     texts = col if kept == n else col.filter(keep)
-    return TextBatch(texts=texts, rows=rows, nulls=nulls, empties=empties, invalid_utf8=invalid, skipped_invalid=skipped)
+    return TextBatch(
+        texts=texts,
+        rows=rows,
+        nulls=nulls,
+        empties=empties,
+        invalid_utf8=invalid,
+        skipped_invalid=skipped,
+        bad_records=bad_records,
+    )
 
 
 def split_scores(relname: str, rows: np.ndarray, seed: int) -> np.ndarray:

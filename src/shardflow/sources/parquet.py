@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from .base import READ_ERRORS, InputFile, InputKind, WorkUnit, check_schema, cut_units
+from .base import READ_ERRORS, InputFile, InputKind, WorkUnit, check_schema, column_path, cut_units, select_column
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetKind", "PARQUET"]
 
@@ -41,7 +41,12 @@ class ParquetKind(InputKind):
     ) -> list[WorkUnit]:
         pf = _open(inp)
         check_schema(inp, pf.schema_arrow, text_column, id_column)
-        col = pf.schema_arrow.get_field_index(text_column)
+        path = column_path(inp, pf.schema_arrow, text_column)
+        if len(path) == 1:
+            col = pf.schema_arrow.get_field_index(text_column)
+        else:  # a struct field (``--text-column meta.text``): its leaf column
+            leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
+            col = leaves.index(".".join(path)) if ".".join(path) in leaves else len(leaves)
         md = pf.metadata
         sizes = []  # (rows, text bytes) per row group
         for g in range(md.num_row_groups):
@@ -55,8 +60,11 @@ class ParquetKind(InputKind):
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[pa.Array | pa.ChunkedArray]:
         pf = _open(inp)
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=list(range(unit.start, unit.stop)), columns=[text_column]):
-            yield batch.column(text_column)
+        path = column_path(inp, pf.schema_arrow, text_column)
+        # A dotted name reads only the struct's text leaf, not its sibling fields.
+        columns = [".".join(path)]
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=list(range(unit.start, unit.stop)), columns=columns):
+            yield select_column(batch, path)
 
     def locate_damage(self, inp: InputFile, unit: WorkUnit, *, text_column: str) -> str | None:
         """Which row group of the unit cannot be read, as ``"in row group G (rows A to B)"``."""
@@ -66,7 +74,7 @@ class ParquetKind(InputKind):
             for g in range(unit.start, unit.stop):
                 n = pf.metadata.row_group(g).num_rows
                 try:
-                    pf.read_row_group(g, columns=[text_column])
+                    pf.read_row_group(g, columns=[".".join(column_path(inp, pf.schema_arrow, text_column))])
                 except READ_ERRORS:
                     return f"in row group {g} (rows {first} to {first + n - 1})"
                 first += n

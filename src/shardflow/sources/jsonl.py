@@ -1,0 +1,340 @@
+"""JSON Lines inputs: one JSON object per line, plain or compressed.
+
+Files: ``.jsonl`` and ``.json`` (read as JSON Lines; a ``.json`` file holding
+one JSON array or one pretty-printed object is refused with how to convert
+it), and the same compressed with gzip (``.jsonl.gz``, ``.json.gz``) or
+Zstandard (``.jsonl.zst``, ``.json.zst``), decompressed by pyarrow's
+compressed input streams (no other dependency).
+
+A plain ``.json`` file is read when it is named (as a file or by a glob), but a
+directory scan does not pick it up: beside the data files of a corpus
+directory, ``.json`` files are usually metadata (``dataset_infos.json``), and
+directories that build today must keep building. Compressed ``.json.gz`` /
+``.json.zst`` files are data (C4 ships as ``.json.gz``), and are scanned.
+
+The text is the field ``--text-column`` names; ``meta.text`` reaches the field
+``text`` of the object in the field ``meta`` (a top-level key spelled
+``meta.text`` wins over the dotted reading, as a column of that name does for
+Parquet).
+
+Rows. A row is a line, and a document's row number is the index of its line in
+the file, counted from 0 (messages say "line N", counted from 1 as editors
+do). The row number is the document's identity for the held-out split
+(``split_scores(relname, row, seed)``), so it must not depend on how the file
+is cut into units; the line index does not, and it is what a person can find
+in the file (``sed -n Np``). The alternative, the line's byte offset, would
+spare planning a read of the file but name documents by numbers nobody can
+use, and a "line N" message would need that count anyway. The cost: planning
+reads every JSON Lines file once, counting lines (a ``bytes.count`` per
+megabyte, disk speed), on the planning machine; compressed files are
+decompressed for it. That is on top of the inputs' SHA-256, which its cache
+skips for unchanged files and this count does not; acceptable for local
+files, to revisit for remote corpora.
+
+Units. An uncompressed file is cut at line boundaries into byte ranges of
+about ``unit_bytes`` (``start``/``stop`` are byte offsets, ``first_row`` the
+index of the unit's first line), so a big file is tokenized in parallel. A
+compressed file is one unit (``start``/``stop`` span its decompressed bytes):
+a gzip or Zstandard stream cannot be entered in the middle.
+
+Reading. A unit is read in 1 MiB blocks, split into lines, and decoded line
+by line with the standard ``json`` module into slices of at most
+``batch_rows`` records and about the unit's bytes per row x ``batch_rows``
+bytes; so memory is bounded by the batch (and the longest line), never by the
+file. The standard module on purpose, not orjson when installed: decoders
+differ at the edges (lone surrogate escapes, huge integers), and whether a
+record is good must not depend on what else is installed.
+
+What each line gives:
+
+- a JSON object whose field is a string: a text (invalid UTF-8 in it, or a
+  lone surrogate escape, follows ``utf8_errors`` like a binary column);
+- a field that is JSON ``null``: a null text, skipped and counted, as a null
+  in a Parquet column;
+- a blank line (nothing but JSON whitespace): an empty text, skipped and
+  counted as ``empty_texts``; it is still a row, so line numbers stay the row
+  numbers and ``rows = documents + nulls + empties + bad records``;
+- anything else, a bad record: a line that is not JSON, a value that is not
+  an object, an object without the field, a field that is not a string.
+  ``on_bad_record="fail"`` (the default) stops the build with one message
+  ``FILE line N: what is wrong; how to fix it``; ``"skip"`` skips them and
+  counts them (``bad_records`` per input and in the totals).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from ..errors import InputError
+from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, has_suffix
+
+__all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
+
+_PLAIN = (".jsonl", ".json")
+_CODECS = {".gz": "gzip", ".zst": "zstd"}
+_NAMED_ONLY = (".json",)  # read when named, not picked up by directory scans (see above)
+JSONL_SUFFIXES = (".jsonl",) + tuple(p + c for c in _CODECS for p in _PLAIN)
+
+_BLOCK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+_JSON_SPACE = b" \t\r\n"
+_FIELDS_SHOWN = 12
+
+
+def _codec(path: str) -> str | None:
+    """``"gzip"``, ``"zstd"`` or None (not compressed), by the file name."""
+    lower = path.lower()
+    return next((codec for suffix, codec in _CODECS.items() if lower.endswith(suffix)), None)
+
+
+def _open(path: str) -> BinaryIO:
+    codec = _codec(path)
+    if codec is None:
+        return open(path, "rb")
+    return pa.CompressedInputStream(pa.OSFile(path), codec)  # type: ignore[return-value]
+
+
+def _read_failed(inp: InputFile, line: int, exc: BaseException) -> InputError:
+    detail = " ".join(str(exc).split())
+    what = "compressed file" if _codec(inp.path) else "file"
+    return InputError(
+        f"{inp.path}: reading failed near line {line + 1} ({detail}); the {what} is corrupt or truncated: "
+        "replace it, or remove it from the sources"
+    )
+
+
+def _kind_of(value: Any) -> str:
+    """How a message names a JSON value's type."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
+
+
+def _fields(record: dict[str, Any]) -> str:
+    keys = list(record)
+    shown = ", ".join(keys[:_FIELDS_SHOWN]) + (f", ... ({len(keys)} in all)" if len(keys) > _FIELDS_SHOWN else "")
+    return shown or "none"
+
+
+def _field(record: dict[str, Any], field: str) -> tuple[Any, str | None]:
+    """The value at ``field`` (a key, or a dotted path), or the reason there is none."""
+    if field in record:
+        return record[field], None
+    parts = field.split(".")
+    value: Any = record
+    for depth, part in enumerate(parts):
+        if not isinstance(value, dict) or part not in value:
+            if depth and not isinstance(value, dict):
+                where = ".".join(parts[:depth])
+                return None, f"field {where!r} is {_kind_of(value)}, not an object, so it has no field {part!r}"
+            where = f"the object in {'.'.join(parts[:depth])!r}" if depth else "the record"
+            return None, (
+                f"no field {field!r} ({where} has fields {_fields(value)}); "
+                "pick the text field with --text-column NAME (a dotted NAME reaches nested fields)"
+            )
+        value = value[part]
+    return value, None
+
+
+def _text(line: bytes, field: str) -> tuple[str | None, str | None]:
+    """One line's text (``""`` for a blank line, None for a JSON null), or None and why the record is bad."""
+    if not line.strip(_JSON_SPACE):
+        return "", None
+    # Invalid UTF-8 survives decoding as lone surrogates; the text's bytes are restored from them.
+    try:
+        record = json.loads(line.decode("utf-8", "surrogateescape"))
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg}: column {exc.colno}); fix or remove the line"
+    except RecursionError:
+        return None, "not valid JSON (nested too deeply); fix or remove the line"
+    if not isinstance(record, dict):
+        return None, f"the record is {_kind_of(record)}, not a JSON object; each line must be one object"
+    value, why = _field(record, field)
+    if why is not None:
+        return None, why
+    if value is None or isinstance(value, str):
+        return value, None
+    return None, f"field {field!r} is {_kind_of(value)}, not a string; pick a string field with --text-column NAME"
+
+
+def _utf8(text: str) -> bytes:
+    """A text's bytes, invalid UTF-8 and lone surrogate escapes kept as invalid bytes."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _column(values: list[str | None]) -> pa.Array:
+    try:
+        return pa.array(values, type=pa.large_string())
+    except UnicodeEncodeError:  # lone surrogates: binary, so that utf8_errors decides and counts
+        return pa.array([None if v is None else _utf8(v) for v in values], type=pa.large_binary())
+
+
+def _lines(f: BinaryIO, length: int | None) -> Iterator[bytes]:
+    """The lines of ``f`` (without their newline), reading at most ``length`` bytes (None: to the end)."""
+    pending: list[bytes] = []  # the start of a line longer than a block, without copying it again and again
+    while length is None or length > 0:
+        block = f.read(_BLOCK if length is None else min(_BLOCK, length))
+        if not block:
+            break
+        if length is not None:
+            length -= len(block)
+        if b"\n" not in block:
+            pending.append(block)
+            continue
+        if pending:
+            pending.append(block)
+            block = b"".join(pending)
+            pending = []
+        lines = block.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
+        yield from lines
+    if pending:
+        yield b"".join(pending)
+
+
+def _not_json_lines(inp: InputFile, head: bytes) -> None:
+    """Refuse a file that is one JSON document (an array, a pretty-printed object), not JSON Lines."""
+    body = head[len(_BOM) :] if head.startswith(_BOM) else head
+    first = body.lstrip(_JSON_SPACE)
+    line = first.split(b"\n", 1)[0].strip(_JSON_SPACE)
+    if first.startswith(b"[") or line == b"{":
+        shape = "a JSON array" if first.startswith(b"[") else "one JSON document over several lines"
+        raise InputError(
+            f"{inp.path}: the file is {shape}, not JSON Lines (one JSON object per line); convert it, "
+            f"e.g. jq -c '{'.[]' if shape.endswith('array') else '.'}' FILE > FILE.jsonl"
+        )
+
+
+class JsonLinesKind(InputKind):
+    """JSON Lines, plain or gzip/Zstandard-compressed; units are byte ranges of whole lines."""
+
+    name = "jsonl"
+    label = "JSON Lines"
+    suffixes = JSONL_SUFFIXES
+
+    def detect(self, path: Path) -> str | None:
+        return self.name if has_suffix(path.name, self.suffixes + _NAMED_ONLY) else None
+
+    def plan_units(
+        self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
+    ) -> list[WorkUnit]:
+        cut = _codec(inp.path) is None
+        starts = [(0, 0)]  # (byte offset, line index) where each unit starts
+        target = unit_bytes if cut else None
+        pos = lines = 0
+        last = b"\n"
+        try:
+            with _open(inp.path) as f:
+                while block := f.read(_BLOCK):
+                    if pos == 0:
+                        _not_json_lines(inp, block)
+                    end = pos + len(block)
+                    # Cut before the first line that starts at or after the target offset.
+                    while target is not None and target <= end:
+                        nl = block.find(b"\n", max(target - 1 - pos, 0))
+                        if nl < 0:
+                            break
+                        starts.append((pos + nl + 1, lines + block.count(b"\n", 0, nl + 1)))
+                        target = pos + nl + 1 + unit_bytes
+                    lines += block.count(b"\n")
+                    pos = end
+                    last = block[-1:]
+        except READ_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise  # the disk's or the mount's, not the data's
+            raise _read_failed(inp, lines, exc) from None
+        total = lines + (1 if pos and last != b"\n" else 0)
+        starts = [s for s in starts if s[0] < pos] or [(0, 0)]
+        if id_column is not None:
+            self._check_id(inp, id_column)
+        units = []
+        for k, (start, first) in enumerate(starts):
+            stop, next_first = starts[k + 1] if k + 1 < len(starts) else (pos, total)
+            units.append(
+                WorkUnit(
+                    index=first_index + k,
+                    input=input_index,
+                    start=start,
+                    stop=stop,
+                    first_row=first,
+                    rows=next_first - first,
+                    text_bytes=stop - start,
+                )
+            )
+        return units
+
+    def _check_id(self, inp: InputFile, id_column: str) -> None:
+        """The id field must be in the first record (as a Parquet file must have the id column)."""
+        with _open(inp.path) as f:
+            for n, line in enumerate(_lines(f, None)):
+                if not line.strip(_JSON_SPACE):
+                    continue
+                try:
+                    record = json.loads(line.removeprefix(_BOM).decode("utf-8", "surrogateescape"))
+                except (json.JSONDecodeError, RecursionError):
+                    return  # a bad record: reported (or skipped) when it is read
+                if isinstance(record, dict) and _field(record, id_column)[1] is not None:
+                    raise InputError(f"{inp.path} line {n + 1}: no id field {id_column!r}; its fields are {_fields(record)}")
+                return
+
+    def iter_batches(
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
+    ) -> Iterator[ParsedColumn]:
+        # Bound a slice by bytes too: about batch_rows rows of this unit's average size.
+        max_bytes = max(_BLOCK, batch_rows * (unit.text_bytes // max(unit.rows, 1)))
+        values: list[str | None] = []
+        bad = 0
+        first_bad: str | None = None
+        nbytes = 0
+        line = unit.first_row
+        try:
+            with _open(inp.path) as f:
+                if unit.start:
+                    f.seek(unit.start)
+                length = unit.stop - unit.start if _codec(inp.path) is None else None
+                for raw in _lines(f, length):
+                    if line == 0 and raw.startswith(_BOM):
+                        raw = raw[len(_BOM) :]
+                    text, why = _text(raw, text_column)
+                    if why is not None:
+                        bad += 1
+                        if first_bad is None:
+                            first_bad = f"line {line + 1}: {why}"
+                    values.append(text)
+                    nbytes += len(raw) + 1
+                    line += 1
+                    if len(values) >= batch_rows or nbytes >= max_bytes:
+                        yield ParsedColumn(_column(values), bad, first_bad)
+                        values, bad, first_bad, nbytes = [], 0, None, 0
+        except READ_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise
+            raise _read_failed(inp, line, exc) from None
+        if values:
+            yield ParsedColumn(_column(values), bad, first_bad)
+        if line - unit.first_row != unit.rows:
+            raise InputError(
+                f"{inp.path}: has {line - unit.first_row} lines from line {unit.first_row + 1} where planning counted "
+                f"{unit.rows}; the file changed during the build: rebuild"
+            )
+
+
+JSONL = JsonLinesKind()
