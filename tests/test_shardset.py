@@ -230,3 +230,26 @@ def test_read_matches_the_concatenated_shards(sample_stream, data):
     if 0 <= start < n:
         k, i = s.locate(start)
         assert s.shard(k)[i] == everything[start]
+
+
+def test_plain_directories_with_one_token_as_bos_and_eos_find_the_document_starts(tmp_path):
+    """``BOS + ids + EOS`` with BOS == EOS (tiktoken's <|endoftext|>): starts come from the tokens alone."""
+    from shardflow.formats import NPY
+    from shardflow.runtime.shards import open_shards
+
+    T = 9
+    docs = [[1, 2], [3], [4, 5, 6], [7], [8, 1]]
+    stream = [t for d in docs for t in (T, *d, T)]
+    # Cut so that a shard ends on a BOS, and another on an EOS.
+    cuts = [0, 4, 7, 12, len(stream)]
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        arr = np.asarray(stream[a:b], dtype=np.uint16)
+        with open(tmp_path / f"d_train_{i:06d}.npy", "wb") as f:
+            f.write(NPY.header(len(arr), arr.dtype))
+            f.write(arr.tobytes())
+    shards = open_shards(tmp_path, boundary_token=T, boundary="both")
+    expected, pos = [], 0
+    for d in docs:
+        expected.append(pos)
+        pos += len(d) + 2
+    assert shards.all_doc_starts().tolist() == expected

@@ -310,8 +310,19 @@ class ShardSet:
     def _derive_starts(self, k: int) -> np.ndarray:
         toks = self.shard(k)
         hits = np.flatnonzero(toks == self.boundary_token).astype(np.int64)
-        if self.placement in ("bos", "both"):  # plain directories: both is read like bos (its BOS token)
+        if self.placement == "bos":
             return hits
+        if self.placement == "both":
+            # BOS + ids + EOS: when BOS and EOS are one token, a boundary token starts a
+            # document exactly when the token after it is not the boundary token too
+            # (documents are never empty; after the shard's last token comes the next shard's).
+            after = np.empty(len(hits), dtype=np.int64)
+            inside = hits + 1 < len(toks)
+            after[inside] = toks[hits[inside] + 1]
+            if len(hits) and not inside[-1]:
+                nxt = self.first_token(k + 1) if k + 1 < self.num_shards else None
+                after[-1] = self.boundary_token if nxt is None else nxt
+            return hits[after != self.boundary_token]
         starts = hits + 1
         starts = starts[starts < len(toks)]
         # Shard k starts a document iff it is the first shard or the previous one ends with EOS.
