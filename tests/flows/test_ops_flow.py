@@ -36,11 +36,15 @@ def _flow_run(server: PrefectServer, name: str, timeout: float = 15) -> dict[str
 
 
 def _task_runs(server: PrefectServer, flow_run_id: str, timeout: float = 15) -> list[dict[str, Any]]:
-    """The flow run's task runs, once none is still reported PENDING or RUNNING (states arrive in the background)."""
+    """The flow run's task runs, once each has a final state (states arrive in the background).
+
+    A task run recorded before its first state report has no state yet (None).
+    """
     deadline = time.monotonic() + timeout
     while True:
         tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
-        if all(t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks) or time.monotonic() > deadline:
+        final = all(t["state"] and t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks)
+        if final or time.monotonic() > deadline:
             return tasks
         time.sleep(0.2)
 
