@@ -85,7 +85,7 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
     b.add_argument("--tokenizer", default="cl100k_base", help="tiktoken encoding name or .tiktoken rank file")
     b.add_argument("--backend", default="auto", choices=["auto", "gigatoken", "tiktoken"], help="tokenizer backend")
-    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy or bin")
+    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy, bin or megatron (Megatron-LM .bin + .idx)")
     b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--bos", dest="boundary", action="store_const", const="bos", help="prepend <|endoftext|> (default)")
