@@ -350,3 +350,20 @@ def test_registry_and_parse_errors(tmp_path):
         parse_idx(MAGIC + struct.pack("<QBQQ", 1, 9, 0, 1) + struct.pack("<q", 0), "x.idx")
     # An empty shard (never written by a build, but well defined): no sequences, document indices [0].
     assert encode_idx(0, np.dtype("<u2"), np.array([], dtype=np.int64)) == idx_bytes(CODE_UINT16, [], 2)
+
+
+def test_incremental_build_equals_a_full_one(tmp_path, sample_texts):
+    # Shards linked from the parent version keep their .idx too: the bytes are a full build's.
+    from core_support import files_of, write_parquet
+
+    src = tmp_path / "src"
+    write_parquet(src / "a.parquet", sample_texts[:40])
+    first = make_builder(tmp_path / "inc")(src, name="inc", format="megatron", shard_tokens=20_011)
+    write_parquet(src / "b.parquet", sample_texts[40:])
+    second = make_builder(tmp_path / "inc")(src, name="inc", format="megatron", shard_tokens=20_011)
+    full = make_builder(tmp_path / "full")(src, name="inc", format="megatron", shard_tokens=20_011)
+    assert second.directory != first.directory
+    assert read_manifest(second.directory).extra["reuse"]["linked_shards"] >= 1
+    assert files_of(second.directory) == files_of(full.directory)
+    assert read_manifest(second.directory).splits == read_manifest(full.directory).splits
+    validate_dir(second.directory)
