@@ -90,7 +90,7 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
                    help="tiktoken encoding name, .tiktoken rank file, tokenizer.json (or its directory) or SentencePiece .model")
     b.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="tokenizer backend: auto, gigatoken, or the family's reference (tiktoken, hf, sentencepiece)")
-    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy or bin")
+    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy, bin or megatron (Megatron-LM .bin + .idx)")
     b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
     b.add_argument("--bos", action="store_true",
                    help="put a BOS token before each document (the default); with --eos too, each document is "

@@ -77,7 +77,12 @@ class FileEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class ShardEntry:
-    """One shard and its ``.bos.idx``: ``tokens`` ids, ``documents`` starting in it."""
+    """One shard and its ``.bos.idx``: ``tokens`` ids, ``documents`` starting in it.
+
+    ``sidecars``: the other files its format keeps beside it (``megatron``'s
+    ``.idx``); omitted from the manifest when there are none, so manifests of
+    other formats are unchanged.
+    """
 
     file: str
     bytes: int
@@ -85,9 +90,20 @@ class ShardEntry:
     tokens: int
     documents: int
     index: FileEntry
+    sidecars: tuple[FileEntry, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.sidecars:
+            d["sidecars"] = [dataclasses.asdict(s) for s in self.sidecars]
+        else:
+            del d["sidecars"]
+        return d
+
+    @property
+    def files(self) -> tuple[FileEntry, ...]:
+        """The index and the sidecars: every file of the shard but the shard itself."""
+        return (self.index, *self.sidecars)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> "ShardEntry":
@@ -98,7 +114,14 @@ class ShardEntry:
             tokens=int(_require(d, "tokens", where)),
             documents=int(_require(d, "documents", where)),
             index=FileEntry.from_dict(_require(d, "index", where), where),
+            sidecars=_sidecars(d.get("sidecars", []), where),
         )
+
+
+def _sidecars(items: Any, where: str) -> tuple[FileEntry, ...]:
+    if not isinstance(items, list) or not all(isinstance(s, dict) for s in items):
+        raise ManifestError(f"{where}: 'sidecars' must be a list of {{file, bytes, sha256}}")
+    return tuple(FileEntry.from_dict(s, f"{where}, sidecar {i}") for i, s in enumerate(items))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,7 +139,7 @@ def check_files(directory: Path, manifest: Manifest) -> None:
     """Every file the manifest names exists with its size; raises naming the first that does not."""
     for split, entry in manifest.splits.items():
         for shard in entry.shards:
-            for name, size in ((shard.file, shard.bytes), (shard.index.file, shard.index.bytes)):
+            for name, size in ((shard.file, shard.bytes), *((f.file, f.bytes) for f in shard.files)):
                 path = directory / name
                 try:
                     actual = path.stat().st_size

@@ -7,6 +7,9 @@ any published version (``shardflow validate REF``):
   the manifest's size and (with ``checksums=True``) its SHA-256;
 * each shard's header agrees with its size, its dtype and its token count;
 * every token id is below the vocabulary size;
+* the files a format keeps beside a shard (``megatron``'s ``.idx``) are the
+  manifest's, and agree with the shard's document starts
+  (``ShardFormat.check_sidecars``);
 * ``.bos.idx`` entries are ascending, in range, one per document, and point at
   document starts: at BOS tokens with BOS placement (and every BOS is indexed),
   right after EOS tokens with EOS placement (and every EOS is followed by one),
@@ -33,7 +36,7 @@ from .catalog import published_manifest_problems
 from .embedding_files import validate_embeddings
 from .errors import ValidationError
 from .faults import fault
-from .formats import bosidx, get_format
+from .formats import ShardFormat, bosidx, get_format
 from .manifest import Manifest, ShardEntry, read_manifest
 from .shardset import ShardSet
 
@@ -138,6 +141,7 @@ def validate_shard(
         return problems + [str(exc)]
     if len(starts) != entry.documents:
         problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
+    problems.extend(_sidecar_problems(directory, fmt, path, entry, len(tokens), dtype, starts, checksums=checksums))
     vocab = int(manifest.tokenized_info["vocab_size"])
     boundary = int(manifest.boundary["token_id"])
     placement, bos_tok, eos_tok = manifest.boundary_tokens
@@ -230,6 +234,38 @@ def validate_shard(
                 f"{path}: the EOS token at {int(unclosed[0])} is not followed by a document start in {idx_path.name}"
             )
     return problems
+
+
+def _sidecar_problems(
+    directory: Path,
+    fmt: ShardFormat,
+    path: Path,
+    entry: ShardEntry,
+    ntokens: int,
+    dtype: np.dtype,
+    starts: np.ndarray,
+    *,
+    checksums: bool,
+) -> list[str]:
+    """The format's files beside a shard (megatron's ``.idx``): listed, sized and hashed as the manifest says,
+    and what the format's own ``check_sidecars`` finds in them."""
+    problems: list[str] = []
+    expected = [p.name for p in fmt.sidecars(path, ntokens, dtype, starts)]
+    listed = [f.file for f in entry.sidecars]
+    for name in expected:
+        if name not in listed:
+            problems.append(f"{directory / name}: format {fmt.name!r} keeps it beside {entry.file}, but the manifest does not list it")
+    for f in entry.sidecars:
+        p = directory / f.file
+        if f.file not in expected:
+            problems.append(f"{p}: the manifest lists it beside {entry.file}, but format {fmt.name!r} has no such file")
+        elif not p.exists():
+            problems.append(f"{p}: missing; the manifest lists it beside {entry.file}")
+        elif p.stat().st_size != f.bytes:
+            problems.append(f"{p}: {p.stat().st_size} bytes, but the manifest says {f.bytes}")
+        elif checksums and _sha256(p) != f.sha256:
+            problems.append(f"{p}: SHA-256 does not match the manifest; the file was changed")
+    return problems + fmt.check_sidecars(path, ntokens, dtype, starts)
 
 
 def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:

@@ -141,13 +141,13 @@ def test_legacy_refuses_uint32_with_a_clear_message(built, tiny_parquet, tmp_pat
 
 
 def test_headers_and_registry():
-    assert list(FORMATS) == ["nanogpt", "nanogpt-legacy", "npy", "bin"]
+    assert list(FORMATS) == ["nanogpt", "nanogpt-legacy", "npy", "bin", "megatron"]
     assert NANOGPT.header(7, np.dtype("<u2")) == nanogpt_header(7, 2)
     assert NANOGPT_LEGACY.header(7, np.dtype("<u2")) == legacy_header(7)
     assert NPY.header(7, np.dtype("<u2")) == npy_header(7, "<u2")
     assert NPY.header(2**31 - 1, np.dtype("<u4")) == npy_header(2**31 - 1, "<u4")  # still 128 bytes
     assert RAWBIN.header(7, np.dtype("<u4")) == b""
-    with pytest.raises(ConfigError, match=r"unknown shard format 'arrow'; use one of nanogpt, nanogpt-legacy, npy, bin"):
+    with pytest.raises(ConfigError, match=r"unknown shard format 'arrow'; use one of nanogpt, nanogpt-legacy, npy, bin, megatron"):
         get_format("arrow")
     with pytest.raises(ConfigError, match=r"stores uint16 or uint32 tokens, not int64"):
         NANOGPT.header(1, np.dtype("int64"))

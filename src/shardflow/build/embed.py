@@ -94,7 +94,12 @@ def embed_version(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    names = [name for entry in parent.splits.values() for shard in entry.shards for name in (shard.file, shard.index.file)]
+    names = [
+        name
+        for entry in parent.splits.values()
+        for shard in entry.shards
+        for name in (shard.file, *(f.file for f in shard.files))
+    ]
     for field in ("rank_file", "tokenizer_file"):  # the tokenizer file's copy (tiktoken's key, the file families')
         if parent.tokenized_info.get(field):
             names.append(parent.tokenized_info[field])

@@ -128,7 +128,7 @@ def assemble_manifest(
         "documents": sum(s.documents for s in splits.values()),
         "tokens": sum(s.tokens for s in splits.values()),
         "shards": sum(len(s.shards) for s in splits.values()),
-        "bytes": sum(sh.bytes + sh.index.bytes for s in splits.values() for sh in s.shards),
+        "bytes": sum(sh.bytes + sum(f.bytes for f in sh.files) for s in splits.values() for sh in s.shards),
         "input_rows": sum(c.rows for c in counts),
         "null_texts": sum(c.null_texts for c in counts),
         "empty_texts": sum(c.empty_texts for c in counts),

@@ -22,7 +22,7 @@ from .._io import atomic_write_text, remove_quietly, sha256_file, tmp_path_for
 from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..formats import bosidx, get_format
-from ..formats.writer import ShardWriter, encode_index, write_index
+from ..formats.writer import ShardWriter, encode_index, write_index, write_sidecars
 from ..manifest import FileEntry, ShardEntry
 from ..tokenizers import Tokenizer
 from .incremental import open_parent
@@ -63,9 +63,9 @@ def _in_place(out_dir: Path, result: ShardResult) -> bool:
     """Whether a shard's files recorded as done are still in ``out/`` with their recorded sizes."""
     entry = result.entry
     try:
-        return (out_dir / entry.file).stat().st_size == entry.bytes and (
-            out_dir / entry.index.file
-        ).stat().st_size == entry.index.bytes
+        return (out_dir / entry.file).stat().st_size == entry.bytes and all(
+            (out_dir / f.file).stat().st_size == f.bytes for f in entry.files
+        )
     except OSError:
         return False
 
@@ -115,7 +115,7 @@ def _pieces(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, i
 
 
 def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult:
-    """Write shard ``k`` of ``split`` and its ``.bos.idx`` into ``out/``; returns its result.
+    """Write shard ``k`` of ``split``, its ``.bos.idx`` and its format's sidecars into ``out/``; returns its result.
 
     In an incremental build, a shard whose tokens are exactly one shard of the
     parent version (same split, same range, so the same bytes) is hard-linked
@@ -172,6 +172,10 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     else:
         write_index(idx_path, idx_bytes)
     fault("shard-indexed", idx_path)
+    # Format-specific files beside the shard (megatron's .idx), derived from the same starts.
+    sidecars = tuple(
+        FileEntry(file=name, bytes=size, sha256=sha) for name, size, sha in write_sidecars(fmt, shard_path, dtype, hi - lo, local)
+    )
     entry = ShardEntry(
         file=shard_path.name,
         bytes=nbytes,
@@ -179,6 +183,7 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
         tokens=hi - lo,
         documents=len(local),
         index=FileEntry(file=idx_path.name, bytes=len(idx_bytes), sha256=idx_sha),
+        sidecars=sidecars,
     )
     result = ShardResult(split=split, index=k, entry=entry, linked=same is not None)
     atomic_write_text(staging.shard_result(split, k), json.dumps(result.to_dict()))

@@ -42,6 +42,23 @@ class ShardFormat(ABC):
         ``dtype`` is required for formats whose files do not record it.
         """
 
+    def sidecars(self, shard_path: Path, ntokens: int, dtype: np.dtype, starts: np.ndarray) -> dict[Path, bytes]:
+        """Files this format keeps beside a shard, besides its ``.bos.idx``: ``{path: bytes}`` (none by default).
+
+        Derived from the shard's token count, dtype and document starts
+        (``.bos.idx`` entries), never from its tokens. The writer writes each
+        atomically and the manifest lists them in the shard's ``sidecars``.
+        """
+        return {}
+
+    def check_sidecars(self, shard_path: Path, ntokens: int, dtype: np.dtype, starts: np.ndarray) -> list[str]:
+        """Problems with the sidecars of an existing shard whose documents start at ``starts`` (none by default).
+
+        Sizes and SHA-256 against the manifest, and missing files, are checked
+        by the caller; this checks what the bytes say.
+        """
+        return []
+
     def open(self, path: Path | str, dtype: np.dtype | None = None) -> np.ndarray:
         """A read-only memory map of the shard's tokens, after checking header and size."""
         path = Path(path)

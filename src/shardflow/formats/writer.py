@@ -12,6 +12,7 @@ temporary file left behind on failure. ``write_index`` does the same for the
         nbytes, sha256 = w.commit()
     data, sha256 = encode_index(starts)
     write_index(bosidx.index_path(path), data)
+    extra = write_sidecars(fmt, path, dtype, ntokens, starts)   # [(name, bytes, sha256)]; [] for most formats
 
 The layouts themselves are in ``docs/FORMAT.md``.
 """
@@ -30,7 +31,7 @@ from ..errors import ValidationError
 from . import bosidx
 from .base import ShardFormat
 
-__all__ = ["ShardWriter", "encode_index", "write_index"]
+__all__ = ["ShardWriter", "encode_index", "write_index", "write_sidecars"]
 
 
 class ShardWriter:
@@ -109,3 +110,18 @@ def encode_index(starts: np.ndarray) -> tuple[bytes, str]:
 def write_index(path: Path, data: bytes) -> None:
     """Write the ``.bos.idx`` bytes ``data`` at ``path`` (temporary name, ``fsync``, ``os.replace``)."""
     atomic_write_bytes(path, data)
+
+
+def write_sidecars(
+    fmt: ShardFormat, shard_path: Path, dtype: np.dtype, ntokens: int, starts: np.ndarray
+) -> list[tuple[str, int, str]]:
+    """Write the files ``fmt`` keeps beside a shard (``ShardFormat.sidecars``), each atomically.
+
+    Returns ``(file name, bytes, sha256)`` of each, in the format's order; an
+    empty list for formats without sidecars.
+    """
+    out = []
+    for path, data in fmt.sidecars(Path(shard_path), ntokens, np.dtype(dtype), np.asarray(starts)).items():
+        atomic_write_bytes(path, data)
+        out.append((path.name, len(data), hashlib.sha256(data).hexdigest()))
+    return out

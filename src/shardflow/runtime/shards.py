@@ -10,8 +10,10 @@
   reads no shard data, whatever the number of shards;
 * a plain directory of shards without a manifest (or a glob of shard files),
   KempnerForge / modded-nanogpt style. The dtype is taken from each file's
-  nanogpt or ``.npy`` header; a headerless ``.bin`` shard needs ``dtype=``.
-  It is never guessed from the file size.
+  nanogpt or ``.npy`` header, or for a Megatron ``P.bin`` from its sibling
+  ``P.idx`` (dtype code 8: uint16, 4: int32 read as uint32); any other
+  headerless ``.bin`` shard needs ``dtype=``. It is never guessed from the
+  file size.
 
 A ``ShardSet`` (defined in ``shardflow.shardset``, re-exported here) opens
 each shard's memory map on first use and keeps it; the maps are never pickled
@@ -30,7 +32,7 @@ import numpy as np
 
 from ..catalog import Catalog
 from ..errors import ConfigError
-from ..formats import FORMATS, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format
+from ..formats import FORMATS, MEGATRON, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format, megatron
 from ..formats.base import TOKEN_DTYPES
 from ..manifest import MANIFEST_NAME
 from ..reader import open_version
@@ -102,7 +104,8 @@ def _open_version_split(
 
 
 def _detect_format(path: Path) -> ShardFormat:
-    """The format a file's header says: npy by extension, nanogpt(-legacy) by magic, else headerless bin."""
+    """The format a file's header says: npy by extension, nanogpt(-legacy) by magic, megatron by a sibling
+    ``.idx`` with Megatron's magic (whose dtype code gives the dtype), else headerless bin."""
     if path.suffix == ".npy":
         return NPY
     with open(path, "rb") as f:
@@ -113,6 +116,8 @@ def _detect_format(path: Path) -> ShardFormat:
             return NANOGPT
         if magic == NANOGPT_LEGACY.header_magic:
             return NANOGPT_LEGACY
+    if megatron.is_megatron_idx(megatron.idx_path(path)):
+        return MEGATRON
     return RAWBIN
 
 
