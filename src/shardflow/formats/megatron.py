@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, ValidationError
-from .base import ShardFormat
+from .rawbin import RawBinFormat
 
 __all__ = [
     "MegatronFormat",
@@ -147,27 +147,16 @@ def parse_idx(data: bytes, where: str | Path) -> MegatronIndex:
     return MegatronIndex(code, lengths, pointers, docs)
 
 
-class MegatronFormat(ShardFormat):
+class MegatronFormat(RawBinFormat):
     """Headerless ``P.bin`` tokens plus Megatron's ``P.idx`` sidecar (one sequence per document piece)."""
 
     name = "megatron"
     extension = "bin"
     header_magic = None
 
-    def header(self, ntokens: int, dtype: np.dtype) -> bytes:
-        self.check_dtype(dtype)
-        return b""
-
-    def read_header(self, path: Path, dtype: np.dtype | None) -> tuple[int, int, np.dtype]:
-        """The ``.bin`` is headerless: the dtype is the manifest's, else the sibling ``.idx``'s (never the size's)."""
-        if dtype is None:
-            dt = self._idx_dtype(path)
-        else:
-            dt = np.dtype(dtype).newbyteorder("<")
-        size = path.stat().st_size
-        if size % dt.itemsize:
-            raise ValidationError(f"{path}: {size} bytes is not a whole number of {dt} tokens")
-        return 0, size // dt.itemsize, dt
+    def unknown_dtype(self, path: Path) -> np.dtype:
+        """The dtype is the manifest's, else the sibling ``.idx``'s (never the file size's)."""
+        return self._idx_dtype(path)
 
     def _idx_dtype(self, path: Path) -> np.dtype:
         idx = idx_path(path)

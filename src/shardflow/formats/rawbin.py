@@ -25,12 +25,12 @@ class RawBinFormat(ShardFormat):
         self.check_dtype(dtype)
         return b""
 
+    def unknown_dtype(self, path: Path) -> np.dtype:
+        """The dtype of a shard whose reader was not told it: a headerless file does not record it."""
+        raise ConfigError(f"{path}: a headerless .bin shard does not record its dtype; pass dtype='uint16' or 'uint32'")
+
     def read_header(self, path: Path, dtype: np.dtype | None) -> tuple[int, int, np.dtype]:
-        if dtype is None:
-            raise ConfigError(
-                f"{path}: a headerless .bin shard does not record its dtype; pass dtype='uint16' or 'uint32'"
-            )
-        dt = np.dtype(dtype).newbyteorder("<")
+        dt = self.unknown_dtype(path) if dtype is None else np.dtype(dtype).newbyteorder("<")
         size = path.stat().st_size
         if size % dt.itemsize:
             raise ValidationError(f"{path}: {size} bytes is not a whole number of {dt} tokens")
