@@ -13,6 +13,7 @@ from .errors import ConfigError
 from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
+from .targets import get_target
 
 __all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "NAME_RE", "check_name"]
 
@@ -32,7 +33,7 @@ _NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes"
 BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
 
 # Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
-_OMITTED_WHEN_NONE = ("bos_token", "eos_token")
+_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "target")
 
 
 def check_name(name: str) -> str:
@@ -203,9 +204,15 @@ class BuildConfig:
     """Upper bound on the rows of one batch, whatever their size."""
     embed: EmbedOptions | None = None
     """Compute one embedding per document (``--embed``); None: no embedding stage."""
+    target: str | None = None
+    """A trainer target (``shardflow.targets.TARGETS``): sets the format, boundary, dtype rule and file layout
+    that stack's reader needs; options left at their defaults take the target's, others must agree with it.
+    None: no target (left out of ``to_dict``, so of manifests and build keys)."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if self.target is not None:
+            self._apply_target()
         if isinstance(self.embed, dict):
             object.__setattr__(self, "embed", EmbedOptions(**self.embed))
         if isinstance(self.sources, str):
@@ -257,6 +264,14 @@ class BuildConfig:
             raise ConfigError(f"on_bad_record must be 'fail' or 'skip', not {self.on_bad_record!r}")
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
+
+    def _apply_target(self) -> None:
+        """Give the options left at their defaults the target's values; refuse the ones that contradict it."""
+        target = get_target(self.target)  # type: ignore[arg-type]
+        options = ("format", "boundary", "shard_tokens")
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in options}
+        for option, value in target.resolve({k: getattr(self, k) for k in options}, defaults).items():
+            object.__setattr__(self, option, value)
 
     @property
     def has_val(self) -> bool:

@@ -97,7 +97,7 @@ def test_verify_checks_checksums(private_version):
 def test_unknown_manifest_schema_is_refused(private_version):
     catalog, directory = private_version
     manifest = directory / "metadata.yaml"
-    manifest.write_text(manifest.read_text().replace("schema_version: 1", "schema_version: 99", 1))
+    manifest.write_text(manifest.read_text().replace("schema_version: 2", "schema_version: 99", 1))
     with pytest.raises(ManifestError, match="schema_version 99"):
         TokenDataset("dmg@latest", seq_len=64, catalog=catalog)
 

@@ -22,7 +22,7 @@ from ..config import EmbedOptions
 from ..embedding_files import embedding_key, validate_embeddings
 from ..embeddings import add_embeddings, check_embed_options
 from ..errors import ValidationError
-from ..manifest import SplitEntry, read_manifest, write_manifest
+from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, write_manifest
 from ..tokenizers import load_tokenizer
 from .manifest import now
 from .model import BuildPlan, BuildResult, EmbedResult
@@ -104,6 +104,7 @@ def embed_version(
         if parent.tokenized_info.get(field):
             names.append(parent.tokenized_info[field])
     for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)  # a split directory (schema 2)
         try:
             os.link(src_dir / name, out / name)
         except OSError:
@@ -113,6 +114,7 @@ def embed_version(
         extra={k: v for k, v in parent.extra.items() if k != "embeddings"},
         config={**parent.config, "embed": options.to_dict()},
         build_key=key,
+        schema_version=SCHEMA_VERSION,  # the embeddings go into embeddings/, which schema 1 readers refuse
         created_at=now(),
         parent=parent.ref,
     )

@@ -70,7 +70,7 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     manifest = staged_manifest(plan)
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.
-    for stray in staging.out.glob(".*.tmp-*"):
+    for stray in staging.out.rglob(".*.tmp-*"):  # the split directories too
         stray.unlink(missing_ok=True)
     write_manifest(staging.out, manifest)
     fault("finalize-manifest", staging.out)
