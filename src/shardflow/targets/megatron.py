@@ -3,8 +3,9 @@
 ``IndexedDataset(P)`` reads ``P.idx`` (magic, version, dtype code, one
 sequence per document) and memory-maps ``P.bin`` with that dtype; its
 document-aware sampling sees our documents. ``preprocess_data.py
---append-eod`` puts the EOD token after each document, so EOS placement is
-the default; BOS or both may refine it.
+--append-eod`` puts the EOD token after each document (its loss mask and
+``GPTDataset`` expect it there), so EOS placement; ``--bos --eos`` (both) may
+refine it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,6 @@ TARGET = Target(
     name="megatron",
     stack="Megatron-LM (IndexedDataset)",
     formats=("megatron",),
-    boundaries=("eos", "bos", "both"),
+    boundaries=("eos", "both"),
     settings_text=_settings,
 )
