@@ -102,6 +102,8 @@ def test_nanogpt(tmp_path, real_corpus, real_texts, tokenizers, which):
     m = v.manifest
     assert [s.file for s in m.splits["train"].shards] == ["train.bin"]
     assert [s.file for s in m.splits["val"].shards] == ["val.bin"]
+    settings = TARGETS["nanogpt"].settings(m, v.directory)
+    assert "dataset = 'shared'" in settings and f"ln -s {v.directory} data/shared" in settings
     docs = []
     for split in ("train", "val"):
         tokens = spec.nanogpt_tokens(v.directory, split)
@@ -118,6 +120,9 @@ def test_nemo(tmp_path, real_corpus, real_texts, tokenizers, which):
     m = v.manifest
     assert m.format_name == "nanogpt" and m.boundary_tokens.placement == "bos"
     bos = m.boundary_tokens.bos[1]
+    settings = TARGETS["nemo"].settings(m, v.directory)
+    assert f'file_pattern: "{v.directory}/train/*.bin"' in settings and f"bos_token: {bos}" in settings
+    assert "align_to_bos: true" in settings
     docs = []
     for split in ("train", "val"):
         _only_split_shards(v, split, "*.bin")
@@ -142,6 +147,9 @@ def test_kempnerforge(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "kempnerforge", tokenizers[which], shard_tokens=150_000)
     m = v.manifest
     assert m.format_name == "npy" and m.boundary_tokens.placement == "eos"
+    settings = TARGETS["kempnerforge"].settings(m, v.directory)
+    assert f'dataset_path = "{v.directory}/train"' in settings and 'file_pattern = "*.npy"' in settings
+    assert f"eos_token_id = {m.boundary_tokens.eos[1]}" in settings and f"vocab_size = {m.tokenized_info['vocab_size']}" in settings
     docs = []
     for split in ("train", "val"):
         _only_split_shards(v, split, "*.npy")
@@ -175,6 +183,10 @@ def test_megatron(tmp_path, real_corpus, real_texts, tokenizers, which):
     m = v.manifest
     assert m.format_name == "megatron" and m.boundary_tokens.placement == "eos"
     eos = m.boundary_tokens.eos[1]
+    settings = TARGETS["megatron"].settings(m, v.directory)
+    prefixes = [str(v.directory / s.file[: -len(".bin")]) for s in m.splits["train"].shards]
+    assert "--train-data-path " + " ".join(prefixes) in settings and f"EOD id {eos}" in settings
+    assert f"--vocab-size {m.tokenized_info['vocab_size']}" in settings
     docs = []
     for split in ("train", "val"):
         _only_split_shards(v, split, "*.bin")
