@@ -21,6 +21,7 @@ the UI's "Run" button). A schedules file::
           boundary: both           # bos (default), eos, or both: BOS + ids + EOS (--bos --eos)
           bos_token: "<|fim_prefix|>"   # text or id (--bos-token); default: the tokenizer's own
           eos_token: 100259             # (--eos-token)
+          # target: megatron        # a trainer target (--target); options given here must agree with it
       - name: code
         sources: ["s3://corpora/code/*.parquet"]
         cron: "30 3 * * 0"         # Sundays 03:30

@@ -86,3 +86,12 @@ def test_a_schema_1_parent_serves_an_incremental_build_of_the_new_layout(old_roo
         b = open_shards(full.ref, catalog=tmp_path / "fullcat", split=split)
         assert a.read(0, a.num_tokens).tolist() == b.read(0, b.num_tokens).tolist()
     validate_dir(Path(grown.manifest_path).parent, published=True, catalog=old_root / "catalog")
+
+
+def test_validate_for_a_globbing_target_refuses_the_flat_layout(old_root, capsys):
+    # NeMo reads this format and placement, but its glob over the flat directory would take the val shards too.
+    rc = main(["validate", "old@v1", "--catalog", str(old_root / "catalog"), "--for", "nemo"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "split 'train' shares the version directory with other files (a version of manifest schema 1)" in err
+    assert "Rebuild it with --target nemo" in err

@@ -292,3 +292,17 @@ def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path
     assert all(".emb." not in p.name and "_val_" not in p.name for p in train)
     section = v.manifest.splits["train"].extra["embeddings"]
     assert section["file"].startswith("embeddings/") and (v.directory / section["file"]).is_file()
+
+
+def test_a_schedules_file_takes_a_target_and_refuses_a_contradiction(tmp_path, real_corpus):
+    from flows.schedules import load_schedules
+
+    path = tmp_path / "schedules.yaml"
+    entry = f"  - name: shared\n    sources: [{real_corpus}]\n    cron: '0 2 * * *'\n    options:\n      target: modded-nanogpt\n"
+    path.write_text("datasets:\n" + entry)
+    (one,) = load_schedules(path)
+    assert (one.config.target, one.config.format, one.config.boundary) == ("modded-nanogpt", "nanogpt-legacy", "bos")
+    assert one.parameters()["config"]["target"] == "modded-nanogpt"
+    path.write_text("datasets:\n" + entry + "      format: nanogpt\n")
+    with pytest.raises(ConfigError, match=r"format nanogpt-legacy, so --format nanogpt contradicts it"):
+        load_schedules(path)

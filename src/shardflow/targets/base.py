@@ -49,6 +49,9 @@ class Target:
     """A boundary token id the reader hard-codes (modded-nanogpt's 50256), or None."""
     one_file_per_split: bool = False
     """The reader loads one fixed file per split (nanoGPT's train.bin / val.bin)."""
+    globs_split_dir: bool = True
+    """The reader finds a split's shards by a glob over a directory (so that directory must hold only them);
+    False where the settings list every shard (OLMo-core's paths, Megatron's prefixes)."""
     settings_text: Callable[[Manifest, Path], str]
     """The stack's settings for a version (its manifest and directory)."""
     file_name: Callable[[str, str, int, str], str] = default_shard_path
@@ -133,7 +136,7 @@ class Target:
                 want = self.file_name(manifest.name, split, 0, manifest.tokenized_info.get("file_extension", "bin"))
                 if names != [want]:
                     problems.append(f"split {split!r} is not the one file {want} that {self.stack} loads")
-            elif any("/" not in n for n in names):
+            elif self.globs_split_dir and any("/" not in n for n in names):
                 problems.append(
                     f"split {split!r} shares the version directory with other files (a version of manifest schema 1), "
                     f"so a glob over it picks up more than the split's shards"

@@ -40,5 +40,6 @@ TARGET = Target(
     stack="Megatron-LM (IndexedDataset)",
     formats=("megatron",),
     boundaries=("eos", "both"),
+    globs_split_dir=False,
     settings_text=_settings,
 )

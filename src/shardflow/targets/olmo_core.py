@@ -41,5 +41,6 @@ TARGET = Target(
     stack="OLMo-core (numpy datasets)",
     formats=("bin",),
     boundaries=("eos", "both"),
+    globs_split_dir=False,
     settings_text=_settings,
 )
