@@ -306,3 +306,13 @@ def test_a_schedules_file_takes_a_target_and_refuses_a_contradiction(tmp_path, r
     path.write_text("datasets:\n" + entry + "      format: nanogpt\n")
     with pytest.raises(ConfigError, match=r"format nanogpt-legacy, so --format nanogpt contradicts it"):
         load_schedules(path)
+
+
+def test_serve_takes_a_target(tmp_path, real_corpus, capsys):
+    import json
+
+    rc = main(["serve", str(real_corpus), "--name", "shared", "--cron", "0 2 * * *", "--target", "olmo-core", "--dry-run"])
+    assert rc == 0
+    (deployment,) = json.loads(capsys.readouterr().out)
+    config = deployment["parameters"]["config"]
+    assert (config["target"], config["format"], config["boundary"]) == ("olmo-core", "bin", "eos")
