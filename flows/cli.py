@@ -272,6 +272,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     directory = resolve_ref(args.ref, args.catalog)
     manifest = read_manifest(directory)
     report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+    if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
+        from flows.targets_cli import check_target
+
+        check_target(args.for_target, directory, manifest)
     fmt = manifest.format
     print(f"OK {manifest.ref}: {report.shards} shards, {report.tokens} tokens, {report.documents} documents")
     print("settings for a training job:")

@@ -149,7 +149,7 @@ def test_kempnerforge(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert m.format_name == "npy" and m.boundary_tokens.placement == "eos"
     settings = TARGETS["kempnerforge"].settings(m, v.directory)
     assert f'dataset_path = "{v.directory}/train"' in settings and 'file_pattern = "*.npy"' in settings
-    assert f"eos_token_id = {m.boundary_tokens.eos[1]}" in settings and f"vocab_size = {m.tokenized_info['vocab_size']}" in settings
+    assert f"the EOS id {m.boundary_tokens.eos[1]}" in settings and f"vocab_size = {m.tokenized_info['vocab_size']}" in settings
     docs = []
     for split in ("train", "val"):
         _only_split_shards(v, split, "*.npy")
@@ -270,7 +270,8 @@ def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, 
     assert main(["validate", "shared@v1", "--catalog", cat, "--for", "modded-nanogpt"]) == 0
     assert 'train_files = "' in capsys.readouterr().out
     assert main(["validate", "shared@v1", "--catalog", cat, "--for", "olmo-core"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "OK shared@v1" not in out
     assert "OLMo-core (numpy datasets) cannot load shared@v1 as it is: its format is nanogpt-legacy" in err
     assert "Rebuild it with --target olmo-core" in err and "Traceback" not in err
 

@@ -19,16 +19,22 @@ from .settings_support import boundary_ids, header, split_dir, split_tokens
 
 def _settings(manifest: Manifest, directory: Path) -> str:
     _, eos = boundary_ids(manifest)
-    lines = header("KempnerForge (MemoryMappedDataset)", manifest)
+    info = manifest.tokenized_info
+    tokenizer_file = info.get("tokenizer_file") or info.get("rank_file")
+    lines = header("KempnerForge (MemoryMappedDataset; DataConfig)", manifest)
     lines += [
         "[data]",
         f'dataset_path = "{split_dir(manifest, directory, "train")}"',
         'file_pattern = "*.npy"',
-        f"vocab_size = {manifest.tokenized_info['vocab_size']}",
-        f"eos_token_id = {eos}",
+        f"pack_sequences = true  # document-aware packing: documents end at the EOS id {eos}",
     ]
+    if tokenizer_file:
+        lines.append(f'tokenizer_path = "{directory / tokenizer_file}"')
+    else:
+        lines.append(f"# tokenizer_path: {info['tokenizer']} (a tiktoken encoding; give the matching tokenizer)")
+    lines += ["[model]", f"vocab_size = {info['vocab_size']}  # at least this many ids"]
     if split_tokens(manifest, "val"):
-        lines.append(f'# validation: dataset_path = "{split_dir(manifest, directory, "val")}", file_pattern = "*.npy"')
+        lines.append(f'# evaluation data: dataset_path = "{split_dir(manifest, directory, "val")}", file_pattern = "*.npy"')
     return "\n".join(lines)
 
 

@@ -28,9 +28,9 @@ def _settings(manifest: Manifest, directory: Path) -> str:
         lines.append(f'val_files = "{split_dir(manifest, directory, "val")}/*.bin"')
         if val < VAL_TOKENS:
             lines.append(
-                f"val_tokens = {val - val % 65536}  # WARNING: the val split holds {val:,} tokens, fewer than the "
-                f"default val_tokens {VAL_TOKENS:,} one evaluation reads; lower val_tokens to at most this "
-                "(a multiple of the val batch) or build with a larger --val-count/--val-fraction"
+                f"# WARNING: the val split holds {val:,} tokens, fewer than the default val_tokens {VAL_TOKENS:,} "
+                "one evaluation reads: set val_tokens to a multiple of your validation batch (world size x "
+                f"val_seq_len) of at most {val:,}, or build with a larger --val-count/--val-fraction"
             )
         else:
             lines.append(f"val_tokens = {VAL_TOKENS}  # the val split holds {val:,}")
