@@ -1,6 +1,6 @@
 """OLMo-core numpy datasets: headerless token files read with a given dtype; documents found by the EOS id.
 
-``NumpyFSLDataset`` (and the document-aware variants) memory-map each path
+``NumpyFSLDataset`` (``NumpyFSLDatasetConfig``; and the document-aware variants) memory-map each path
 with the configured dtype (``NumpyDatasetDType``) and find document
 boundaries by searching for ``eos_token_id``. A ``.npy`` file's 128-byte
 header would be read as tokens, so: format ``bin``, EOS placement (or both),
@@ -18,8 +18,8 @@ from .settings_support import boundary_ids, header
 
 def _settings(manifest: Manifest, directory: Path) -> str:
     bos, eos = boundary_ids(manifest)
-    lines = header("OLMo-core (NumpyDatasetConfig)", manifest)
-    lines.append("NumpyDatasetConfig(")
+    lines = header("OLMo-core (NumpyFSLDatasetConfig; NumpyDatasetConfig in older releases)", manifest)
+    lines.append("NumpyFSLDatasetConfig(")
     lines.append("    paths=[")
     lines += [f'        "{directory / s.file}",' for s in manifest.splits["train"].shards]
     lines.append("    ],")
