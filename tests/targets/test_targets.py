@@ -236,6 +236,10 @@ def test_modded_nanogpt_refuses_another_boundary_id(tmp_path, real_corpus, small
         (["--target", "modded-nanogpt", "--format", "nanogpt"], r"--target modded-nanogpt writes what modded-nanogpt \(and llm\.c\) reads: format nanogpt-legacy, so --format nanogpt contradicts it"),
         (["--target", "kempnerforge", "--bos"], r"boundary eos or both, so --bos contradicts it"),
         (["--target", "nanogpt", "--shard-tokens", "1000"], r"--target nanogpt writes one file per split .* so --shard-tokens does not apply"),
+        (["--target", "nemo", "--eos"], r"NeMo Automodel \(NanogptDataset\) reads: boundary bos, so --eos contradicts it"),
+        (["--target", "megatron", "--bos"], r"boundary eos or both, so --bos contradicts it"),
+        (["--target", "olmo-core", "--format", "npy"], r"OLMo-core \(numpy datasets\) reads: format bin, so --format npy contradicts it"),
+        (["--target", "nanogpt", "--format", "npy"], r"nanoGPT \(train\.py\) reads: format bin, so --format npy contradicts it"),
     ],
 )
 def test_contradicting_options_are_refused_on_the_command_line(tmp_path, real_corpus, capsys, flags, message):
