@@ -98,6 +98,18 @@ class Target:
             changes["shard_tokens"] = MAX_SHARD_TOKENS
         return changes
 
+    def check_shard_counts(self, shards: dict[str, int]) -> None:
+        """Refuse, at the layout (before any shard is written), a split that one file per split cannot hold."""
+        if not self.one_file_per_split:
+            return
+        for split, count in shards.items():
+            if count > 1:
+                raise ConfigError(
+                    f"--target {self.name} writes one {split} file ({self.stack} loads exactly that), but split "
+                    f"{split!r} holds more than {MAX_SHARD_TOKENS:,} tokens (2**31 - 1, the most a shard's .bos.idx "
+                    "can index); use --target olmo-core or kempnerforge for a corpus this large"
+                )
+
     def check_tokens(self, *, dtype: str, vocab_size: int, bos_id: int | None, eos_id: int | None, tokenizer: str) -> None:
         """Refuse, while planning, a tokenizer whose ids this stack cannot read."""
         if dtype not in self.dtypes:
