@@ -143,7 +143,7 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     starts = np.memmap(staging.starts(split), dtype="<i8", mode="r")
     a, b = np.searchsorted(starts, [lo, hi], side="left")
     local = np.asarray(starts[a:b], dtype=np.int64) - lo
-    idx_bytes, idx_sha = encode_index(local)
+    idx_bytes, idx_sha = encode_index(local, hi - lo)
     parent = open_parent(plan.reuse) if plan.reuse else None
     same = parent.same_shard(pieces, hi - lo) if parent is not None else None
     if same is not None:

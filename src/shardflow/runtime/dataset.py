@@ -44,6 +44,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from ..catalog import Catalog
+from ..formats import bosidx
 from .packing import pack_fields
 from .shards import ShardSet, open_shards
 
@@ -181,9 +182,11 @@ class TokenDataset:
                 for k, n in enumerate(self.shards.tokens)
             ]
             counts = np.array([len(p) for p in per_shard], dtype=np.int64)
-            # Shard-local starts fit int32 (a shard holds fewer than 2**31 tokens).
+            # Shard-local starts, as narrow as the largest shard allows: int32 unless a
+            # shard holds more than 2**31 - 1 tokens (a nanoGPT train.bin), then int64.
+            local = bosidx.entry_dtype(int(self.shards.tokens.max()) if len(per_shard) else 0)
             self._starts: np.ndarray | None = (
-                np.concatenate(per_shard).astype(np.int32) if per_shard else np.empty(0, dtype=np.int32)
+                np.concatenate(per_shard).astype(local) if per_shard else np.empty(0, dtype=local)
             )
         else:
             counts = self.shards.tokens // window

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..formats import get_format
 from ..formats.base import MAX_SHARD_TOKENS
 from ..manifest import Manifest
 
@@ -64,8 +65,13 @@ class Target:
     def _fixed(self, option: str) -> tuple[Any, ...]:
         return {"format": self.formats, "boundary": self.boundaries}.get(option, ())
 
+    def one_file_tokens(self, fmt: str | None) -> int:
+        """The ``shard_tokens`` of a one-file-per-split build in format ``fmt`` (None: the target's default):
+        the most one file of that format holds, "unlimited" for a headerless ``bin``."""
+        return get_format(fmt or self.formats[0]).max_tokens
+
     def check_given(self, given: dict[str, Any]) -> None:
-        """Refuse an option given explicitly (``given``: option -> value) that contradicts this target."""
+        """Refuse an option given explicitly (``given``: option -> value, None: not given) that contradicts this target."""
         for option, value in given.items():
             if value is None:
                 continue
@@ -77,37 +83,44 @@ class Target:
                     f"{' or '.join(map(str, allowed))}, so {given_as} contradicts it; "
                     f"drop {OPTION_FLAGS[option]} (or choose another --target)"
                 )
-            if option == "shard_tokens" and self.one_file_per_split and value != MAX_SHARD_TOKENS:
+            # MAX_SHARD_TOKENS: what versions built before int64 .bos.idx entries recorded (their configs reopen).
+            if (
+                option == "shard_tokens"
+                and self.one_file_per_split
+                and value not in (self.one_file_tokens(given.get("format")), MAX_SHARD_TOKENS)
+            ):
                 raise ConfigError(
                     f"--target {self.name} writes one file per split ({self.stack} loads exactly those), "
                     "so --shard-tokens does not apply; drop it"
                 )
 
-    def resolve(self, values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-        """The options this target sets: ``values`` at their ``defaults`` are replaced, others checked.
-
-        Returns the changed options only.
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The values of the options this target decides: ``given`` (option -> value, None: not given)
+        checked against the target, and the unset ones set to the target's (``shard_tokens`` only where
+        the target writes one file per split: the caller keeps its own default otherwise).
         """
-        given = {k: v for k, v in values.items() if v != defaults.get(k)}
         self.check_given(given)
-        changes: dict[str, Any] = {}
+        values = {k: v for k, v in given.items() if v is not None}
         for option in ("format", "boundary"):
-            if option not in given and values[option] not in self._fixed(option):
-                changes[option] = self._fixed(option)[0]
-        if self.one_file_per_split and "shard_tokens" not in given:
-            changes["shard_tokens"] = MAX_SHARD_TOKENS
-        return changes
+            values.setdefault(option, self._fixed(option)[0])
+        if self.one_file_per_split:
+            values.setdefault("shard_tokens", self.one_file_tokens(values["format"]))
+        return values
 
-    def check_shard_counts(self, shards: dict[str, int]) -> None:
-        """Refuse, at the layout (before any shard is written), a split that one file per split cannot hold."""
+    def check_shard_counts(self, shards: dict[str, int], fmt: str | None = None) -> None:
+        """Refuse, at the layout (before any shard is written), a split that one file per split cannot hold.
+
+        Only a format whose one file has a limit (an int32 token count in its header) can trigger it;
+        a headerless ``bin`` file holds any split.
+        """
         if not self.one_file_per_split:
             return
         for split, count in shards.items():
             if count > 1:
                 raise ConfigError(
                     f"--target {self.name} writes one {split} file ({self.stack} loads exactly that), but split "
-                    f"{split!r} holds more than {MAX_SHARD_TOKENS:,} tokens (2**31 - 1, the most a shard's .bos.idx "
-                    "can index); use --target olmo-core or kempnerforge for a corpus this large"
+                    f"{split!r} holds more than {self.one_file_tokens(fmt):,} tokens, the most one file of format "
+                    f"{fmt or self.formats[0]} holds; use --target olmo-core or kempnerforge for a corpus this large"
                 )
 
     def check_tokens(self, *, dtype: str, vocab_size: int, bos_id: int | None, eos_id: int | None, tokenizer: str) -> None:

@@ -4,25 +4,25 @@ Its ``get_batch`` memory-maps ``os.path.join(data_dir, 'train.bin')`` with
 ``dtype=np.uint16``; its ``prepare.py`` appends the EOT token after each
 document. So: format ``bin``, EOS placement, uint16 only, and one file per
 split named ``train.bin`` / ``val.bin`` at the top of the version directory
-(the data directory). The ``.bos.idx`` beside each is ours; nanoGPT ignores it.
+(the data directory), however many tokens a split holds (OpenWebText's
+train.bin has about 9 B): ``bin`` has no token count to overflow, and the
+``.bos.idx`` beside each (ours; nanoGPT ignores it) has int64 entries past
+2**31 - 1 tokens.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError
 from ..manifest import Manifest
 from .base import Target
 from .settings_support import header, split_tokens
 
 
 def _file_name(name: str, split: str, index: int, extension: str) -> str:
-    if index:
-        raise ConfigError(
-            f"--target nanogpt writes one {split}.bin per split, but split {split!r} needs more than one shard "
-            "(over 2**31 - 1 tokens, the .bos.idx limit); use --target olmo-core or kempnerforge for a corpus this large"
-        )
+    # One shard per split: shard_tokens is "unlimited" for bin (a train.bin of more than 2**31 - 1
+    # tokens gets an int64 .bos.idx), so there is never a shard 1.
+    assert index == 0, f"--target nanogpt writes one {split}.{extension}; shard {index} cannot exist"
     return f"{split}.{extension}"
 
 
