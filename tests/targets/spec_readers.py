@@ -17,6 +17,9 @@ glob it runs, how it finds documents), and fails the way that code would.
 * OLMo-core numpy datasets: each path memory-mapped with the configured dtype,
   no header; documents end at the EOS id.
 * nanoGPT ``train.py``: ``np.memmap(data_dir/"train.bin", dtype=np.uint16)``.
+* shardflow's own ``P.bos.idx`` (docs/FORMAT.md), which NeMo reads and nanoGPT
+  ignores: no header, little-endian int32 document starts for a shard of at
+  most 2**31 - 1 tokens, int64 for a larger one (a nanoGPT ``train.bin``).
 * Megatron-LM ``IndexedDataset(P)``: ``P.idx`` = ``MMIDIDX\\x00\\x00``, uint64
   version 1, uint8 dtype code, uint64 sequence count, uint64 document count,
   int32 lengths, int64 byte pointers, int64 document indices; ``P.bin``
@@ -111,6 +114,14 @@ def olmo_tokens(paths: list[Path], dtype: str) -> np.ndarray:
 
 def nanogpt_tokens(data_dir: Path, split: str) -> np.ndarray:
     return np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
+
+
+def shardflow_bos_idx(path: Path, ntokens: int, int32_max: int = 2**31 - 1) -> np.ndarray:
+    """The document starts in ``P.bos.idx`` of a shard of ``ntokens`` tokens (``int32_max``: FORMAT.md's limit)."""
+    dtype = np.dtype("<i4" if ntokens <= int32_max else "<i8")
+    data = Path(path).read_bytes()
+    assert len(data) % dtype.itemsize == 0, f"{path}: not a whole number of {dtype} entries"
+    return np.frombuffer(data, dtype=dtype)
 
 
 def megatron_documents(prefix: Path) -> list[list[int]]:
