@@ -4,10 +4,13 @@ Synthetic tokens through the writer API the build's write stage uses
 (``ShardWriter.copy_from`` through one bounded buffer, ``encode_index`` /
 ``write_index`` for the ``.bos.idx``), so the figure is the writer's, not a
 tokenizer's. The index gets int64 entries (the shard is past 2**31 - 1
-tokens); it is read back through ``bosidx.read`` and checked. Needs about
+tokens); it is read back through ``bosidx.read`` and checked, and the
+runtime's BOS-aligned ``TokenDataset`` opens the files as a plain directory
+(after the peak is taken) and must start its last sample, past token 2**31,
+right after an EOS. Needs about
 2 x tokens bytes of disk (uint16) in ``--dir``; the files are deleted after.
 
-    /usr/bin/time -v python bench/large_shard_memory.py --tokens 3000000000 --dir /work/tmp-large
+    /usr/bin/time -v python bench/large_shard_memory.py --tokens 3000000000 --dir /tmp/large [--read-check]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 
 from shardflow.formats import RAWBIN, bosidx
 from shardflow.formats.writer import ShardWriter, encode_index, write_index
+from shardflow.runtime import TokenDataset
 
 BLOCK = 16 << 20  # the write stage's _BLOCK_TOKENS
 _FILL = 1 << 18
@@ -52,6 +56,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=3_000_000_000)
     p.add_argument("--doc", type=int, default=1000, help="tokens per synthetic document")
     p.add_argument("--dir", type=Path, required=True)
+    p.add_argument("--read-check", action="store_true", help="also open the files with the runtime's TokenDataset")
     args = p.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / "train.bin"
@@ -74,11 +79,27 @@ def main() -> None:
         assert back.dtype == width and np.array_equal(back, starts), "the index did not read back"
         tokens = RAWBIN.open(path, dtype)
         assert len(tokens) == args.tokens and int(tokens[int(back[-1]) - 1]) == 50_256
+        del tokens
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
             f"tokens={args.tokens:,} shard={nbytes / 1e9:.2f} GB index={bosidx.index_path(path).stat().st_size / 1e6:.1f} MB "
-            f"({len(back):,} {width.name} entries, last {int(back[-1]):,}) write={written:.1f} s peak_rss={peak:.0f} MiB (after imports: {base:.0f} MiB)"
+            f"({len(back):,} {width.name} entries, last {int(back[-1]):,}) write={written:.1f} s peak_rss={peak:.0f} MiB "
+            f"(after imports: {base:.0f} MiB)"
         )
+        if not args.read_check:
+            return
+        # The runtime on the same files, as a plain directory (no monkeypatched limit here): BOS-aligned
+        # samples past token 2**31 must start right after an EOS. A plain directory's index is checked
+        # against the tokens (ShardSet._check_index), which maps every page of the shard: the process's
+        # RSS then includes the file's cached pages, so this runs after the peak above is taken.
+        ds = TokenDataset(
+            str(args.dir), dtype="uint16", format="bin", boundary="eos", boundary_token=50_256, seq_len=1024, align_to_bos=True
+        )
+        last = len(ds) - 1
+        k, at = ds.locate(last)
+        assert at % args.doc == 0 and at + 1025 > args.tokens - 2 * args.doc and int(RAWBIN.open(path, dtype)[at - 1]) == 50_256
+        assert ds[last]["input_ids"][0] == at % 50_000
+        print(f"TokenDataset(align_to_bos=True, seq_len=1024): {len(ds):,} samples, the last at token {at:,}")
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
 
