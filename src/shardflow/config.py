@@ -11,6 +11,7 @@ from typing import Any, Literal
 from .embed_models import MODELS
 from .errors import ConfigError
 from .formats import FORMATS
+from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
 from .targets import get_target
 
@@ -239,11 +240,7 @@ class BuildConfig:
             raise ConfigError(f"shard_tokens must be an integer, not {self.shard_tokens!r}")
         limit = FORMATS[self.format].max_tokens
         if not 1 <= self.shard_tokens <= limit:
-            why = (
-                "2**31 - 1: its header (or index) stores counts as int32; --format bin holds more"
-                if limit == 2**31 - 1
-                else "2**63 - 1"
-            )
+            why = "2**31 - 1; --format bin holds more" if limit == MAX_SHARD_TOKENS else "2**63 - 1"
             raise ConfigError(
                 f"shard_tokens={self.shard_tokens} is out of range; a shard holds 1 to {limit} tokens "
                 f"in format {self.format} ({why})"

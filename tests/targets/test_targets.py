@@ -312,7 +312,10 @@ def test_serve_takes_a_target(tmp_path, real_corpus, capsys):
 def test_one_file_per_split_refuses_a_split_over_its_format_limit_at_the_layout():
     # nanoGPT's bin holds any split (tests/targets/test_large_split.py builds one past the int32 index limit);
     # the layout's check remains for a one-file format with an int32 token count in its header.
-    TARGETS["nanogpt"].check_shard_counts({"train": 1, "val": 1})
-    TARGETS["olmo-core"].check_shard_counts({"train": 7})
-    with pytest.raises(ConfigError, match=r"--target nanogpt writes one train file .* split 'train' holds more than 2,147,483,647 tokens, the most one file of format nanogpt-legacy holds"):
-        TARGETS["nanogpt"].check_shard_counts({"train": 2, "val": 1}, "nanogpt-legacy")
+    # A config recorded before int64 entries (shard_tokens 2**31 - 1) is told to drop shard_tokens.
+    TARGETS["nanogpt"].check_shard_counts({"train": 1, "val": 1}, shard_tokens=2**63 - 1, fmt="bin")
+    TARGETS["olmo-core"].check_shard_counts({"train": 7}, shard_tokens=1000, fmt="bin")
+    with pytest.raises(ConfigError, match=r"--target nanogpt writes one train file .* split 'train' holds more than shard_tokens=2,147,483,647 tokens; rebuild without shard_tokens \(one bin file holds up to 9,223,372,036,854,775,807 tokens\)"):
+        TARGETS["nanogpt"].check_shard_counts({"train": 2, "val": 1}, shard_tokens=2**31 - 1, fmt="bin")
+    with pytest.raises(ConfigError, match=r"split 'val' holds more than shard_tokens=2,147,483,647 tokens; use --target olmo-core or kempnerforge"):
+        TARGETS["nanogpt"].check_shard_counts({"val": 2}, shard_tokens=2**31 - 1, fmt="nanogpt-legacy")

@@ -221,7 +221,9 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             splits["train"].documents,
         )
     if cfg.target is not None:  # before any shard is written: a split the target's one file cannot hold
-        get_target(cfg.target).check_shard_counts({name: info.shards for name, info in splits.items()}, cfg.format)
+        get_target(cfg.target).check_shard_counts(
+            {name: info.shards for name, info in splits.items()}, shard_tokens=cfg.shard_tokens, fmt=cfg.format
+        )
     layout = Layout(splits=splits, inputs=per_input)
     fault("layout", staging.layout_file)
     atomic_write_text(staging.layout_file, json.dumps(layout.to_dict()))

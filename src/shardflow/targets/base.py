@@ -107,20 +107,26 @@ class Target:
             values.setdefault("shard_tokens", self.one_file_tokens(values["format"]))
         return values
 
-    def check_shard_counts(self, shards: dict[str, int], fmt: str | None = None) -> None:
+    def check_shard_counts(self, shards: dict[str, int], *, shard_tokens: int, fmt: str) -> None:
         """Refuse, at the layout (before any shard is written), a split that one file per split cannot hold.
 
-        Only a format whose one file has a limit (an int32 token count in its header) can trigger it;
-        a headerless ``bin`` file holds any split.
+        With the target's own ``shard_tokens`` only a format whose one file has a limit (an int32 token
+        count in its header) can trigger it; a headerless ``bin`` file holds any split. A config recorded
+        before int64 ``.bos.idx`` entries (``shard_tokens`` 2**31 - 1) still can.
         """
         if not self.one_file_per_split:
             return
+        most = self.one_file_tokens(fmt)
+        how = (
+            f"rebuild without shard_tokens (one {fmt} file holds up to {most:,} tokens)"
+            if shard_tokens < most
+            else "use --target olmo-core or kempnerforge for a corpus this large"
+        )
         for split, count in shards.items():
             if count > 1:
                 raise ConfigError(
                     f"--target {self.name} writes one {split} file ({self.stack} loads exactly that), but split "
-                    f"{split!r} holds more than {self.one_file_tokens(fmt):,} tokens, the most one file of format "
-                    f"{fmt or self.formats[0]} holds; use --target olmo-core or kempnerforge for a corpus this large"
+                    f"{split!r} holds more than shard_tokens={shard_tokens:,} tokens; {how}"
                 )
 
     def check_tokens(self, *, dtype: str, vocab_size: int, bos_id: int | None, eos_id: int | None, tokenizer: str) -> None:
