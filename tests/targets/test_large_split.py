@@ -138,3 +138,26 @@ def test_bin_shards_of_both_widths(tmp_path, real_corpus, monkeypatch):
     assert len(ds) == len(want) and [ds.locate(i) for i in range(len(ds))] == want
     assert all(ds[i]["input_ids"][0] == bos for i in range(0, len(ds), 7))
     validate_dir(open_version(result.ref, catalog=tmp_path / "catalog").directory, checksums=True)
+
+
+def test_an_incremental_build_reads_its_int64_indexed_parent(tmp_path, real_corpus, gpt2_sized, monkeypatch):
+    # The parent's train.bos.idx (int64) gives the document starts of the reused input's tokens.
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(bosidx, "MAX_INT32_TOKENS", 50_000)
+    table = pq.read_table(sorted(real_corpus.glob("*.parquet"))[0])
+    src = tmp_path / "src"
+    src.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), src / "a.parquet")
+    config = BuildConfig(name="inc", sources=(str(src),), tokenizer=str(gpt2_sized), target="nanogpt", val_fraction=0.1)
+    build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    pq.write_table(table.slice(half), src / "b.parquet")
+    v2 = build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    full = build(config, data_root=tmp_path / "full" / "data", catalog=tmp_path / "full" / "catalog")
+    inc = open_version(v2.ref, catalog=tmp_path / "catalog", verify=True)
+    ref = open_version(full.ref, catalog=tmp_path / "full" / "catalog", verify=True)
+    assert inc.manifest.to_dict().get("reuse"), "the second build did not reuse its parent"
+    assert inc.manifest.splits["train"].shards[0].index.bytes == 8 * inc.manifest.splits["train"].documents
+    for name in ("train.bin", "train.bos.idx", "val.bin", "val.bos.idx"):
+        assert (inc.directory / name).read_bytes() == (ref.directory / name).read_bytes(), name
