@@ -46,8 +46,7 @@ from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
 from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
-from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task, stage_task
-from tasks.sources import local_sources, needs_staging
+from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 
@@ -251,7 +250,7 @@ def build_dataset(
 
     ``runner="dask"`` with ``address="tcp://HOST:PORT"`` runs the work units on
     an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
-    fsspec URLs (``s3://...``), which are staged under ``<data_root>/<name>/.sources/``.
+    fsspec URLs (``s3://...``), which are read in place: planned from their listing, read by the workers.
     """
     with core_logs_to_prefect():
         return _build(config, workers, data_root, catalog, runner, address)
@@ -269,13 +268,7 @@ def _build(
     _tag_flow_run([*TAGS, dataset_tag(name)])
     with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
-        if needs_staging(config.sources):
-            cache_root = default_data_root(data_root) / name / ".sources"
-            logger.info("staging %d URL source(s) of %s into %s", len(config.sources), name, cache_root)
-            config = config.replace(sources=stage_task(config.sources, str(cache_root), name))
-        elif any(s.lower().startswith("file://") for s in config.sources):
-            config = config.replace(sources=local_sources(config.sources))
-
+        # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
         plan = plan_task(config, data_root, catalog)
         if plan.existing:
             logger.info("%s: nothing to do, identical to the published %s", name, plan.existing)

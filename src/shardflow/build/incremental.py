@@ -92,9 +92,14 @@ def plan_reuse(
     ):
         return None
     known = {(e["relname"], e["size"], e["sha256"]): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e)}
+    # An object on object storage is planned by its storage identity (no content hash yet): the same
+    # object version (ETag or version id, and size) as the parent's, recorded in its manifest, is the same bytes.
+    known.update(
+        {(e["relname"], e["size"], f"object:{e['identity']}"): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e) and e.get("identity")}
+    )
     reused = {}
     for i, inp in enumerate(inputs):
-        entry = known.get((inp.relname, inp.size, inp.sha256))
+        entry = known.get((inp.relname, inp.size, inp.key_identity))
         if entry is not None:
             reused[i] = ReusedInput.from_entry(entry)
     if not reused:

@@ -101,6 +101,23 @@ def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
     return per_input
 
 
+def _input_fields(plan: BuildPlan, units: list[UnitResult], n: int) -> dict[str, Any]:
+    """An input's entry: as planned, with the SHA-256 of an object on object storage filled in.
+
+    Planning identified such an object by its storage identity only; the worker
+    that read its first unit hashed it (``UnitResult.input_sha256``), or, reused
+    unchanged, the parent version recorded it.
+    """
+    d = plan.inputs[n].to_dict()
+    if not d["sha256"]:
+        hashed = [r.input_sha256 for r in units if plan.units[r.unit].input == n and r.input_sha256]
+        if hashed:
+            d["sha256"] = hashed[0]
+        elif plan.reuse and n in plan.reuse.inputs:
+            d["sha256"] = plan.reuse.inputs[n].entry.get("sha256", "")
+    return d
+
+
 def assemble_manifest(
     plan: BuildPlan,
     *,
@@ -185,8 +202,8 @@ def assemble_manifest(
         splits=splits,
         totals=totals,
         inputs=[
-            {**inp.to_dict(), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
-            for n, inp in enumerate(plan.inputs)
+            {**_input_fields(plan, units, n), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
+            for n in range(len(plan.inputs))
         ],
         config=cfg.to_dict(),
         tools={

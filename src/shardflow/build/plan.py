@@ -101,7 +101,8 @@ def build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer
     payload = {
         "build_format_version": BUILD_FORMAT_VERSION,
         "config": config.key_fields(),
-        "inputs": [[i.relname, i.size, i.sha256] for i in inputs],
+        # The SHA-256, or for an object on object storage its identity there (ETag, version id).
+        "inputs": [[i.relname, i.size, i.key_identity] for i in inputs],
         "tokenizer": tokenizer.key_facts(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -140,7 +141,7 @@ def plan_build(
     dataset_dir = root / config.name
     inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
     units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)
-    if not units or sum(u.rows for u in units) == 0:
+    if not units or all(u.rows == 0 for u in units):  # (-1: not counted while planning, see sources/jsonl.py)
         raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")
     key = build_key(config, inputs, tokenizer)
     staging = Staging(dataset_dir / ".staging" / key[:16])

@@ -27,6 +27,7 @@ The modules:
     jsonl        JSON Lines, plain, .gz or .zst (byte ranges of whole lines)
     hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
     fingerprint  content hashes of the inputs
+    storage      objects on object storage (s3://, gs://, memory://): listing, identity, reading in place
 
 Adding an input kind: write one module with a subclass of ``base.InputKind``
 (``name``, which the manifest records and so never changes; ``label`` and
@@ -60,6 +61,7 @@ from .base import (
     split_scores,
 )
 from .fingerprint import fingerprint_inputs
+from .storage import is_remote, storage_error
 from .hf_dataset import HF_SAVED_DATASET
 from .jsonl import JSONL, JSONL_SUFFIXES
 from .parquet import PARQUET, PARQUET_SUFFIXES
@@ -160,6 +162,9 @@ def iter_text_batches(
                 yield clean_texts(col, inp, row, utf8_errors)
             row += len(col)
     except READ_ERRORS as exc:
+        failed = storage_error(inp.path, exc) if is_remote(inp.path) else None
+        if failed is not None:  # an object deleted, or access denied, while it was read
+            raise failed from None
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # an I/O error of the disk or mount (EIO, ...), not bad data: the caller may retry
         where = kind.locate_damage(inp, unit, text_column=text_column) or f"near row {row}"

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InputError
+from .storage import PLAN_BLOCK, is_remote, open_input
 from .base import (
     READ_ERRORS,
     InputFile,
@@ -25,6 +26,7 @@ from .base import (
     check_schema,
     column_path,
     cut_units,
+    file_name,
     has_suffix,
     select_column,
 )
@@ -41,14 +43,14 @@ class _ArrowIPCKind(InputKind):
     label = "Arrow"
     suffixes = ARROW_SUFFIXES
 
-    def detect(self, path: Path) -> str | None:
-        if not has_suffix(path.name, self.suffixes):
+    def detect(self, path: Path | str) -> str | None:
+        if not has_suffix(file_name(path), self.suffixes):
             return None
-        with open(path, "rb") as f:
+        with open_input(str(path), block_size=PLAN_BLOCK) as f:
             return ARROW_FILE.name if f.read(6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
 
     @abstractmethod
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         """The pyarrow reader of this format over ``source``."""
 
     @abstractmethod
@@ -57,6 +59,8 @@ class _ArrowIPCKind(InputKind):
 
     def _open(self, inp: InputFile) -> Any:
         try:
+            if is_remote(inp.path):  # read in place, by ranged reads
+                return self._reader(pa.PythonFile(open_input(inp.path), mode="r"))
             return self._reader(pa.memory_map(inp.path, "r"))
         except READ_ERRORS as exc:
             raise InputError(f"{inp.path}: not a readable Arrow IPC file ({exc}); the file is corrupt or truncated") from None
@@ -92,7 +96,7 @@ class ArrowFileKind(_ArrowIPCKind):
 
     name = "arrow-file"
 
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         return pa.ipc.open_file(source)
 
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
@@ -104,7 +108,7 @@ class ArrowStreamKind(_ArrowIPCKind):
 
     name = "arrow-stream"
 
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         return pa.ipc.open_stream(source)
 
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:

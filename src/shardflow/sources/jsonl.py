@@ -71,7 +71,8 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from ..errors import InputError
-from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, has_suffix
+from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, file_name, has_suffix
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
 
@@ -92,11 +93,13 @@ def _codec(path: str) -> str | None:
     return next((codec for suffix, codec in _CODECS.items() if lower.endswith(suffix)), None)
 
 
-def _open(path: str) -> BinaryIO:
+def _open(path: str, block_size: int = READ_BLOCK) -> BinaryIO:
+    """The file's (decompressed) bytes; an object on object storage is read in place, by ranged reads."""
     codec = _codec(path)
     if codec is None:
-        return open(path, "rb")
-    return pa.CompressedInputStream(pa.OSFile(path), codec)  # type: ignore[return-value]
+        return open_input(path, block_size=block_size)
+    raw = pa.OSFile(path) if not is_remote(path) else pa.PythonFile(open_input(path, block_size=block_size), mode="r")
+    return pa.CompressedInputStream(raw, codec)  # type: ignore[return-value]
 
 
 def _read_failed(inp: InputFile, line: int, exc: BaseException) -> InputError:
@@ -230,12 +233,14 @@ class JsonLinesKind(InputKind):
     label = "JSON Lines"
     suffixes = JSONL_SUFFIXES
 
-    def detect(self, path: Path) -> str | None:
-        return self.name if has_suffix(path.name, self.suffixes + _NAMED_ONLY) else None
+    def detect(self, path: Path | str) -> str | None:
+        return self.name if has_suffix(file_name(path), self.suffixes + _NAMED_ONLY) else None
 
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
+        if is_remote(inp.path):
+            return self._plan_object(inp, input_index=input_index, id_column=id_column, first_index=first_index)
         cut = _codec(inp.path) is None
         starts = [(0, 0)]  # (byte offset, line index) where each unit starts
         target = unit_bytes if cut else None
@@ -281,9 +286,34 @@ class JsonLinesKind(InputKind):
             )
         return units
 
+    def _plan_object(self, inp: InputFile, *, input_index: int, id_column: str | None, first_index: int) -> list[WorkUnit]:
+        """An object on object storage: one unit, planned from its size and its first bytes alone.
+
+        Counting its lines here would read the whole corpus on the planning
+        machine; instead the worker that reads the object counts them, and the
+        unit's ``rows`` is -1 (not known until read). Row numbers are still line
+        indexes from the start of the object, so the bytes are those of a local
+        build (which may cut the same file into several units).
+        """
+        try:
+            with _open(inp.path, PLAN_BLOCK) as f:
+                head = f.read(PLAN_BLOCK)
+        except READ_ERRORS as exc:
+            if isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise
+            raise _read_failed(inp, 0, exc) from None
+        _not_json_lines(inp, head)
+        if id_column is not None:
+            self._check_id(inp, id_column)
+        return [
+            WorkUnit(
+                index=first_index, input=input_index, start=0, stop=inp.size, first_row=0, rows=-1, text_bytes=inp.size
+            )
+        ]
+
     def _check_id(self, inp: InputFile, id_column: str) -> None:
         """The id field must be in the first record (as a Parquet file must have the id column)."""
-        with _open(inp.path) as f:
+        with _open(inp.path, PLAN_BLOCK) as f:
             for n, line in enumerate(_lines(f, None)):
                 if not line.strip(_JSON_SPACE):
                     continue
@@ -299,7 +329,9 @@ class JsonLinesKind(InputKind):
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[ParsedColumn]:
         # Bound a slice by bytes too: about batch_rows rows of this unit's average size.
-        max_bytes = max(_BLOCK, batch_rows * (unit.text_bytes // max(unit.rows, 1)))
+        # (Rows not known yet, -1: an object on object storage, planned without reading it.)
+        per_row = unit.text_bytes // unit.rows if unit.rows > 0 else _BLOCK // 64
+        max_bytes = max(_BLOCK, batch_rows * per_row)
         values: list[str | None] = []
         bad = 0
         first_bad: str | None = None
@@ -309,7 +341,7 @@ class JsonLinesKind(InputKind):
             with _open(inp.path) as f:
                 if unit.start:
                     f.seek(unit.start)
-                length = unit.stop - unit.start if _codec(inp.path) is None else None
+                length = unit.stop - unit.start if _codec(inp.path) is None and unit.rows >= 0 else None
                 for raw in _lines(f, length):
                     if line == 0 and raw.startswith(_BOM):
                         raw = raw[len(_BOM) :]
@@ -325,12 +357,12 @@ class JsonLinesKind(InputKind):
                         yield ParsedColumn(_column(values), bad, first_bad)
                         values, bad, first_bad, nbytes = [], 0, None, 0
         except READ_ERRORS as exc:
-            if isinstance(exc, OSError) and exc.errno is not None:
-                raise
+            if isinstance(exc, (FileNotFoundError, PermissionError)) or (isinstance(exc, OSError) and exc.errno is not None):
+                raise  # the storage's (an object deleted, access denied) or the disk's, not the data's
             raise _read_failed(inp, line, exc) from None
         if values:
             yield ParsedColumn(_column(values), bad, first_bad)
-        if line - unit.first_row != unit.rows:
+        if unit.rows >= 0 and line - unit.first_row != unit.rows:
             raise InputError(
                 f"{inp.path}: has {line - unit.first_row} lines from line {unit.first_row + 1} where planning counted "
                 f"{unit.rows}; the file changed during the build: rebuild"
