@@ -39,7 +39,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from shardflow.build import Stage, build_lock, run_stages
 from shardflow.build.stages import Job
-from shardflow.catalog import Catalog, default_data_root
+from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest

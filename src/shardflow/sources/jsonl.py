@@ -226,6 +226,26 @@ def _not_json_lines(inp: InputFile, head: bytes) -> None:
         )
 
 
+_HEAD = 16 << 10
+
+
+def _head(inp: InputFile) -> bytes:
+    """The first few KiB of an object's (decompressed) text, from one small ranged read.
+
+    Enough to tell JSON Lines from one JSON document; a compressed head that
+    does not decompress is left to the worker, which names the line.
+    """
+    with open_input(inp.path, block_size=_HEAD) as f:
+        raw = f.read(_HEAD)
+    codec = _codec(inp.path)
+    if codec is None:
+        return raw
+    try:
+        return pa.CompressedInputStream(pa.BufferReader(raw), codec).read(4096)  # type: ignore[no-any-return]
+    except READ_ERRORS:
+        return b""
+
+
 class JsonLinesKind(InputKind):
     """JSON Lines, plain or gzip/Zstandard-compressed; units are byte ranges of whole lines."""
 
@@ -295,14 +315,7 @@ class JsonLinesKind(InputKind):
         indexes from the start of the object, so the bytes are those of a local
         build (which may cut the same file into several units).
         """
-        try:
-            with _open(inp.path, PLAN_BLOCK) as f:
-                head = f.read(PLAN_BLOCK)
-        except READ_ERRORS as exc:
-            if isinstance(exc, (FileNotFoundError, PermissionError)):
-                raise
-            raise _read_failed(inp, 0, exc) from None
-        _not_json_lines(inp, head)
+        _not_json_lines(inp, _head(inp))
         if id_column is not None:
             self._check_id(inp, id_column)
         return [
