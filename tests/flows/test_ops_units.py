@@ -237,9 +237,14 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
     a = Path(capsys.readouterr().out.splitlines()[-1]).parent
     assert main(["build", f"memory://{root}/corpus/", *common, "--data-root", "b", "--catalog", "cb"]) == 0
     b = Path(capsys.readouterr().out.splitlines()[-1]).parent
-    assert (tmp_path / "b" / "u" / ".sources").is_dir()
+    # Read in place: no mirror, no copy of an input under the data root.
+    assert not (tmp_path / "b" / "u" / ".sources").exists()
+    assert not [p for p in (tmp_path / "b").rglob("*.parquet")]
     assert version_files(a) == version_files(b) and len(version_files(a)) >= 4
-    assert read_manifest(a).build_key == read_manifest(b).build_key
+    # Planned from the store's identity of each object, not its content: another build key, the same hashes.
+    mb = read_manifest(b)
+    assert read_manifest(a).build_key != mb.build_key and all(i["identity"] for i in mb.inputs)
+    assert [i["sha256"] for i in read_manifest(a).inputs] == [i["sha256"] for i in mb.inputs]
     assert main(["build", f"file://{local}", *common, "--data-root", "c", "--catalog", "cc"]) == 0
     c = Path(capsys.readouterr().out.splitlines()[-1]).parent
     assert version_files(a) == version_files(c)

@@ -127,6 +127,8 @@ def identity(info: dict[str, Any]) -> str:
     for key in _IDENTITY_KEYS:
         value = info.get(key)
         if value not in (None, ""):
+            if hasattr(value, "timestamp"):  # a listing and a HEAD may give one time as a float and a datetime
+                value = float(value.timestamp())
             return f"{key}={value}"
     return ""
 
