@@ -307,11 +307,13 @@ def _build(
                         return [task(**p) for p in params]
 
                     def done(_params: Any, result: Any) -> None:
-                        counts[stage.name] += 1
-                        tokens[stage.name] += int(result.tokens)
-                        progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
+                        counts[stage.name] = counts.get(stage.name, 0) + 1
+                        tokens[stage.name] = tokens.get(stage.name, 0) + int(result.tokens)
+                        if stage.name in phases:  # (validate-shard jobs are not a phase of the display)
+                            progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
 
-                    progress.step(phases[stage.name], 0, len(jobs), 0, t0)
+                    if stage.name in phases:
+                        progress.step(phases[stage.name], 0, len(jobs), 0, t0)
                     return run_windowed(
                         lambda p: tr.submit(task, parameters=p) if tr is not None else task.submit(**p),
                         params,

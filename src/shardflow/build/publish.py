@@ -2,7 +2,8 @@
 
 ``finalize`` assembles the manifest from the stages' recorded results, writes
 it into ``out/`` and validates every file against it (shards, indexes,
-tokenizer file, embeddings). ``publish`` then gives the validated directory
+tokenizer file, embeddings); shards that the validate-shard stage
+(``build/check.py``) already validated, one job each, are not read again. ``publish`` then gives the validated directory
 its identity under the dataset's catalog lock: it picks the version name,
 stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
 renames ``out/`` to ``<data_root>/<name>/<version>`` and adds the catalog
@@ -74,7 +75,12 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
         stray.unlink(missing_ok=True)
     write_manifest(staging.out, manifest)
     fault("finalize-manifest", staging.out)
-    validate_dir(staging.out, manifest, checksums=True)
+    # Shards validated by their own jobs (the validate-shard stage) are not read again here;
+    # if any is not (a caller that ran the stages by hand), every shard is validated here, as before.
+    each_checked = all(
+        staging.shard_checked(split, k, entry) for split, s in manifest.splits.items() for k, entry in enumerate(s.shards)
+    )
+    validate_dir(staging.out, manifest, checksums=True, shards=not each_checked)
     fault("finalize-done", staging.out)
     return manifest
 
