@@ -43,6 +43,7 @@ message, cleaning, row numbering and read-error messages then cover it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,9 @@ __all__ = [
 # order is the order of detection and of the supported suffixes in messages.
 INPUT_KINDS: dict[str, InputKind] = {k.name: k for k in (PARQUET, ARROW_FILE, ARROW_STREAM, JSONL)}
 
+# Objects planned at once (round trips in flight) when the inputs are on object storage.
+_PLAN_THREADS = 32
+
 # What to do with a record that cannot be read (``BuildConfig.on_bad_record``).
 ON_BAD_RECORD = ("fail", "skip")
 
@@ -125,12 +129,29 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
 def plan_units(
     inputs: list[InputFile], *, text_column: str, id_column: str | None, unit_bytes: int
 ) -> list[WorkUnit]:
-    """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each."""
-    units: list[WorkUnit] = []
-    for i, inp in enumerate(inputs):
-        units += input_kind(inp).plan_units(
-            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=len(units)
+    """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each.
+
+    Objects on object storage are planned on a pool of threads: each costs a
+    round trip or two (a footer, a head), so thousands of them in sequence
+    would take minutes of waiting, not of work. Local files stay sequential.
+    """
+
+    def one(i: int) -> list[WorkUnit]:
+        inp = inputs[i]
+        return input_kind(inp).plan_units(
+            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=0
         )
+
+    if any(is_remote(inp.path) for inp in inputs) and len(inputs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(_PLAN_THREADS, len(inputs))) as pool:
+            per_input = list(pool.map(one, range(len(inputs))))  # in order; the first error is raised
+    else:
+        per_input = [one(i) for i in range(len(inputs))]
+    units: list[WorkUnit] = []
+    for cut in per_input:
+        units += [dataclasses.replace(u, index=len(units) + k) for k, u in enumerate(cut)]
     return units
 
 
