@@ -63,6 +63,7 @@ def run(n_workers: int, url: str, work: Path, s3_env: dict[str, str], options: d
         plan = plan_build(config, data_root=work / f"data{n_workers}", catalog=work / f"cat{n_workers}")
         plan_s = time.perf_counter() - t0
     proxy.close()
+    plan_json_bytes = (Path(plan.staging) / "plan.json").stat().st_size
     stages: dict[str, dict] = {}
     with distributed.LocalCluster(
         n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
@@ -88,6 +89,8 @@ def run(n_workers: int, url: str, work: Path, s3_env: dict[str, str], options: d
         "plan": {"wall_s": plan_s, "objects": len(plan.inputs), "units": len(plan.units), "bytes_received": proxy.received},
         "build_wall_s": build_s,
         "tokens": manifest.totals["tokens"],
+        "documents": manifest.totals["documents"],
+        "plan_json_bytes": plan_json_bytes,
         "shards": manifest.totals["shards"],
         "stages": stages,
     }
@@ -100,6 +103,7 @@ def main() -> None:
     ap.add_argument("--unit-mb", type=int, default=4)
     ap.add_argument("--shard-tokens", type=int, default=2_000_000)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--source", choices=("s3", "local"), default="s3", help="build from the S3 server, or from the local copy")
     args = ap.parse_args()
     from s3_support import S3Server, environment
 
@@ -118,8 +122,9 @@ def main() -> None:
         # The workers, spawned by LocalCluster, inherit the S3 endpoint; and one core each: gigatoken's
         # batch encode would otherwise use every core of the machine in each worker (rayon's pool).
         with environment({**server.env, "RAYON_NUM_THREADS": "1"}):
+            url = "s3://corpus/c/" if args.source == "s3" else str(corpus)
             for n in (1, 2):
-                results.append(run(n, "s3://corpus/c/", work, server.env, options))
+                results.append(run(n, url, work, server.env, options))
         server.stop()
     one = results[0]
     text_mb = args.mb  # make_corpus's --mb is the text size
@@ -134,6 +139,7 @@ def main() -> None:
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "cpus": os.cpu_count(),
         "load_avg_at_end": os.getloadavg(),
+        "source": args.source,
         "corpus": {"text_mb": args.mb, "objects": args.files, "parquet_bytes": corpus_bytes},
         "runs": results,
         "per_core_from_1_worker": per_core,
