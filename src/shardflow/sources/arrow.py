@@ -4,7 +4,8 @@ Both share the suffixes; the first bytes tell them apart (the file format, and
 Feather v2, which is that format, start with ``ARROW1``), so either kind's
 ``detect`` names the right one. Record batches are the indivisible pieces of a
 work unit. Files are memory-mapped, so holding a file's batches costs address
-space, not memory, until their buffers are touched.
+space, not memory, until their buffers are touched. An object on object storage
+is one unit, planned from its schema alone and read batch by batch in place.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InputError
-from .storage import PLAN_BLOCK, is_remote, open_input
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
 from .base import (
     READ_ERRORS,
     InputFile,
@@ -57,10 +58,10 @@ class _ArrowIPCKind(InputKind):
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
         """Every record batch of ``reader``, in order."""
 
-    def _open(self, inp: InputFile) -> Any:
+    def _open(self, inp: InputFile, block_size: int = READ_BLOCK) -> Any:
         try:
             if is_remote(inp.path):  # read in place, by ranged reads
-                return self._reader(pa.PythonFile(open_input(inp.path), mode="r"))
+                return self._reader(pa.PythonFile(open_input(inp.path, block_size=block_size), mode="r"))
             return self._reader(pa.memory_map(inp.path, "r"))
         except READ_ERRORS as exc:
             raise InputError(f"{inp.path}: not a readable Arrow IPC file ({exc}); the file is corrupt or truncated") from None
@@ -75,6 +76,14 @@ class _ArrowIPCKind(InputKind):
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
+        if is_remote(inp.path):
+            # An object on object storage: one unit, planned from its schema alone (the file format's
+            # footer, the stream's first message); its batches' sizes would mean reading all of it.
+            schema = self._open(inp, PLAN_BLOCK).schema
+            check_schema(inp, schema, text_column, id_column)
+            return [
+                WorkUnit(index=first_index, input=input_index, start=0, stop=-1, first_row=0, rows=-1, text_bytes=inp.size)
+            ]
         batches = self._batches(inp)
         schema = batches[0].schema if batches else self._open(inp).schema
         check_schema(inp, schema, text_column, id_column)
@@ -82,10 +91,21 @@ class _ArrowIPCKind(InputKind):
         sizes = [(b.num_rows, select_column(b, path).nbytes) for b in batches]
         return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
 
+    def _each(self, inp: InputFile) -> Iterator[pa.RecordBatch]:
+        """Every record batch, read one at a time (an object read in place is not held whole)."""
+        reader = self._open(inp)
+        if hasattr(reader, "num_record_batches"):  # the file format: random access
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+        else:
+            yield from reader
+
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[pa.Array | pa.ChunkedArray]:
-        for b in self._batches(inp)[unit.start : unit.stop]:
+        # (rows -1: a whole object on object storage, planned without reading its batches)
+        batches = self._each(inp) if unit.rows < 0 else self._batches(inp)[unit.start : unit.stop]
+        for b in batches:
             col = select_column(b, column_path(inp, b.schema, text_column))
             for k in range(0, b.num_rows, batch_rows):
                 yield col.slice(k, batch_rows)

@@ -89,13 +89,18 @@ def check_no_credentials(url: str) -> None:
         )
 
 
-def storage_error(where: str, exc: BaseException) -> InputError | None:
-    """The one message for a storage failure (missing, denied), or None if ``exc`` is not one."""
+def storage_error(where: str, exc: BaseException, *, listing: bool = False) -> InputError | None:
+    """The one message for a storage failure (missing, denied), or None if ``exc`` is not one.
+
+    ``listing``: the failure is the listing's (the URL names nothing), not a planned object's (it went away).
+    """
     detail = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and listing:
+        return InputError(f"{where}: no such bucket or object ({detail}); check the URL")
     if isinstance(exc, FileNotFoundError):
         return InputError(
-            f"{where}: no such bucket or object ({detail}); check the URL, or the object was deleted: "
-            "restore it or remove it from the sources, then build again"
+            f"{where}: no such bucket or object ({detail}); it was listed when the build was planned, so it was "
+            "deleted since: restore it, or build again without it"
         )
     if isinstance(exc, PermissionError):
         return InputError(
@@ -180,7 +185,7 @@ def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
     except InputError:
         raise
     except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(spec, exc) from None
+        raise storage_error(spec, exc, listing=True) from None
     out = []
     for p, info in infos.items():
         url = fs.unstrip_protocol(p) if hasattr(fs, "unstrip_protocol") else f"{protocol}://{p}"
