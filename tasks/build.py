@@ -30,10 +30,8 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ShardflowError
 from shardflow.errors import is_transient as core_is_transient
 
-from .sources import stage_sources
 
 __all__ = [
-    "stage_task",
     "plan_task",
     "tokenize_task",
     "layout_task",
@@ -137,13 +135,6 @@ _IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_cond
 _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 
 
-@task(name="stage-sources", task_run_name="stage sources of {name}", **_IO)
-def stage_task(sources: tuple[str, ...], cache_root: str, name: str) -> tuple[str, ...]:
-    """Mirror URL sources (``s3://...``) to local disk; returns the local paths."""
-    attach_core_logs()
-    return stage_sources(sources, cache_root)
-
-
 @task(name="plan", task_run_name="plan {config.name}", **_IO)
 def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -> core.BuildPlan:
     attach_core_logs()
@@ -201,4 +192,4 @@ validate_task = STAGE_TASKS["validate"]
 publish_task = STAGE_TASKS["publish"]
 
 
-IO_TASKS = (stage_task, plan_task, *(t for t in STAGE_TASKS.values() if t.retries))
+IO_TASKS = (plan_task, *(t for t in STAGE_TASKS.values() if t.retries))

@@ -19,7 +19,7 @@ from shardflow.build import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
-from tasks.sources import file_url_to_path, is_url, needs_staging, stage_source, stage_sources
+from tasks.sources import file_url_to_path, is_url
 
 from ops_support import SAMPLE, version_files
 
@@ -179,49 +179,39 @@ def test_file_urls_map_to_local_paths():
     assert file_url_to_path("file://localhost/data/x.parquet") == "/data/x.parquet"
     with pytest.raises(InputError, match="local path"):
         file_url_to_path("file://otherhost/data/x.parquet")
-    assert not needs_staging(["/a", "file:///b"]) and needs_staging(["memory://x"])
-    assert stage_sources(["file:///a/b.parquet", "rel/c"], "/unused") == ("/a/b.parquet", "rel/c")
 
 
-def test_memory_urls_are_mirrored_with_the_same_relative_names(memfs, tmp_path):
+def test_memory_urls_are_listed_in_place_with_the_same_relative_names(memfs, tmp_path):
+    from shardflow.sources import discover_inputs
+
     fs, root = memfs
     fs.put_file(str(SAMPLE), f"{root}/corpus/a.parquet")
     fs.put_file(str(SAMPLE), f"{root}/corpus/sub/b.parquet")
     fs.pipe(f"{root}/corpus/notes.txt", b"not data")
-    cache = tmp_path / "cache"
-    d = Path(stage_source(f"memory://{root}/corpus/", cache))
-    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*.parquet")) == ["a.parquet", "sub/b.parquet"]
-    assert not (d / "notes.txt").exists()
-    g = Path(stage_source(f"memory://{root}/corpus/*.parquet", cache))
-    assert sorted(p.name for p in g.glob("*.parquet")) == ["a.parquet"]
-    f = Path(stage_source(f"memory://{root}/corpus/sub/b.parquet", cache))
-    assert f.name == "b.parquet" and f.read_bytes() == SAMPLE.read_bytes()
-
-    # Unchanged files are not downloaded again; files gone remotely leave the mirror.
-    calls = []
-    real_get = type(fs).get_file
-    try:
-        type(fs).get_file = lambda self, *a, **k: (calls.append(a[0]), real_get(self, *a, **k))[1]
-        stage_source(f"memory://{root}/corpus/", cache)
-        assert calls == []
-        fs.rm(f"{root}/corpus/sub/b.parquet")
-        stage_source(f"memory://{root}/corpus/", cache)
-        assert calls == [] and not (d / "sub" / "b.parquet").exists()
-    finally:
-        type(fs).get_file = real_get
+    d = discover_inputs([f"memory://{root}/corpus/"])
+    assert [i.relname for i in d] == ["a.parquet", "sub/b.parquet"]
+    assert [i.path for i in d] == [f"memory://{root}/corpus/a.parquet", f"memory://{root}/corpus/sub/b.parquet"]
+    assert all(i.identity and i.size == SAMPLE.stat().st_size and not i.sha256 for i in d)
+    g = discover_inputs([f"memory://{root}/corpus/*.parquet"])
+    assert [i.relname for i in g] == ["a.parquet"]
+    f = discover_inputs([f"memory://{root}/corpus/sub/b.parquet"])
+    assert [i.relname for i in f] == ["b.parquet"]
+    assert not list(tmp_path.iterdir())  # nothing downloaded anywhere
 
 
 def test_bad_urls_are_user_errors(memfs, tmp_path):
+    from shardflow.sources import discover_inputs
+
     fs, root = memfs
-    with pytest.raises(InputError, match="no such file"):
-        stage_source(f"memory://{root}/missing/", tmp_path)
+    with pytest.raises(InputError, match="no such bucket or object"):
+        discover_inputs([f"memory://{root}/missing/"])
     fs.pipe(f"{root}/empty/readme.txt", b"x")
-    with pytest.raises(InputError, match="no Parquet or Arrow"):
-        stage_source(f"memory://{root}/empty/", tmp_path)
-    with pytest.raises(InputError, match="matches no files"):
-        stage_source(f"memory://{root}/empty/*.parquet", tmp_path)
+    with pytest.raises(InputError, match="holds no input files"):
+        discover_inputs([f"memory://{root}/empty/"])
+    with pytest.raises(InputError, match="matches no objects"):
+        discover_inputs([f"memory://{root}/empty/*.parquet"])
     with pytest.raises(InputError, match="no fsspec filesystem|not a usable"):
-        stage_source("nosuchscheme://bucket/x.parquet", tmp_path)
+        discover_inputs(["nosuchscheme://bucket/x.parquet"])
 
 
 def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, monkeypatch, capsys):
@@ -255,11 +245,11 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
 
 def test_only_io_tasks_retry_and_only_on_transient_os_errors():
     from tasks.build import (
-        IO_TASKS, is_transient, layout_task, plan_task, publish_task, stage_task, tokenize_task, validate_task,
+        IO_TASKS, is_transient, layout_task, plan_task, publish_task, tokenize_task, validate_task,
         write_shard_task,
     )
 
-    assert set(IO_TASKS) == {stage_task, plan_task, tokenize_task, write_shard_task, publish_task}
+    assert set(IO_TASKS) == {plan_task, tokenize_task, write_shard_task, publish_task}
     for t in IO_TASKS:
         assert t.retries == 2 and t.retry_condition_fn is is_transient, t.name
     for t in (layout_task, validate_task):
