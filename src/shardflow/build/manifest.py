@@ -8,6 +8,7 @@ stage's sections. ``publish`` later stamps only the version's identity
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import importlib.metadata
 import platform
@@ -19,6 +20,7 @@ import numpy as np
 from .. import __version__
 from ..formats import bosidx, get_format
 from ..manifest import SCHEMA_VERSION, Manifest, SplitEntry
+from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import BuildPlan, EmbedResult, InputCounts, Layout, ShardResult, UnitResult
 
@@ -101,21 +103,24 @@ def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
     return per_input
 
 
-def _input_fields(plan: BuildPlan, units: list[UnitResult], n: int) -> dict[str, Any]:
-    """An input's entry: as planned, with the SHA-256 of an object on object storage filled in.
+def hashed_inputs(plan: BuildPlan, units: list[UnitResult]) -> list[InputFile]:
+    """The plan's inputs with the SHA-256 of every object on object storage filled in.
 
-    Planning identified such an object by its storage identity only; the worker
-    that read its first unit hashed it (``UnitResult.input_sha256``), or, reused
-    unchanged, the parent version recorded it.
+    Planning identified such an object by its storage identity only (unless an
+    earlier version recorded its hash); the worker that read its first unit
+    hashed it (``UnitResult.input_sha256``), or, reused unchanged, the parent
+    version recorded it.
     """
-    d = plan.inputs[n].to_dict()
-    if not d["sha256"]:
+    out = list(plan.inputs)
+    for n, inp in enumerate(out):
+        if inp.sha256:
+            continue
         hashed = [r.input_sha256 for r in units if plan.units[r.unit].input == n and r.input_sha256]
         if hashed:
-            d["sha256"] = hashed[0]
+            out[n] = dataclasses.replace(inp, sha256=hashed[0])
         elif plan.reuse and n in plan.reuse.inputs:
-            d["sha256"] = plan.reuse.inputs[n].entry.get("sha256", "")
-    return d
+            out[n] = dataclasses.replace(inp, sha256=str(plan.reuse.inputs[n].entry.get("sha256", "")))
+    return out
 
 
 def assemble_manifest(
@@ -127,8 +132,13 @@ def assemble_manifest(
     tokenizer: TokenizerInfo,
     embeddings: EmbedResult | None = None,
     created_at: str,
+    build_key: str | None = None,
 ) -> Manifest:
-    """The manifest of a staged build (its version not yet assigned)."""
+    """The manifest of a staged build (its version not yet assigned).
+
+    ``build_key``: the key of the content (``publish.content_key``), when planning
+    had to key objects on object storage by their storage identity; default the plan's.
+    """
     cfg = plan.config
     fmt = get_format(cfg.format)
     splits = {
@@ -202,8 +212,8 @@ def assemble_manifest(
         splits=splits,
         totals=totals,
         inputs=[
-            {**_input_fields(plan, units, n), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
-            for n in range(len(plan.inputs))
+            {**inp.to_dict(), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
+            for n, inp in enumerate(hashed_inputs(plan, units))
         ],
         config=cfg.to_dict(),
         tools={
@@ -213,7 +223,7 @@ def assemble_manifest(
             "pyarrow": _dist("pyarrow"),
             "python": platform.python_version(),
         },
-        build_key=plan.build_key,
+        build_key=build_key or plan.build_key,
         created_at=created_at,
         parent=plan.parent,
         extra=extra,

@@ -24,7 +24,7 @@ from ..formats import get_format
 from ..formats.base import TOKEN_DTYPES
 from ..sources import InputFile, discover_inputs, fingerprint_inputs, plan_units
 from ..tokenizers import Tokenizer, load_tokenizer
-from .incremental import NO_REUSE_ENV, plan_reuse
+from .incremental import NO_REUSE_ENV, plan_reuse, recorded_hashes
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
 from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
 
@@ -140,6 +140,7 @@ def plan_build(
     boundaries = resolve_boundaries(config, tokenizer, dtype)
     dataset_dir = root / config.name
     inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
+    inputs = recorded_hashes(inputs, cat, config.name)  # objects on object storage read by the latest version
     units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)
     if not units or all(u.rows == 0 for u in units):  # (-1: not counted while planning, see sources/jsonl.py)
         raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")

@@ -27,12 +27,13 @@ from ..manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from ..tokenizers import load_tokenizer
 from ..validation import validate_dir
 from .layout import read_layout, unit_results
-from .manifest import TokenizerInfo, assemble_manifest, now
-from .model import BuildPlan, EmbedResult
+from .manifest import TokenizerInfo, assemble_manifest, hashed_inputs, now
+from .model import BuildPlan, EmbedResult, UnitResult
+from .plan import build_key
 from .staging import Staging, as_plan
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
-__all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result"]
+__all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result", "content_key"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -47,15 +48,32 @@ def read_embed_result(plan: BuildPlan) -> EmbedResult | None:
     return EmbedResult.from_dict(json.loads(path.read_text()))
 
 
+def content_key(plan: BuildPlan | str | os.PathLike[str], units: list[UnitResult] | None = None) -> str:
+    """The build key of what was read: the plan's, with every object's SHA-256 for its storage identity.
+
+    Planning keys an object on object storage that no earlier version recorded
+    by its identity there (ETag, version id), not having read it; the workers
+    hashed it since. The manifest and the catalog record this key, which is the
+    one a build of a local copy of the same files has.
+    """
+    plan = as_plan(plan)
+    if all(inp.sha256 for inp in plan.inputs):
+        return plan.build_key
+    filled = hashed_inputs(plan, unit_results(plan) if units is None else units)
+    return build_key(plan.config, filled, load_tokenizer(plan.config.tokenizer, backend=plan.config.backend))
+
+
 def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: bool = True) -> Manifest:
     """The manifest of a staged build (version not yet assigned), from the stages' recorded results; reads only."""
     plan = as_plan(plan)
     cfg = plan.config
     tokenizer = load_tokenizer(cfg.tokenizer, backend=cfg.backend)
+    units = unit_results(plan)
     return assemble_manifest(
         plan,
         layout=read_layout(plan),
-        units=unit_results(plan),
+        units=units,
+        build_key=content_key(plan, units),
         shards=read_shard_results(plan),
         tokenizer=TokenizerInfo.of(tokenizer, rank_file=tokenizer_file_name(tokenizer)),
         embeddings=read_embed_result(plan) if embeddings else None,
@@ -91,7 +109,7 @@ def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
     return publish_out(
         Staging(plan.staging).out,
         name=plan.config.name,
-        build_key=plan.build_key,
+        build_key=content_key(plan),
         data_root=plan.data_root,
         catalog=plan.catalog,
         cleanup=Path(plan.staging),
