@@ -254,6 +254,12 @@ def test_a_bad_json_line_names_the_object_and_line(tmp_path, s3, bucket, docs, c
     cli_refuses(tmp_path, capsys, f"s3://{bucket}/j/x.jsonl", rf"s3://{bucket}/j/x\.jsonl line 8: not valid JSON")
 
 
+def test_a_saved_datasets_directory_on_s3_is_refused_with_what_to_do(tmp_path, s3, bucket, capsys):
+    s3.fs().pipe(f"{bucket}/hf/state.json", b'{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    s3.fs().put_file(str(SAMPLE), f"{bucket}/hf/x.parquet")
+    cli_refuses(tmp_path, capsys, f"s3://{bucket}/hf/", r"saved datasets directory \(state\.json\) on object storage .*to_parquet")
+
+
 def test_credentials_in_the_url_are_refused_and_not_echoed(tmp_path, s3, bucket, capsys):
     line = cli_refuses(tmp_path, capsys, f"s3://AKIAEXAMPLE:s3cr3t@{bucket}/x/", r"credentials in it.*AWS_ACCESS_KEY_ID")
     assert "s3cr3t" not in line and "AKIAEXAMPLE" not in line

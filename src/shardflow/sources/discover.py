@@ -52,16 +52,29 @@ def detect_kind(path: Path | str, kinds: Mapping[str, InputKind]) -> str:
     raise InputError(f"{path}: unsupported file type {suffix or '(none)'!r}; inputs are {listing} files")
 
 
+_SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")
+
+
 def _remote(spec: str, kinds: Mapping[str, InputKind]) -> list[InputFile]:
     """The objects a URL names, from one listing: sizes and storage identities, no content read."""
     suffixes = input_suffixes(kinds)
+    layout_files: list[str] = []
 
     def wanted(rel: str) -> bool:
+        if rel in _SAVED_DATASET_FILES:
+            layout_files.append(rel)
         name = PurePosixPath(rel).name
         return has_suffix(name, suffixes) and not name.startswith(".")
 
+    listed = list_objects(spec, wanted)
+    if layout_files:
+        # Its order is in state.json, which the directory layouts read from local directories only.
+        raise InputError(
+            f"{spec}: a saved datasets directory ({layout_files[0]}) on object storage is not read in place; "
+            "copy it to a local or shared directory, or save it as Parquet (Dataset.to_parquet) and build from that"
+        )
     found = []
-    for url, relname, size, ident in list_objects(spec, wanted):
+    for url, relname, size, ident in listed:
         if size == 0:
             raise InputError(f"{url}: the object is empty (0 bytes); remove it or regenerate it")
         found.append(InputFile(path=url, relname=relname, kind=detect_kind(url, kinds), size=size, identity=ident))
