@@ -11,6 +11,7 @@ credentials is refused; and planning reads O(objects) bytes, not O(corpus).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -132,6 +133,24 @@ def test_an_s3_build_is_byte_identical_to_a_build_of_a_local_copy(tmp_path, s3, 
     assert strip(ma) == strip(mb)
     assert not no_input_copies(tmp_path / "s3" / "data"), "an input was copied under the data root"
     assert not list((tmp_path / "s3" / "data").rglob(".sources"))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.zst"])
+def test_a_json_lines_object_is_read_once_its_hash_made_from_the_same_bytes(tmp_path, s3, bucket, docs, kind):
+    local = make_local(kind, tmp_path / "corpus", docs)
+    upload(s3, local, f"{bucket}/once")
+    sizes = {p.relative_to(local).as_posix(): p.stat().st_size for p in local.rglob("*") if p.is_file()}
+    proxy = CountingProxy(s3.endpoint)
+    try:
+        with environment({"AWS_ENDPOINT_URL": proxy.endpoint}):
+            b = make_builder(tmp_path / "s3")(f"s3://{bucket}/once/", name="once", workers=2, **OPTIONS)
+    finally:
+        proxy.close()
+    for rel, size in sizes.items():
+        # Its first 16 KiB for planning, then every byte once: tokenizing and hashing share the read.
+        assert size <= proxy.bytes_asked(f"{bucket}/once/{rel}", size) <= size + (16 << 10), (rel, size)
+    expected = {rel: hashlib.sha256((local / rel).read_bytes()).hexdigest() for rel in sizes}
+    assert {i["relname"]: i["sha256"] for i in read_manifest(b.directory).inputs} == expected
 
 
 # --- Incremental: only the changed object is read again ---

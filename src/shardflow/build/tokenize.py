@@ -22,7 +22,7 @@ from ..config import BuildConfig
 from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
-from ..sources.storage import current_identity, hash_input
+from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
@@ -71,12 +71,14 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     extra: dict[str, str] = {}
     try:
         check_unchanged(inp)
-        counts = _tokenize_into(
-            tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
-        )
+        with hashing_reads(inp.path) as read:
+            counts = _tokenize_into(
+                tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
+            )
         if not inp.sha256 and wu.start == 0 and wu.first_row == 0:
-            # Planned from the storage's identity only: this worker hashes the object for the manifest.
-            extra["input_sha256"] = hash_input(inp.path)
+            # Planned from the storage's identity only: this worker hashes the object for the manifest,
+            # from the bytes it just read when it read them all in order (JSON Lines), else reading it again.
+            extra["input_sha256"] = read.digest(inp.size) or hash_input(inp.path)
         check_unchanged(inp)  # what was read and hashed is the version that was planned
     except BaseException:
         # A failed unit (bad input, a full disk) leaves no temporary files behind.

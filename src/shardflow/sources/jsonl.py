@@ -75,7 +75,7 @@ import pyarrow as pa
 
 from ..errors import InputError
 from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, file_name, has_suffix
-from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
 
@@ -238,8 +238,7 @@ def _head(inp: InputFile) -> bytes:
     Enough to tell JSON Lines from one JSON document; a compressed head that
     does not decompress is left to the worker, which names the line.
     """
-    with open_input(inp.path, block_size=_HEAD) as f:
-        raw = f.read(_HEAD)
+    raw = read_head(inp.path, _HEAD)
     codec = _codec(inp.path)
     if codec is None:
         return raw

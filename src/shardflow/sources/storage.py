@@ -22,8 +22,10 @@ before; nothing here changes them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
@@ -39,7 +41,10 @@ __all__ = [
     "identity",
     "open_input",
     "hash_input",
+    "hashing_reads",
+    "ReadHash",
     "current_identity",
+    "read_head",
     "storage_error",
     "PLAN_BLOCK",
     "READ_BLOCK",
@@ -195,13 +200,96 @@ def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
     return out
 
 
+class _HashingReader:
+    """A file object that hashes what is read through it, while the reads are in order from the start.
+
+    A reader that seeks (Parquet's footer first) or stops early leaves no
+    digest, and the object is hashed separately (``hash_input``).
+    """
+
+    def __init__(self, f: Any, tee: "ReadHash") -> None:
+        self._f, self._tee = f, tee
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._tee.update(data)
+        return data  # type: ignore[no-any-return]
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        new = self._f.seek(pos, whence)
+        if new != self._tee.pos:
+            self._tee.broken = True
+        return new  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+    def __enter__(self) -> "_HashingReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._f.close()
+
+
+class ReadHash:
+    """The SHA-256 of an object as a worker reads it through ``open_input`` (see ``hashing_reads``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pos = 0
+        self.broken = False
+        self.opened = 0
+        self._h = hashlib.sha256()
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+        self.pos += len(data)
+
+    def digest(self, size: int) -> str | None:
+        """The hex digest if the object was read once, in order, from its first byte to its last; else None."""
+        if self.broken or self.opened != 1 or self.pos != size:
+            return None
+        return self._h.hexdigest()
+
+
+_tees = threading.local()
+
+
+@contextlib.contextmanager
+def hashing_reads(path: str) -> Iterator[ReadHash]:
+    """Hash ``path`` as this thread reads it: a reader that goes through it once spares a second read."""
+    tee = ReadHash(path)
+    _tees.current = tee
+    try:
+        yield tee
+    finally:
+        _tees.current = None
+
+
 def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
     """A binary file object for a local path or a URL; for a URL, ranged reads of ``block_size``."""
     if not is_remote(path):
         return open(path, "rb")
     fs, root = _filesystem(path)
     try:
-        return fs.open(root, "rb", block_size=block_size)  # type: ignore[no-any-return]
+        f = fs.open(root, "rb", block_size=block_size)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(path, exc) from None
+    tee = getattr(_tees, "current", None)
+    if tee is not None and tee.path == path:
+        tee.opened += 1
+        return _HashingReader(f, tee)  # type: ignore[return-value]
+    return f  # type: ignore[no-any-return]
+
+
+def read_head(path: str, n: int) -> bytes:
+    """The first ``n`` bytes of an object (or a local file): one ranged read, nothing read ahead."""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            return f.read(n)
+    fs, root = _filesystem(path)
+    try:
+        return fs.cat_file(root, start=0, end=n)  # type: ignore[no-any-return]
     except (FileNotFoundError, PermissionError) as exc:
         raise storage_error(path, exc) from None
 
