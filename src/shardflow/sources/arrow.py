@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InputError
-from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 from .base import (
     READ_ERRORS,
     InputFile,
@@ -47,8 +47,7 @@ class _ArrowIPCKind(InputKind):
     def detect(self, path: Path | str) -> str | None:
         if not has_suffix(file_name(path), self.suffixes):
             return None
-        with open_input(str(path), block_size=PLAN_BLOCK) as f:
-            return ARROW_FILE.name if f.read(6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
+        return ARROW_FILE.name if read_head(str(path), 6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
 
     @abstractmethod
     def _reader(self, source: pa.NativeFile) -> Any:
