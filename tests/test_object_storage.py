@@ -143,7 +143,9 @@ def test_a_json_lines_object_is_read_once_its_hash_made_from_the_same_bytes(tmp_
     proxy = CountingProxy(s3.endpoint)
     try:
         with environment({"AWS_ENDPOINT_URL": proxy.endpoint}):
-            b = make_builder(tmp_path / "s3")(f"s3://{bucket}/once/", name="once", workers=2, **OPTIONS)
+            # One unit per object (an uncompressed object cut into several is hashed by a read of its own).
+            options = {**OPTIONS, "unit_bytes": 1 << 30}
+            b = make_builder(tmp_path / "s3")(f"s3://{bucket}/once/", name="once", workers=2, **options)
     finally:
         proxy.close()
     for rel, size in sizes.items():
@@ -151,6 +153,44 @@ def test_a_json_lines_object_is_read_once_its_hash_made_from_the_same_bytes(tmp_
         assert size <= proxy.bytes_asked(f"{bucket}/once/{rel}", size) <= size + (16 << 10), (rel, size)
     expected = {rel: hashlib.sha256((local / rel).read_bytes()).hexdigest() for rel in sizes}
     assert {i["relname"]: i["sha256"] for i in read_manifest(b.directory).inputs} == expected
+
+
+@pytest.mark.parametrize("unit_bytes", [700, 6000])
+def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes(tmp_path, s3, bucket, docs, unit_bytes):
+    # Blank lines, CRLF, a line longer than many ranges, no newline after the last line.
+    records = []
+    for i, t in enumerate(docs[:16]):
+        records.append(json.dumps({"text": t}))
+        if i % 5 == 3:
+            records += ["", "  \t"]
+        if i == 8:
+            records.append(json.dumps({"text": " ".join(docs[20:24])}))  # spans several ranges
+    records.append(json.dumps({"text": "last, no newline"}))
+    data = "\r\n".join(records).encode()
+    local = tmp_path / "corpus" / "x.jsonl"
+    local.parent.mkdir()
+    local.write_bytes(data)
+    s3.fs().pipe(f"{bucket}/cut/x.jsonl", data)
+    options = dict(name="cut", val_fraction=0.2, seed=5, shard_tokens=30_000)
+    a = make_builder(tmp_path / "local")(local, **options)  # one unit
+    b = make_builder(tmp_path / "s3")(f"s3://{bucket}/cut/x.jsonl", unit_bytes=unit_bytes, workers=2, **options)
+    assert files_of(a.directory) == files_of(b.directory)
+    ma, mb = read_manifest(a.directory), read_manifest(b.directory)
+    assert mb.totals == ma.totals and ma.totals["input_rows"] == len(records) and ma.splits["val"].documents > 0
+    assert mb.build_key == ma.build_key
+
+
+def test_a_bad_line_in_a_later_byte_range_is_named_by_its_byte_offset(tmp_path, s3, bucket, docs):
+    lines = [json.dumps({"text": t}) for t in docs[:30]]
+    lines[20] = '{"text": "unterminated'
+    data = ("\n".join(lines) + "\n").encode()
+    s3.fs().pipe(f"{bucket}/late/x.jsonl", data)
+    offset = len("\n".join(lines[:20])) + 1
+    config = BuildConfig(name="late", sources=(f"s3://{bucket}/late/x.jsonl",), unit_bytes=2000)
+    root = tmp_path / "late"
+    with pytest.raises(InputError, match=rf"^s3://{bucket}/late/x\.jsonl the line at byte {offset}: not valid JSON"):
+        build(config, data_root=root / "data", catalog=root / "catalog", workers=2)
+    assert not published(root, "late")
 
 
 # --- Incremental: only the changed object is read again ---

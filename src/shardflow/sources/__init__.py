@@ -170,7 +170,7 @@ def iter_text_batches(
     the line (``on_bad_record="fail"``), or is skipped and counted (``"skip"``).
     """
     kind = input_kind(inp)
-    row = unit.first_row
+    row = max(unit.first_row, 0)  # -1: numbered from the unit's first line (see sources/jsonl.py)
     try:
         for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows):
             if isinstance(col, ParsedColumn):

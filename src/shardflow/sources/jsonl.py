@@ -105,11 +105,12 @@ def _open(path: str, block_size: int = READ_BLOCK) -> BinaryIO:
     return pa.CompressedInputStream(raw, codec)  # type: ignore[return-value]
 
 
-def _read_failed(inp: InputFile, line: int, exc: BaseException) -> InputError:
+def _read_failed(inp: InputFile, line: int, exc: BaseException, *, at: int | None = None) -> InputError:
     detail = " ".join(str(exc).split())
     what = "compressed file" if _codec(inp.path) else "file"
+    where = f"near line {line + 1}" if at is None else f"near byte {at}"
     return InputError(
-        f"{inp.path}: reading failed near line {line + 1} ({detail}); the {what} is corrupt or truncated: "
+        f"{inp.path}: reading failed {where} ({detail}); the {what} is corrupt or truncated: "
         "replace it, or remove it from the sources"
     )
 
@@ -248,6 +249,54 @@ def _head(inp: InputFile) -> bytes:
         return b""
 
 
+class _Prefixed:
+    """``head``, then the rest of ``f``: what a line reader reads after a boundary was searched for."""
+
+    def __init__(self, head: bytes, f: BinaryIO) -> None:
+        self._head, self._f = head, f
+
+    def read(self, n: int) -> bytes:
+        if self._head:
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._f.read(n)
+
+
+def _range_lines(f: BinaryIO, start: int, stop: int) -> tuple[Iterator[bytes], int]:
+    """The lines of an uncompressed file that begin in ``[start, stop)``, and where the first begins.
+
+    A line begins at 0 and after every newline. Past ``start`` the first begins
+    after the first newline at or after ``start - 1``; the last may run past
+    ``stop``, and is read to its end. Lines beginning at ``stop`` or later are the
+    next range's. A range inside one long line holds no line.
+    """
+    head = b""
+    first = start
+    if start > 0:
+        f.seek(start - 1)
+        first = start - 1
+        while True:
+            block = f.read(_BLOCK)
+            if not block:
+                return iter(()), first
+            k = block.find(b"\n")
+            if k >= 0:
+                first += k + 1
+                head = block[k + 1 :]
+                break
+            first += len(block)
+
+    def lines() -> Iterator[bytes]:
+        pos = first
+        for line in _lines(_Prefixed(head, f), None):  # type: ignore[arg-type]
+            if pos >= stop:
+                return
+            yield line
+            pos += len(line) + 1
+
+    return lines(), first
+
+
 class JsonLinesKind(InputKind):
     """JSON Lines, plain or gzip/Zstandard-compressed; units are byte ranges of whole lines."""
 
@@ -262,7 +311,9 @@ class JsonLinesKind(InputKind):
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
         if is_remote(inp.path):
-            return self._plan_object(inp, input_index=input_index, id_column=id_column, first_index=first_index)
+            return self._plan_object(
+                inp, input_index=input_index, id_column=id_column, unit_bytes=unit_bytes, first_index=first_index
+            )
         cut = _codec(inp.path) is None
         starts = [(0, 0)]  # (byte offset, line index) where each unit starts
         target = unit_bytes if cut else None
@@ -308,22 +359,39 @@ class JsonLinesKind(InputKind):
             )
         return units
 
-    def _plan_object(self, inp: InputFile, *, input_index: int, id_column: str | None, first_index: int) -> list[WorkUnit]:
-        """An object on object storage: one unit, planned from its size and its first bytes alone.
+    def _plan_object(
+        self, inp: InputFile, *, input_index: int, id_column: str | None, unit_bytes: int, first_index: int
+    ) -> list[WorkUnit]:
+        """An object on object storage, planned from its size and its first bytes alone.
 
         Counting its lines here would read the whole corpus on the planning
-        machine; instead the worker that reads the object counts them, and the
-        unit's ``rows`` is -1 (not known until read). Row numbers are still line
-        indexes from the start of the object, so the bytes are those of a local
-        build (which may cut the same file into several units).
+        machine. So an uncompressed object is cut into byte ranges blind: a unit
+        holds the lines that begin in its range, which its worker finds (the
+        first after the range's start, the last running past its end); a
+        compressed one is one unit. ``rows`` is -1 (not known until read), and
+        a unit after the first has ``first_row`` -1: its worker numbers its lines
+        from 0, and the layout adds the line counts of the units before it
+        (``build/layout.py``), so row numbers are still line indexes in the
+        object and the bytes are those of a local build.
         """
         _not_json_lines(inp, _head(inp))
         if id_column is not None:
             self._check_id(inp, id_column)
+        # Uncompressed: byte ranges of about unit_bytes, cut at the first line boundary after each
+        # offset by the workers themselves; a compressed stream is one unit.
+        step = unit_bytes if _codec(inp.path) is None else inp.size
+        cuts = list(range(0, inp.size, max(step, 1))) + [inp.size]
         return [
             WorkUnit(
-                index=first_index, input=input_index, start=0, stop=inp.size, first_row=0, rows=-1, text_bytes=inp.size
+                index=first_index + k,
+                input=input_index,
+                start=start,
+                stop=stop,
+                first_row=0 if start == 0 else -1,
+                rows=-1,
+                text_bytes=stop - start,
             )
+            for k, (start, stop) in enumerate(zip(cuts, cuts[1:]))
         ]
 
     def _check_id(self, inp: InputFile, id_column: str) -> None:
@@ -351,22 +419,31 @@ class JsonLinesKind(InputKind):
         bad = 0
         first_bad: str | None = None
         nbytes = 0
-        line = unit.first_row
+        # A unit of an object whose place in it is known only in bytes (first_row -1) numbers its
+        # lines from 0, and messages name a bad line by its byte offset.
+        relative = unit.first_row < 0
+        line = max(unit.first_row, 0)
+        pos = unit.start
         try:
             with _open(inp.path) as f:
-                if unit.start:
-                    f.seek(unit.start)
-                length = unit.stop - unit.start if _codec(inp.path) is None and unit.rows >= 0 else None
-                for raw in _lines(f, length):
-                    if line == 0 and raw.startswith(_BOM):
+                if is_remote(inp.path) and _codec(inp.path) is None:
+                    lines, pos = _range_lines(f, unit.start, unit.stop)
+                else:
+                    if unit.start:
+                        f.seek(unit.start)
+                    length = unit.stop - unit.start if _codec(inp.path) is None and unit.rows >= 0 else None
+                    lines = _lines(f, length)
+                for raw in lines:
+                    if line == 0 and not relative and raw.startswith(_BOM):
                         raw = raw[len(_BOM) :]
                     text, why = _text(raw, text_column)
                     if why is not None:
                         bad += 1
                         if first_bad is None:
-                            first_bad = f"line {line + 1}: {why}"
+                            first_bad = f"{f'the line at byte {pos}' if relative else f'line {line + 1}'}: {why}"
                     values.append(text)
                     nbytes += len(raw) + 1
+                    pos += len(raw) + 1
                     line += 1
                     if len(values) >= batch_rows or nbytes >= max_bytes:
                         yield ParsedColumn(_column(values), bad, first_bad)
@@ -374,7 +451,7 @@ class JsonLinesKind(InputKind):
         except READ_ERRORS as exc:
             if isinstance(exc, (FileNotFoundError, PermissionError)) or (isinstance(exc, OSError) and exc.errno is not None):
                 raise  # the storage's (an object deleted, access denied) or the disk's, not the data's
-            raise _read_failed(inp, line, exc) from None
+            raise _read_failed(inp, line, exc, at=pos if relative else None) from None
         if values:
             yield ParsedColumn(_column(values), bad, first_bad)
         if unit.rows >= 0 and line - unit.first_row != unit.rows:
