@@ -30,9 +30,10 @@ megabyte, disk speed), on the planning machine; compressed files are
 decompressed for it. That is on top of the inputs' SHA-256, which its cache
 skips for unchanged files and this count does not; acceptable for local
 files. An object on object storage is not read by planning beyond its first
-16 KiB: it is one unit whose row count is not known until a worker reads it
-(``rows`` -1); its line indexes are still counted from the start of the
-object, so its documents are those of a local copy, whatever the cut.
+16 KiB: it is cut blind into byte ranges (``JsonLinesKind._plan_object``),
+whose workers find their line boundaries and count their rows; the layout
+places each range's rows after those of the ranges before it, so line
+indexes, split scores and bytes are those of a local copy.
 
 Units. An uncompressed file is cut at line boundaries into byte ranges of
 about ``unit_bytes`` (``start``/``stop`` are byte offsets, ``first_row`` the
