@@ -355,3 +355,26 @@ def test_serve_one_dataset_from_the_command_line(tmp_path, monkeypatch, capsys):
     assert "nothing to serve" in capsys.readouterr().err
     assert main(["serve", "x", "--name", "n", "--cron", "every night", "--dry-run"]) == 2
     assert "Invalid cron" in capsys.readouterr().err
+
+
+def test_a_plan_handle_travels_as_its_staging_directory_not_as_the_whole_plan(tmp_path):
+    """Every task carries the plan: pickled as the path of plan.json, its size does not grow with the corpus."""
+    import dataclasses
+    import pickle
+
+    from shardflow.build import build_lock, plan_build
+    from tasks.build import PlanHandle
+
+    sizes = []
+    for unit_bytes in (1 << 30, 1):  # 1 unit, then one unit per row group
+        config = BuildConfig(name=f"ph{unit_bytes}", sources=(str(SAMPLE),), unit_bytes=unit_bytes)
+        plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "cat")
+        with build_lock(plan) as plan:
+            raw = pickle.dumps(PlanHandle(plan))
+            assert pickle.loads(raw).plan == plan
+            sizes.append((len(plan.units), len(raw), len(pickle.dumps(plan))))
+        # A plan that is not its staging directory's plan.json travels whole.
+        other = dataclasses.replace(plan, units=plan.units[:1])
+        assert pickle.loads(pickle.dumps(PlanHandle(other))).plan == other
+    (u1, h1, p1), (u2, h2, p2) = sizes
+    assert u2 > u1 and p2 > p1 and h2 - h1 < 16 and h2 < p1  # only the names differ in length
