@@ -20,7 +20,7 @@ pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 distributed = pytest.importorskip("distributed")
 
-from s3_support import S3Server, environment  # noqa: E402
+from s3_support import CountingProxy, S3Server, environment  # noqa: E402
 
 
 def test_an_s3_build_on_the_dask_runner_equals_a_local_build(
@@ -36,7 +36,10 @@ def test_an_s3_build_on_the_dask_runner_equals_a_local_build(
         for key, value in prefect_server.env.items():
             if key.startswith("PREFECT_"):
                 monkeypatch.setenv(key, value)
-        env = {**prefect_server.env, **s3.env, "CI": "true"}
+        # The flow's process (the CLI) reaches S3 through a counting proxy; the workers directly.
+        proxy = CountingProxy(s3.endpoint)
+        env = {**prefect_server.env, **s3.env, "AWS_ENDPOINT_URL": proxy.endpoint, "CI": "true"}
+        corpus_bytes = sum(p.stat().st_size for p in corpus.glob("*.parquet"))
         common = ["--name", "s3scale", "--shard-tokens", "200000", "--val-fraction", "0.1"]
         # The worker processes are spawned with this process's environment: the S3 endpoint and keys included.
         with environment(s3.env), distributed.LocalCluster(
@@ -56,6 +59,11 @@ def test_an_s3_build_on_the_dask_runner_equals_a_local_build(
                 readers = client.run(lambda: __import__("s3fs").S3FileSystem._cache.__len__())
         assert sum(per_worker.values()) >= 4 + 4 and all(n > 0 for n in per_worker.values()), per_worker
         assert all(n > 0 for n in readers.values()), readers
+        # The flow's machine read metadata only: the listing and the footers, not the objects.
+        flow_read = sum(proxy.bytes_asked(f"{bucket}/corpus/{p.name}", p.stat().st_size) for p in corpus.glob("*.parquet"))
+        assert flow_read <= 4 * (64 << 10) < corpus_bytes, (flow_read, corpus_bytes)
+        assert not [r for r in proxy.requests if r[0] == "GET" and r[2] is None and "list-type" not in r[1]], proxy.requests
+        proxy.close()
         dask_dir = Path(res.stdout.strip().splitlines()[-1]).parent
         assert not [p for p in (tmp_path / "dask" / "data").rglob("*.parquet")], "an input was copied"
 
