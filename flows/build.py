@@ -39,15 +39,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from shardflow.build import Stage, build_lock, run_stages
 from shardflow.build.stages import Job
-from shardflow.catalog import Catalog, default_data_root
+from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
 from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
-from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task, stage_task
-from tasks.sources import local_sources, needs_staging
+from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 
@@ -251,7 +250,7 @@ def build_dataset(
 
     ``runner="dask"`` with ``address="tcp://HOST:PORT"`` runs the work units on
     an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
-    fsspec URLs (``s3://...``), which are staged under ``<data_root>/<name>/.sources/``.
+    fsspec URLs (``s3://...``), which are read in place: planned from their listing, read by the workers.
     """
     with core_logs_to_prefect():
         return _build(config, workers, data_root, catalog, runner, address)
@@ -269,13 +268,7 @@ def _build(
     _tag_flow_run([*TAGS, dataset_tag(name)])
     with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
-        if needs_staging(config.sources):
-            cache_root = default_data_root(data_root) / name / ".sources"
-            logger.info("staging %d URL source(s) of %s into %s", len(config.sources), name, cache_root)
-            config = config.replace(sources=stage_task(config.sources, str(cache_root), name))
-        elif any(s.lower().startswith("file://") for s in config.sources):
-            config = config.replace(sources=local_sources(config.sources))
-
+        # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
         plan = plan_task(config, data_root, catalog)
         if plan.existing:
             logger.info("%s: nothing to do, identical to the published %s", name, plan.existing)
@@ -314,11 +307,13 @@ def _build(
                         return [task(**p) for p in params]
 
                     def done(_params: Any, result: Any) -> None:
-                        counts[stage.name] += 1
-                        tokens[stage.name] += int(result.tokens)
-                        progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
+                        counts[stage.name] = counts.get(stage.name, 0) + 1
+                        tokens[stage.name] = tokens.get(stage.name, 0) + int(result.tokens)
+                        if stage.name in phases:  # (validate-shard jobs are not a phase of the display)
+                            progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
 
-                    progress.step(phases[stage.name], 0, len(jobs), 0, t0)
+                    if stage.name in phases:
+                        progress.step(phases[stage.name], 0, len(jobs), 0, t0)
                     return run_windowed(
                         lambda p: tr.submit(task, parameters=p) if tr is not None else task.submit(**p),
                         params,

@@ -127,16 +127,9 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
     import time
 
     from shardflow.build import build
-    from shardflow.catalog import default_data_root
 
     from flows.progress import Progress
 
-    if any("://" in s for s in config.sources):
-        # Imported here: the tasks package imports Prefect (seconds), which --no-prefect does not need.
-        from tasks.sources import stage_sources
-
-        cache_root = default_data_root(args.data_root) / config.name / ".sources"
-        config = config.replace(sources=stage_sources(config.sources, cache_root))
     state = {"done": 0, "tokens": 0, "total": 0, "t0": 0.0}
 
     def on_plan(plan: Any) -> None:

@@ -12,14 +12,12 @@ from .build import (
     layout_task,
     plan_task,
     publish_task,
-    stage_task,
     tokenize_task,
     validate_task,
     write_shard_task,
 )
 
 __all__ = [
-    "stage_task",
     "plan_task",
     "tokenize_task",
     "layout_task",

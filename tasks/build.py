@@ -19,21 +19,23 @@ returns the recorded result without recomputing it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
+from pathlib import Path
 from typing import Any, Iterator
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from shardflow import build as core
+from shardflow.build.staging import load_plan
 from shardflow.config import BuildConfig
 from shardflow.errors import ShardflowError
 from shardflow.errors import is_transient as core_is_transient
 
-from .sources import stage_sources
 
 __all__ = [
-    "stage_task",
     "plan_task",
     "tokenize_task",
     "layout_task",
@@ -137,17 +139,21 @@ _IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_cond
 _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 
 
-@task(name="stage-sources", task_run_name="stage sources of {name}", **_IO)
-def stage_task(sources: tuple[str, ...], cache_root: str, name: str) -> tuple[str, ...]:
-    """Mirror URL sources (``s3://...``) to local disk; returns the local paths."""
-    attach_core_logs()
-    return stage_sources(sources, cache_root)
-
-
 @task(name="plan", task_run_name="plan {config.name}", **_IO)
 def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -> core.BuildPlan:
     attach_core_logs()
     return core.plan_build(config, data_root=data_root, catalog=catalog)
+
+
+@functools.lru_cache(maxsize=4)
+def _plan_at(staging: str, stamp: tuple[int, int]) -> core.BuildPlan:
+    return load_plan(staging)
+
+
+def _plan_on_disk(staging: str) -> core.BuildPlan:
+    """The plan in ``staging``'s ``plan.json``, read once per process (per version of the file)."""
+    st = (Path(staging) / "plan.json").stat()
+    return _plan_at(staging, (st.st_mtime_ns, st.st_size))
 
 
 class PlanHandle:
@@ -157,18 +163,31 @@ class PlanHandle:
     for futures, at every submission; a plan holds one dataclass per work unit
     (thousands), and an object of a plain class is not walked. (Prefect's own
     ``quote`` is a tuple, which arrives as a plain tuple on a Dask worker.)
+
+
+    It is pickled as its staging directory when ``plan.json`` there is this
+    plan (as ``build_lock`` hands it over): a plan grows with the corpus (one
+    entry per input and per unit, about 200 bytes each), and every task of a
+    large build carrying all of it would move gigabytes through the scheduler.
+    A worker reads ``plan.json`` from the shared data root once per process.
     """
 
-    __slots__ = ("plan",)
+    __slots__ = ("plan", "_on_disk")
 
     def __init__(self, plan: core.BuildPlan) -> None:
         self.plan = plan
+        try:
+            on_disk = dataclasses.replace(load_plan(plan.staging), existing=plan.existing)
+        except (OSError, ValueError, ShardflowError):
+            on_disk = None
+        self._on_disk = on_disk == plan
 
-    def __getstate__(self) -> core.BuildPlan:
-        return self.plan
+    def __getstate__(self) -> Any:
+        return ("staging", self.plan.staging) if self._on_disk else self.plan
 
-    def __setstate__(self, plan: core.BuildPlan) -> None:
-        self.plan = plan
+    def __setstate__(self, state: Any) -> None:
+        self._on_disk = isinstance(state, tuple)
+        self.plan = _plan_on_disk(state[1]) if isinstance(state, tuple) else state
 
     def __repr__(self) -> str:
         return f"PlanHandle({self.plan.config.name!r}, {len(self.plan.units)} units)"
@@ -201,4 +220,4 @@ validate_task = STAGE_TASKS["validate"]
 publish_task = STAGE_TASKS["publish"]
 
 
-IO_TASKS = (stage_task, plan_task, *(t for t in STAGE_TASKS.values() if t.retries))
+IO_TASKS = (plan_task, *(t for t in STAGE_TASKS.values() if t.retries))

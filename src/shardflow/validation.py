@@ -295,8 +295,12 @@ def validate_dir(
     checksums: bool = True,
     published: bool = False,
     catalog: Any = None,
+    shards: bool = True,
 ) -> ValidationReport:
     """Validate a version directory; raises ``ValidationError`` listing every problem.
+
+    ``shards=False`` leaves out the per-shard checks (``validate_shard``), for a
+    build whose shards were each validated by a job of their own (``build/check.py``).
 
     ``published=True`` also checks the manifest against the SHA-256 that the
     catalog (``catalog``, default ``$SHARDFLOW_CATALOG`` or ``./manifests``)
@@ -307,7 +311,7 @@ def validate_dir(
     report = ValidationReport(directory=str(directory))
     if published:
         report.problems.extend(published_manifest_problems(directory, manifest, catalog))
-    jobs = [(split, k, shard) for split, entry in manifest.splits.items() for k, shard in enumerate(entry.shards)]
+    jobs = [(split, k, shard) for split, entry in manifest.splits.items() for k, shard in enumerate(entry.shards)] if shards else []
     # hashlib and numpy release the GIL on large buffers, so threads use every core.
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         found = pool.map(lambda job: validate_shard(directory, manifest, *job, checksums=checksums), jobs)

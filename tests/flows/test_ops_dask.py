@@ -33,12 +33,12 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
         )
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"Connecting to an existing Dask cluster at {cluster.scheduler_address}" in res.stderr
-        # The cluster ran the work: 4 tokenize tasks and 4 shard writes, spread over both workers.
+        # The cluster ran the work: 4 tokenize tasks, 4 shard writes and their 4 validations, over both workers.
         with distributed.Client(cluster) as client:
             per_worker = client.run(
                 lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory")
             )
-    assert sum(per_worker.values()) == 4 + 4, per_worker
+    assert sum(per_worker.values()) == 4 + 4 + 4, per_worker
     assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
 
     assert res.stdout.splitlines()[0] == "published scale@v1"

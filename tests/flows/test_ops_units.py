@@ -19,7 +19,7 @@ from shardflow.build import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
-from tasks.sources import file_url_to_path, is_url, needs_staging, stage_source, stage_sources
+from tasks.sources import file_url_to_path, is_url
 
 from ops_support import SAMPLE, version_files
 
@@ -179,49 +179,39 @@ def test_file_urls_map_to_local_paths():
     assert file_url_to_path("file://localhost/data/x.parquet") == "/data/x.parquet"
     with pytest.raises(InputError, match="local path"):
         file_url_to_path("file://otherhost/data/x.parquet")
-    assert not needs_staging(["/a", "file:///b"]) and needs_staging(["memory://x"])
-    assert stage_sources(["file:///a/b.parquet", "rel/c"], "/unused") == ("/a/b.parquet", "rel/c")
 
 
-def test_memory_urls_are_mirrored_with_the_same_relative_names(memfs, tmp_path):
+def test_memory_urls_are_listed_in_place_with_the_same_relative_names(memfs, tmp_path):
+    from shardflow.sources import discover_inputs
+
     fs, root = memfs
     fs.put_file(str(SAMPLE), f"{root}/corpus/a.parquet")
     fs.put_file(str(SAMPLE), f"{root}/corpus/sub/b.parquet")
     fs.pipe(f"{root}/corpus/notes.txt", b"not data")
-    cache = tmp_path / "cache"
-    d = Path(stage_source(f"memory://{root}/corpus/", cache))
-    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*.parquet")) == ["a.parquet", "sub/b.parquet"]
-    assert not (d / "notes.txt").exists()
-    g = Path(stage_source(f"memory://{root}/corpus/*.parquet", cache))
-    assert sorted(p.name for p in g.glob("*.parquet")) == ["a.parquet"]
-    f = Path(stage_source(f"memory://{root}/corpus/sub/b.parquet", cache))
-    assert f.name == "b.parquet" and f.read_bytes() == SAMPLE.read_bytes()
-
-    # Unchanged files are not downloaded again; files gone remotely leave the mirror.
-    calls = []
-    real_get = type(fs).get_file
-    try:
-        type(fs).get_file = lambda self, *a, **k: (calls.append(a[0]), real_get(self, *a, **k))[1]
-        stage_source(f"memory://{root}/corpus/", cache)
-        assert calls == []
-        fs.rm(f"{root}/corpus/sub/b.parquet")
-        stage_source(f"memory://{root}/corpus/", cache)
-        assert calls == [] and not (d / "sub" / "b.parquet").exists()
-    finally:
-        type(fs).get_file = real_get
+    d = discover_inputs([f"memory://{root}/corpus/"])
+    assert [i.relname for i in d] == ["a.parquet", "sub/b.parquet"]
+    assert [i.path for i in d] == [f"memory://{root}/corpus/a.parquet", f"memory://{root}/corpus/sub/b.parquet"]
+    assert all(i.identity and i.size == SAMPLE.stat().st_size and not i.sha256 for i in d)
+    g = discover_inputs([f"memory://{root}/corpus/*.parquet"])
+    assert [i.relname for i in g] == ["a.parquet"]
+    f = discover_inputs([f"memory://{root}/corpus/sub/b.parquet"])
+    assert [i.relname for i in f] == ["b.parquet"]
+    assert not list(tmp_path.iterdir())  # nothing downloaded anywhere
 
 
 def test_bad_urls_are_user_errors(memfs, tmp_path):
+    from shardflow.sources import discover_inputs
+
     fs, root = memfs
-    with pytest.raises(InputError, match="no such file"):
-        stage_source(f"memory://{root}/missing/", tmp_path)
+    with pytest.raises(InputError, match="no such bucket or object"):
+        discover_inputs([f"memory://{root}/missing/"])
     fs.pipe(f"{root}/empty/readme.txt", b"x")
-    with pytest.raises(InputError, match="no Parquet or Arrow"):
-        stage_source(f"memory://{root}/empty/", tmp_path)
-    with pytest.raises(InputError, match="matches no files"):
-        stage_source(f"memory://{root}/empty/*.parquet", tmp_path)
+    with pytest.raises(InputError, match="holds no input files"):
+        discover_inputs([f"memory://{root}/empty/"])
+    with pytest.raises(InputError, match="matches no objects"):
+        discover_inputs([f"memory://{root}/empty/*.parquet"])
     with pytest.raises(InputError, match="no fsspec filesystem|not a usable"):
-        stage_source("nosuchscheme://bucket/x.parquet", tmp_path)
+        discover_inputs(["nosuchscheme://bucket/x.parquet"])
 
 
 def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, monkeypatch, capsys):
@@ -237,9 +227,14 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
     a = Path(capsys.readouterr().out.splitlines()[-1]).parent
     assert main(["build", f"memory://{root}/corpus/", *common, "--data-root", "b", "--catalog", "cb"]) == 0
     b = Path(capsys.readouterr().out.splitlines()[-1]).parent
-    assert (tmp_path / "b" / "u" / ".sources").is_dir()
+    # Read in place: no mirror, no copy of an input under the data root.
+    assert not (tmp_path / "b" / "u" / ".sources").exists()
+    assert not [p for p in (tmp_path / "b").rglob("*.parquet")]
     assert version_files(a) == version_files(b) and len(version_files(a)) >= 4
-    assert read_manifest(a).build_key == read_manifest(b).build_key
+    # Planned from the store's identity of each object; hashed by the workers: the local build's key and hashes.
+    mb = read_manifest(b)
+    assert read_manifest(a).build_key == mb.build_key and all(i["identity"] for i in mb.inputs)
+    assert [i["sha256"] for i in read_manifest(a).inputs] == [i["sha256"] for i in mb.inputs]
     assert main(["build", f"file://{local}", *common, "--data-root", "c", "--catalog", "cc"]) == 0
     c = Path(capsys.readouterr().out.splitlines()[-1]).parent
     assert version_files(a) == version_files(c)
@@ -250,11 +245,11 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
 
 def test_only_io_tasks_retry_and_only_on_transient_os_errors():
     from tasks.build import (
-        IO_TASKS, is_transient, layout_task, plan_task, publish_task, stage_task, tokenize_task, validate_task,
+        IO_TASKS, is_transient, layout_task, plan_task, publish_task, tokenize_task, validate_task,
         write_shard_task,
     )
 
-    assert set(IO_TASKS) == {stage_task, plan_task, tokenize_task, write_shard_task, publish_task}
+    assert set(IO_TASKS) == {plan_task, tokenize_task, write_shard_task, publish_task}
     for t in IO_TASKS:
         assert t.retries == 2 and t.retry_condition_fn is is_transient, t.name
     for t in (layout_task, validate_task):
@@ -360,3 +355,26 @@ def test_serve_one_dataset_from_the_command_line(tmp_path, monkeypatch, capsys):
     assert "nothing to serve" in capsys.readouterr().err
     assert main(["serve", "x", "--name", "n", "--cron", "every night", "--dry-run"]) == 2
     assert "Invalid cron" in capsys.readouterr().err
+
+
+def test_a_plan_handle_travels_as_its_staging_directory_not_as_the_whole_plan(tmp_path):
+    """Every task carries the plan: pickled as the path of plan.json, its size does not grow with the corpus."""
+    import dataclasses
+    import pickle
+
+    from shardflow.build import build_lock, plan_build
+    from tasks.build import PlanHandle
+
+    sizes = []
+    for unit_bytes in (1 << 30, 1):  # 1 unit, then one unit per row group
+        config = BuildConfig(name=f"ph{unit_bytes}", sources=(str(SAMPLE),), unit_bytes=unit_bytes)
+        plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "cat")
+        with build_lock(plan) as plan:
+            raw = pickle.dumps(PlanHandle(plan))
+            assert pickle.loads(raw).plan == plan
+            sizes.append((len(plan.units), len(raw), len(pickle.dumps(plan))))
+        # A plan that is not its staging directory's plan.json travels whole.
+        other = dataclasses.replace(plan, units=plan.units[:1])
+        assert pickle.loads(pickle.dumps(PlanHandle(other))).plan == other
+    (u1, h1, p1), (u2, h2, p2) = sizes
+    assert u2 > u1 and p2 > p1 and h2 - h1 < 16 and h2 < p1  # only the names differ in length

@@ -11,6 +11,7 @@ and SHA-256), because copied tokens become part of the new version's hashes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -28,12 +29,39 @@ from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import SPLITS, Boundaries, Reuse, ReusedInput
 
-__all__ = ["NO_REUSE_ENV", "plan_reuse", "ParentVersion", "open_parent"]
+__all__ = ["NO_REUSE_ENV", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
 
 log = logging.getLogger("shardflow.build")
 
 # Set to 1 to rebuild everything instead of reusing unchanged inputs' shards from the parent version.
 NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
+
+
+def recorded_hashes(inputs: list[InputFile], cat: Catalog, name: str) -> list[InputFile]:
+    """Objects on object storage that the latest version read: their SHA-256 as its manifest recorded it.
+
+    An object with the same URL, size and storage identity (ETag, version id) as
+    an input of the latest version is that version's bytes, so its hash is known
+    without reading it, and the plan's build key is the content key: a rebuild of
+    unchanged objects finds the published version, as a local rebuild does.
+    """
+    if all(inp.sha256 or not inp.identity for inp in inputs):
+        return inputs
+    latest = cat.latest(name)
+    if not latest:
+        return inputs
+    try:
+        recorded = read_manifest(cat.resolve(f"{name}@{latest}")).inputs
+    except (ShardflowError, OSError, TypeError, ValueError, KeyError) as exc:
+        log.warning("not taking object hashes from %s@%s: %s", name, latest, exc)
+        return inputs
+    known = {(e.get("path"), e.get("size"), e.get("identity")): e.get("sha256") for e in recorded if e.get("identity")}
+    return [
+        dataclasses.replace(inp, sha256=str(known.get((inp.path, inp.size, inp.identity)) or ""))
+        if inp.identity and not inp.sha256
+        else inp
+        for inp in inputs
+    ]
 
 
 def plan_reuse(
@@ -92,9 +120,14 @@ def plan_reuse(
     ):
         return None
     known = {(e["relname"], e["size"], e["sha256"]): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e)}
+    # An object on object storage is planned by its storage identity (no content hash yet): the same
+    # object version (ETag or version id, and size) as the parent's, recorded in its manifest, is the same bytes.
+    known.update(
+        {(e["relname"], e["size"], f"object:{e['identity']}"): e for e in parent.inputs if ReusedInput.REQUIRED <= set(e) and e.get("identity")}
+    )
     reused = {}
     for i, inp in enumerate(inputs):
-        entry = known.get((inp.relname, inp.size, inp.sha256))
+        entry = known.get((inp.relname, inp.size, inp.key_identity))
         if entry is not None:
             reused[i] = ReusedInput.from_entry(entry)
     if not reused:

@@ -22,6 +22,7 @@ from ..config import BuildConfig
 from ..errors import ConfigError, InputError, ValidationError
 from ..faults import fault
 from ..targets import get_target
+from ..sources import split_scores
 from .incremental import NO_REUSE_ENV, open_parent
 from .model import SPLITS, BuildPlan, Layout, SplitLayout, SplitRange, UnitResult
 from .staging import SEGMENT_DTYPE, Staging, as_plan
@@ -56,7 +57,35 @@ def read_layout(plan: BuildPlan) -> Layout:
     return Layout.from_dict(json.loads(path.read_text()))
 
 
-def _val_selection(plan: BuildPlan, staging: Staging) -> tuple[int, int] | None:
+def row_offsets(plan: BuildPlan, results: list[UnitResult]) -> dict[int, int]:
+    """Per unit whose first row was not known when planned (``first_row`` -1): the rows before it in its input.
+
+    Those units (byte ranges of an object on object storage, see
+    ``sources/jsonl.py``) numbered their rows from 0; the rows of the units
+    before them in the same input, which their results record, place them.
+    """
+    offsets: dict[int, int] = {}
+    seen: dict[int, int] = {}
+    for u, wu in enumerate(plan.units):
+        if wu.first_row < 0:
+            offsets[u] = seen.get(wu.input, 0)
+        seen[wu.input] = seen.get(wu.input, 0) + results[u].rows
+    return offsets
+
+
+def _unit_docs(plan: BuildPlan, staging: Staging, u: int, offsets: dict[int, int]) -> np.ndarray:
+    """Unit ``u``'s document table, with its rows placed in its input and their split scores, if it needs it."""
+    docs = staging.unit_docs(u)
+    if u not in offsets:
+        return docs
+    docs = np.array(docs)
+    docs["row"] += offsets[u]
+    # The score is a function of the input's name and the row: computed again for the placed rows.
+    docs["score"] = split_scores(plan.inputs[plan.units[u].input].relname, docs["row"], plan.config.seed)
+    return docs
+
+
+def _val_selection(plan: BuildPlan, staging: Staging, offsets: dict[int, int]) -> tuple[int, int] | None:
     """For ``val_count``: the (score, global doc index) of the last selected document.
 
     Streams over units keeping at most ``val_count`` candidates, so memory is
@@ -69,7 +98,7 @@ def _val_selection(plan: BuildPlan, staging: Staging) -> tuple[int, int] | None:
     best_index = np.empty(0, dtype=np.int64)
     offset = 0
     for u in range(len(plan.units)):
-        docs = staging.unit_docs(u)
+        docs = _unit_docs(plan, staging, u, offsets)
         scores = np.concatenate([best_scores, np.asarray(docs["score"])])
         index = np.concatenate([best_index, np.arange(offset, offset + len(docs), dtype=np.int64)])
         order = np.lexsort((index, scores))[: cfg.val_count]
@@ -191,7 +220,8 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             f"({sum(c.empty_texts for c in counts)})" + (f" or a skipped bad record ({bad})" if bad else "")
             + "; check --text-column"
         )
-    cut = _val_selection(plan, staging)
+    offsets = row_offsets(plan, results)
+    cut = _val_selection(plan, staging, offsets)
     staging.layout_dir.mkdir(exist_ok=True)
     streams = _Streams(staging, ("train", "val") if cfg.has_val else ("train",))
     units_of: dict[int, list[int]] = {}
@@ -205,7 +235,7 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             if i in reused:
                 _add_reused(plan, streams, i)
             for u in units_of.get(i, []):
-                first_index = _add_unit(cfg, staging, streams, u, first_index, cut)
+                first_index = _add_unit(cfg, _unit_docs(plan, staging, u, offsets), streams, u, first_index, cut)
             # Where this input's documents are in each split's stream: what an
             # incremental build that reuses the input takes from this version.
             per_input.append(streams.since(mark))
@@ -252,10 +282,9 @@ def _add_reused(plan: BuildPlan, streams: _Streams, i: int) -> None:
 
 
 def _add_unit(
-    cfg: BuildConfig, staging: Staging, streams: _Streams, u: int, first_index: int, cut: tuple[int, int] | None
+    cfg: BuildConfig, docs: np.ndarray, streams: _Streams, u: int, first_index: int, cut: tuple[int, int] | None
 ) -> int:
-    """Unit ``u``'s documents, each to its split; returns the next document's corpus-wide index."""
-    docs = staging.unit_docs(u)
+    """Unit ``u``'s documents (``docs``, its table), each to its split; returns the next document's corpus-wide index."""
     n = len(docs)
     if n == 0:
         return first_index

@@ -8,6 +8,7 @@ stage's sections. ``publish`` later stamps only the version's identity
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import importlib.metadata
 import platform
@@ -20,6 +21,7 @@ from .. import __version__
 from ..formats import bosidx, get_format
 from ..manifest import SCHEMA_VERSION, Manifest, SplitEntry
 from ..targets import file_pattern, get_target
+from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import BuildPlan, EmbedResult, InputCounts, Layout, ShardResult, UnitResult
 
@@ -102,6 +104,26 @@ def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:
     return per_input
 
 
+def hashed_inputs(plan: BuildPlan, units: list[UnitResult]) -> list[InputFile]:
+    """The plan's inputs with the SHA-256 of every object on object storage filled in.
+
+    Planning identified such an object by its storage identity only (unless an
+    earlier version recorded its hash); the worker that read its first unit
+    hashed it (``UnitResult.input_sha256``), or, reused unchanged, the parent
+    version recorded it.
+    """
+    out = list(plan.inputs)
+    for n, inp in enumerate(out):
+        if inp.sha256:
+            continue
+        hashed = [r.input_sha256 for r in units if plan.units[r.unit].input == n and r.input_sha256]
+        if hashed:
+            out[n] = dataclasses.replace(inp, sha256=hashed[0])
+        elif plan.reuse and n in plan.reuse.inputs:
+            out[n] = dataclasses.replace(inp, sha256=str(plan.reuse.inputs[n].entry.get("sha256", "")))
+    return out
+
+
 def assemble_manifest(
     plan: BuildPlan,
     *,
@@ -111,8 +133,13 @@ def assemble_manifest(
     tokenizer: TokenizerInfo,
     embeddings: EmbedResult | None = None,
     created_at: str,
+    build_key: str | None = None,
 ) -> Manifest:
-    """The manifest of a staged build (its version not yet assigned)."""
+    """The manifest of a staged build (its version not yet assigned).
+
+    ``build_key``: the key of the content (``publish.content_key``), when planning
+    had to key objects on object storage by their storage identity; default the plan's.
+    """
     cfg = plan.config
     fmt = get_format(cfg.format)
     splits = {
@@ -189,7 +216,7 @@ def assemble_manifest(
         totals=totals,
         inputs=[
             {**inp.to_dict(), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
-            for n, inp in enumerate(plan.inputs)
+            for n, inp in enumerate(hashed_inputs(plan, units))
         ],
         config=cfg.to_dict(),
         tools={
@@ -199,7 +226,7 @@ def assemble_manifest(
             "pyarrow": _dist("pyarrow"),
             "python": platform.python_version(),
         },
-        build_key=plan.build_key,
+        build_key=build_key or plan.build_key,
         created_at=created_at,
         parent=plan.parent,
         extra=extra,

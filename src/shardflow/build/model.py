@@ -307,9 +307,15 @@ class UnitResult:
     skipped_invalid: int
     max_id: int
     bad_records: int = 0
+    input_sha256: str = ""
+    """The SHA-256 of the unit's whole input, when this unit hashed it: an object on object storage,
+    planned by its storage identity, is hashed by the worker that reads its first unit."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.input_sha256:
+            del d["input_sha256"]
+        return d
 
     def counts(self) -> InputCounts:
         """The same counts under the manifest's names."""

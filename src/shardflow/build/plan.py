@@ -24,8 +24,8 @@ from ..formats import get_format
 from ..formats.base import TOKEN_DTYPES
 from ..sources import InputFile, discover_inputs, fingerprint_inputs, plan_units
 from ..tokenizers import Tokenizer, load_tokenizer
-from .incremental import NO_REUSE_ENV, plan_reuse
 from ..targets import get_target
+from .incremental import NO_REUSE_ENV, plan_reuse, recorded_hashes
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
 from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
 
@@ -102,7 +102,8 @@ def build_key(config: BuildConfig, inputs: list[InputFile], tokenizer: Tokenizer
     payload = {
         "build_format_version": BUILD_FORMAT_VERSION,
         "config": config.key_fields(),
-        "inputs": [[i.relname, i.size, i.sha256] for i in inputs],
+        # The SHA-256, or for an object on object storage its identity there (ETag, version id).
+        "inputs": [[i.relname, i.size, i.key_identity] for i in inputs],
         "tokenizer": tokenizer.key_facts(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -148,8 +149,9 @@ def plan_build(
     fmt.check_dtype(dtype)
     dataset_dir = root / config.name
     inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
+    inputs = recorded_hashes(inputs, cat, config.name)  # objects on object storage read by the latest version
     units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)
-    if not units or sum(u.rows for u in units) == 0:
+    if not units or all(u.rows == 0 for u in units):  # (-1: not counted while planning, see sources/jsonl.py)
         raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")
     key = build_key(config, inputs, tokenizer)
     staging = Staging(dataset_dir / ".staging" / key[:16])

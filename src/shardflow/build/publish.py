@@ -2,7 +2,8 @@
 
 ``finalize`` assembles the manifest from the stages' recorded results, writes
 it into ``out/`` and validates every file against it (shards, indexes,
-tokenizer file, embeddings). ``publish`` then gives the validated directory
+tokenizer file, embeddings); shards that the validate-shard stage
+(``build/check.py``) already validated, one job each, are not read again. ``publish`` then gives the validated directory
 its identity under the dataset's catalog lock: it picks the version name,
 stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
 renames ``out/`` to ``<data_root>/<name>/<version>`` and adds the catalog
@@ -26,12 +27,13 @@ from ..manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from ..tokenizers import load_tokenizer
 from ..validation import validate_dir
 from .layout import read_layout, unit_results
-from .manifest import TokenizerInfo, assemble_manifest, now
-from .model import BuildPlan, EmbedResult
+from .manifest import TokenizerInfo, assemble_manifest, hashed_inputs, now
+from .model import BuildPlan, EmbedResult, UnitResult
+from .plan import build_key
 from .staging import Staging, as_plan
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
-__all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result"]
+__all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result", "content_key"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -46,15 +48,32 @@ def read_embed_result(plan: BuildPlan) -> EmbedResult | None:
     return EmbedResult.from_dict(json.loads(path.read_text()))
 
 
+def content_key(plan: BuildPlan | str | os.PathLike[str], units: list[UnitResult] | None = None) -> str:
+    """The build key of what was read: the plan's, with every object's SHA-256 for its storage identity.
+
+    Planning keys an object on object storage that no earlier version recorded
+    by its identity there (ETag, version id), not having read it; the workers
+    hashed it since. The manifest and the catalog record this key, which is the
+    one a build of a local copy of the same files has.
+    """
+    plan = as_plan(plan)
+    if all(inp.sha256 for inp in plan.inputs):
+        return plan.build_key
+    filled = hashed_inputs(plan, unit_results(plan) if units is None else units)
+    return build_key(plan.config, filled, load_tokenizer(plan.config.tokenizer, backend=plan.config.backend))
+
+
 def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: bool = True) -> Manifest:
     """The manifest of a staged build (version not yet assigned), from the stages' recorded results; reads only."""
     plan = as_plan(plan)
     cfg = plan.config
     tokenizer = load_tokenizer(cfg.tokenizer, backend=cfg.backend)
+    units = unit_results(plan)
     return assemble_manifest(
         plan,
         layout=read_layout(plan),
-        units=unit_results(plan),
+        units=units,
+        build_key=content_key(plan, units),
         shards=read_shard_results(plan),
         tokenizer=TokenizerInfo.of(tokenizer, rank_file=tokenizer_file_name(tokenizer)),
         embeddings=read_embed_result(plan) if embeddings else None,
@@ -74,7 +93,12 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
         stray.unlink(missing_ok=True)
     write_manifest(staging.out, manifest)
     fault("finalize-manifest", staging.out)
-    validate_dir(staging.out, manifest, checksums=True)
+    # Shards validated by their own jobs (the validate-shard stage) are not read again here;
+    # if any is not (a caller that ran the stages by hand), every shard is validated here, as before.
+    each_checked = all(
+        staging.shard_checked(split, k, entry) for split, s in manifest.splits.items() for k, entry in enumerate(s.shards)
+    )
+    validate_dir(staging.out, manifest, checksums=True, shards=not each_checked)
     fault("finalize-done", staging.out)
     return manifest
 
@@ -85,7 +109,7 @@ def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
     return publish_out(
         Staging(plan.staging).out,
         name=plan.config.name,
-        build_key=plan.build_key,
+        build_key=content_key(plan),
         data_root=plan.data_root,
         catalog=plan.catalog,
         cleanup=Path(plan.staging),

@@ -8,8 +8,9 @@ sequence exists in one place::
     tokenize-unit  one job per work unit     ->  UnitResult     retried on transient I/O errors
     layout         one job                   ->  Layout         never retried (pure compute)
     write-shard    one job per shard         ->  ShardResult    retried
+    validate-shard one job per shard         ->  ShardCheck     never retried (reads, checks)
     embed          one job, with --embed     ->  EmbedResult    never retried
-    validate       one job (finalize)        ->  Manifest       never retried
+    validate       one job (finalize)        ->  Manifest       never retried (the one manifest writer)
     publish        one job                   ->  "NAME@vN"      retried
 
 A stage's function takes the plan and one job's arguments, is idempotent on
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
+from .check import validate_staged_shard
 from .embed import embed_staged
 from .layout import make_layout
 from .model import BuildPlan, Layout
@@ -87,6 +89,13 @@ STAGES: tuple[Stage, ...] = (
         fan_out="shards",
         retry="io",
         label=lambda plan, job: f"write {plan.config.name} {job[0]} shard {job[1]}",
+    ),
+    Stage(
+        name="validate-shard",
+        run=validate_staged_shard,
+        fan_out="shards",
+        retry="never",
+        label=lambda plan, job: f"validate {plan.config.name} {job[0]} shard {job[1]}",
     ),
     Stage(
         name="embed",

@@ -52,6 +52,7 @@ __all__ = [
     "sweep_stale_tmp",
     "adopt_orphan",
     "reset_staging",
+    "shard_check_record",
 ]
 
 log = logging.getLogger("shardflow.build")
@@ -115,6 +116,19 @@ class Staging:
     def shard_result(self, split: str, k: int) -> Path:
         return self.layout_dir / f"{split}-{k:06d}.shard.json"
 
+    def shard_check(self, split: str, k: int) -> Path:
+        """The record of shard ``k``'s validation (``build/check.py``)."""
+        return self.layout_dir / f"{split}-{k:06d}.valid.json"
+
+    def shard_checked(self, split: str, k: int, entry: Any) -> bool:
+        """Whether shard ``k`` was validated as the manifest entry ``entry`` describes, and is still that size."""
+        try:
+            return json.loads(self.shard_check(split, k).read_text()) == shard_check_record(entry) and (
+                self.out / entry.file
+            ).stat().st_size == entry.bytes
+        except (OSError, ValueError):
+            return False
+
     def unit_result(self, unit: int) -> UnitResult | None:
         """Unit ``unit``'s recorded counts, or None when it has none (see ``unit_in_place``)."""
         try:
@@ -132,6 +146,11 @@ class Staging:
 
     def unit_docs(self, unit: int) -> np.ndarray:
         return np.load(self.unit_files(unit)[1], mmap_mode="r")
+
+
+def shard_check_record(entry: Any) -> dict[str, Any]:
+    """What a shard's validation record holds: the manifest entry it validated (files, sizes, SHA-256s)."""
+    return entry.to_dict()  # type: ignore[no-any-return]
 
 
 def load_plan(staging: str | os.PathLike[str]) -> BuildPlan:

@@ -22,18 +22,31 @@ from ..config import BuildConfig
 from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
+from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 
-__all__ = ["tokenize_unit", "with_boundaries"]
+__all__ = ["tokenize_unit", "with_boundaries", "check_unchanged"]
 
 log = logging.getLogger("shardflow.build")
 
 
+def check_unchanged(inp: InputFile) -> None:
+    """Refuse an object on object storage whose version is no longer the one planned (one HEAD request)."""
+    if not inp.identity:
+        return
+    size, ident = current_identity(inp.path)
+    if (size, ident) != (inp.size, inp.identity):
+        raise InputError(
+            f"{inp.path}: the object changed during the build (planned as {inp.identity}, {inp.size} bytes; "
+            f"now {ident or 'unknown'}, {size} bytes); build again to include the new version"
+        )
+
+
 def _rows_per_batch(cfg: BuildConfig, unit: WorkUnit) -> int:
     """Rows per batch so that a batch holds about ``batch_bytes`` of text (at most ``batch_rows``)."""
-    if unit.rows == 0 or unit.text_bytes <= 0:
+    if unit.rows <= 0 or unit.text_bytes <= 0:  # (-1: rows not counted while planning)
         return cfg.batch_rows
     return max(1, min(cfg.batch_rows, cfg.batch_bytes * unit.rows // unit.text_bytes))
 
@@ -55,10 +68,18 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     if plan.boundaries is None:
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
+    extra: dict[str, str] = {}
     try:
-        counts = _tokenize_into(
-            tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
-        )
+        check_unchanged(inp)
+        with hashing_reads(inp.path) as read:
+            counts = _tokenize_into(
+                tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
+            )
+        if not inp.sha256 and wu.start == 0 and wu.first_row == 0:
+            # Planned from the storage's identity only: this worker hashes the object for the manifest,
+            # from the bytes it just read when it read them all in order (JSON Lines), else reading it again.
+            extra["input_sha256"] = read.digest(inp.size) or hash_input(inp.path)
+        check_unchanged(inp)  # what was read and hashed is the version that was planned
     except BaseException:
         # A failed unit (bad input, a full disk) leaves no temporary files behind.
         remove_quietly(tmp_tok)
@@ -67,7 +88,7 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     os.replace(tmp_tok, tok_path)
     os.replace(tmp_docs, docs_path)
     fault("tokenize-tokens", tok_path)
-    result = UnitResult(unit=unit, **counts)
+    result = UnitResult(unit=unit, **counts, **extra)
     atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
     log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
     fault("tokenize-done", done_path)

@@ -27,6 +27,7 @@ The modules:
     jsonl        JSON Lines, plain, .gz or .zst (byte ranges of whole lines)
     hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
     fingerprint  content hashes of the inputs
+    storage      objects on object storage (s3://, gs://, memory://): listing, identity, reading in place
 
 Adding an input kind: write one module with a subclass of ``base.InputKind``
 (``name``, which the manifest records and so never changes; ``label`` and
@@ -42,6 +43,7 @@ message, cleaning, row numbering and read-error messages then cover it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +62,7 @@ from .base import (
     split_scores,
 )
 from .fingerprint import fingerprint_inputs
+from .storage import is_remote, storage_error
 from .hf_dataset import HF_SAVED_DATASET
 from .jsonl import JSONL, JSONL_SUFFIXES
 from .parquet import PARQUET, PARQUET_SUFFIXES
@@ -89,6 +92,9 @@ __all__ = [
 # The input kinds, by the name InputFile.kind (and the manifest) records. The
 # order is the order of detection and of the supported suffixes in messages.
 INPUT_KINDS: dict[str, InputKind] = {k.name: k for k in (PARQUET, ARROW_FILE, ARROW_STREAM, JSONL)}
+
+# Objects planned at once (round trips in flight) when the inputs are on object storage.
+_PLAN_THREADS = 32
 
 # What to do with a record that cannot be read (``BuildConfig.on_bad_record``).
 ON_BAD_RECORD = ("fail", "skip")
@@ -123,12 +129,29 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
 def plan_units(
     inputs: list[InputFile], *, text_column: str, id_column: str | None, unit_bytes: int
 ) -> list[WorkUnit]:
-    """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each."""
-    units: list[WorkUnit] = []
-    for i, inp in enumerate(inputs):
-        units += input_kind(inp).plan_units(
-            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=len(units)
+    """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each.
+
+    Objects on object storage are planned on a pool of threads: each costs a
+    round trip or two (a footer, a head), so thousands of them in sequence
+    would take minutes of waiting, not of work. Local files stay sequential.
+    """
+
+    def one(i: int) -> list[WorkUnit]:
+        inp = inputs[i]
+        return input_kind(inp).plan_units(
+            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=0
         )
+
+    if any(is_remote(inp.path) for inp in inputs) and len(inputs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(_PLAN_THREADS, len(inputs))) as pool:
+            per_input = list(pool.map(one, range(len(inputs))))  # in order; the first error is raised
+    else:
+        per_input = [one(i) for i in range(len(inputs))]
+    units: list[WorkUnit] = []
+    for cut in per_input:
+        units += [dataclasses.replace(u, index=len(units) + k) for k, u in enumerate(cut)]
     return units
 
 
@@ -147,7 +170,7 @@ def iter_text_batches(
     the line (``on_bad_record="fail"``), or is skipped and counted (``"skip"``).
     """
     kind = input_kind(inp)
-    row = unit.first_row
+    row = max(unit.first_row, 0)  # -1: numbered from the unit's first line (see sources/jsonl.py)
     try:
         for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows):
             if isinstance(col, ParsedColumn):
@@ -160,6 +183,9 @@ def iter_text_batches(
                 yield clean_texts(col, inp, row, utf8_errors)
             row += len(col)
     except READ_ERRORS as exc:
+        failed = storage_error(inp.path, exc) if is_remote(inp.path) else None
+        if failed is not None:  # an object deleted, or access denied, while it was read
+            raise failed from None
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # an I/O error of the disk or mount (EIO, ...), not bad data: the caller may retry
         where = kind.locate_damage(inp, unit, text_column=text_column) or f"near row {row}"

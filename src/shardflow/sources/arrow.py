@@ -4,7 +4,8 @@ Both share the suffixes; the first bytes tell them apart (the file format, and
 Feather v2, which is that format, start with ``ARROW1``), so either kind's
 ``detect`` names the right one. Record batches are the indivisible pieces of a
 work unit. Files are memory-mapped, so holding a file's batches costs address
-space, not memory, until their buffers are touched.
+space, not memory, until their buffers are touched. An object on object storage
+is one unit, planned from its schema alone and read batch by batch in place.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InputError
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 from .base import (
     READ_ERRORS,
     InputFile,
@@ -25,6 +27,7 @@ from .base import (
     check_schema,
     column_path,
     cut_units,
+    file_name,
     has_suffix,
     select_column,
 )
@@ -41,22 +44,23 @@ class _ArrowIPCKind(InputKind):
     label = "Arrow"
     suffixes = ARROW_SUFFIXES
 
-    def detect(self, path: Path) -> str | None:
-        if not has_suffix(path.name, self.suffixes):
+    def detect(self, path: Path | str) -> str | None:
+        if not has_suffix(file_name(path), self.suffixes):
             return None
-        with open(path, "rb") as f:
-            return ARROW_FILE.name if f.read(6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
+        return ARROW_FILE.name if read_head(str(path), 6) == _ARROW_FILE_MAGIC else ARROW_STREAM.name
 
     @abstractmethod
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         """The pyarrow reader of this format over ``source``."""
 
     @abstractmethod
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
         """Every record batch of ``reader``, in order."""
 
-    def _open(self, inp: InputFile) -> Any:
+    def _open(self, inp: InputFile, block_size: int = READ_BLOCK) -> Any:
         try:
+            if is_remote(inp.path):  # read in place, by ranged reads
+                return self._reader(pa.PythonFile(open_input(inp.path, block_size=block_size), mode="r"))
             return self._reader(pa.memory_map(inp.path, "r"))
         except READ_ERRORS as exc:
             raise InputError(f"{inp.path}: not a readable Arrow IPC file ({exc}); the file is corrupt or truncated") from None
@@ -71,6 +75,14 @@ class _ArrowIPCKind(InputKind):
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
+        if is_remote(inp.path):
+            # An object on object storage: one unit, planned from its schema alone (the file format's
+            # footer, the stream's first message); its batches' sizes would mean reading all of it.
+            schema = self._open(inp, PLAN_BLOCK).schema
+            check_schema(inp, schema, text_column, id_column)
+            return [
+                WorkUnit(index=first_index, input=input_index, start=0, stop=-1, first_row=0, rows=-1, text_bytes=inp.size)
+            ]
         batches = self._batches(inp)
         schema = batches[0].schema if batches else self._open(inp).schema
         check_schema(inp, schema, text_column, id_column)
@@ -78,10 +90,21 @@ class _ArrowIPCKind(InputKind):
         sizes = [(b.num_rows, select_column(b, path).nbytes) for b in batches]
         return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
 
+    def _each(self, inp: InputFile) -> Iterator[pa.RecordBatch]:
+        """Every record batch, read one at a time (an object read in place is not held whole)."""
+        reader = self._open(inp)
+        if hasattr(reader, "num_record_batches"):  # the file format: random access
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+        else:
+            yield from reader
+
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[pa.Array | pa.ChunkedArray]:
-        for b in self._batches(inp)[unit.start : unit.stop]:
+        # (rows -1: a whole object on object storage, planned without reading its batches)
+        batches = self._each(inp) if unit.rows < 0 else self._batches(inp)[unit.start : unit.stop]
+        for b in batches:
             col = select_column(b, column_path(inp, b.schema, text_column))
             for k in range(0, b.num_rows, batch_rows):
                 yield col.slice(k, batch_rows)
@@ -92,7 +115,7 @@ class ArrowFileKind(_ArrowIPCKind):
 
     name = "arrow-file"
 
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         return pa.ipc.open_file(source)
 
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:
@@ -104,7 +127,7 @@ class ArrowStreamKind(_ArrowIPCKind):
 
     name = "arrow-stream"
 
-    def _reader(self, source: pa.MemoryMappedFile) -> Any:
+    def _reader(self, source: pa.NativeFile) -> Any:
         return pa.ipc.open_stream(source)
 
     def _read_all(self, reader: Any) -> list[pa.RecordBatch]:

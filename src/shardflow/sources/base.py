@@ -34,6 +34,7 @@ __all__ = [
     "DirectoryLayout",
     "READ_ERRORS",
     "has_suffix",
+    "file_name",
     "check_schema",
     "column_path",
     "select_column",
@@ -61,9 +62,22 @@ class InputFile:
     kind: str
     size: int
     sha256: str = ""
+    identity: str = ""
+    """For an object on object storage (``path`` is its URL): the storage's identity of this version of it
+    (``"ETag=..."``, ``"VersionId=..."``, see ``storage.identity``), which the build key and incremental
+    reuse compare instead of a content hash; ``sha256`` is then filled in by the worker that reads it.
+    Empty for local files, and then left out of ``to_dict``, so local plans and manifests keep their bytes."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.identity:
+            del d["identity"]
+        return d
+
+    @property
+    def key_identity(self) -> str:
+        """What the build key records of the content: the SHA-256, or the storage identity of a remote object."""
+        return self.sha256 or f"object:{self.identity}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +135,11 @@ class ParsedColumn:
         return len(self.values)
 
 
+def file_name(path: Path | str) -> str:
+    """The last component of a local path or a URL (``Path`` would fold ``s3://`` into ``s3:/``)."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
 def has_suffix(name: str, suffixes: Sequence[str]) -> bool:
     """Whether a file name ends with one of ``suffixes`` (lower-case, with the dot), ignoring case.
 
@@ -141,13 +160,13 @@ class InputKind(ABC):
     suffixes: tuple[str, ...]
     """Lower-case file name endings, with the dot, that directory scans pick up."""
 
-    def detect(self, path: Path) -> str | None:
-        """The kind name of ``path`` if this kind (or its family) reads it, else None.
+    def detect(self, path: Path | str) -> str | None:
+        """The kind name of ``path`` (a local path, or an object's URL) if this kind (or its family) reads it, else None.
 
         The default decides by suffix alone; a family that needs the file's first
         bytes (Arrow IPC file vs stream) overrides it and may name a sibling kind.
         """
-        return self.name if has_suffix(path.name, self.suffixes) else None
+        return self.name if has_suffix(file_name(path), self.suffixes) else None
 
     @abstractmethod
     def plan_units(

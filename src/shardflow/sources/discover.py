@@ -13,10 +13,11 @@ import dataclasses
 import glob as globmod
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..errors import InputError
-from .base import DirectoryLayout, InputFile, InputKind, has_suffix
+from .base import DirectoryLayout, InputFile, InputKind, file_name, has_suffix
+from .storage import _glob_base, is_remote, list_objects, local_path
 
 __all__ = ["discover", "input_suffixes", "detect_kind"]
 
@@ -40,14 +41,44 @@ def _either(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
-def detect_kind(path: Path, kinds: Mapping[str, InputKind]) -> str:
-    """The name of the first kind that claims ``path``; an ``InputError`` lists the supported files."""
+def detect_kind(path: Path | str, kinds: Mapping[str, InputKind]) -> str:
+    """The name of the first kind that claims ``path`` (a path or a URL); an ``InputError`` lists the supported files."""
     for kind in kinds.values():
         name = kind.detect(path)
         if name is not None:
             return name
     listing = _either([f"{label} ({', '.join(suffixes)})" for label, suffixes in _families(kinds).items()])
-    raise InputError(f"{path}: unsupported file type {path.suffix or '(none)'!r}; inputs are {listing} files")
+    suffix = PurePosixPath(file_name(path)).suffix
+    raise InputError(f"{path}: unsupported file type {suffix or '(none)'!r}; inputs are {listing} files")
+
+
+_SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")
+
+
+def _remote(spec: str, kinds: Mapping[str, InputKind]) -> list[InputFile]:
+    """The objects a URL names, from one listing: sizes and storage identities, no content read."""
+    suffixes = input_suffixes(kinds)
+    layout_files: list[str] = []
+
+    def wanted(rel: str) -> bool:
+        if rel in _SAVED_DATASET_FILES:
+            layout_files.append(rel)
+        name = PurePosixPath(rel).name
+        return has_suffix(name, suffixes) and not name.startswith(".")
+
+    listed = list_objects(spec, wanted)
+    if layout_files:
+        # Its order is in state.json, which the directory layouts read from local directories only.
+        raise InputError(
+            f"{spec}: a saved datasets directory ({layout_files[0]}) on object storage is not read in place; "
+            "copy it to a local or shared directory, or save it as Parquet (Dataset.to_parquet) and build from that"
+        )
+    found = []
+    for url, relname, size, ident in listed:
+        if size == 0:
+            raise InputError(f"{url}: the object is empty (0 bytes); remove it or regenerate it")
+        found.append(InputFile(path=url, relname=relname, kind=detect_kind(url, kinds), size=size, identity=ident))
+    return found
 
 
 def _is_glob(spec: str) -> bool:
@@ -69,6 +100,12 @@ def discover(
     labels: list[str] = []  # per input: the name of the directory its relname is relative to
     for spec in specs:
         before = len(found)
+        spec = local_path(spec)  # file:// is a local path
+        if is_remote(spec):  # read in place: listed here, read by the workers
+            found.extend(_remote(spec, kinds))
+            label = PurePosixPath(_glob_base(spec.split("://", 1)[1]) if _is_glob(spec) else spec.split("://", 1)[1])
+            labels.extend([label.name if not label.suffix else label.parent.name] * (len(found) - before))
+            continue
         if _is_glob(spec):
             matches = sorted(globmod.glob(spec, recursive=True))
             matches = [m for m in matches if Path(m).is_file()]

@@ -1,7 +1,10 @@
 """Content fingerprints of the inputs (SHA-256), with a stat-keyed cache so unchanged files are not re-read.
 
 The fingerprint is of the file's bytes, whatever its kind: it is what the build
-key and incremental reuse compare.
+key and incremental reuse compare. Objects on object storage are the
+exception: the storage's identity of each (ETag, version id, from the listing)
+stands in for it while planning, and the worker that reads the object hashes
+it (``build/tokenize.py``), so planning never reads the corpus.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from .._io import atomic_write_text, sha256_file
 from .base import InputFile
+from .storage import hash_input, is_remote
 
 __all__ = ["fingerprint_inputs"]
 
@@ -43,6 +47,10 @@ def fingerprint_inputs(inputs: list[InputFile], cache_dir: Path | None = None) -
         return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
     def digest(inp: InputFile) -> str:
+        if is_remote(inp.path):
+            # Identified by the storage (ETag, version id): hashed later by the worker that reads it.
+            # A store that reports no identity leaves no choice but to read it here.
+            return "" if inp.identity else hash_input(inp.path)
         key = stat_key(inp)
         hit = cache.get(inp.path)
         if hit and hit.get("stat") == key:
@@ -55,6 +63,8 @@ def fingerprint_inputs(inputs: list[InputFile], cache_dir: Path | None = None) -
     out = [InputFile(**{**inp.to_dict(), "sha256": d}) for inp, d in zip(inputs, digests)]
     if cache_file is not None:
         for inp in out:
+            if is_remote(inp.path):
+                continue
             cache[inp.path] = {"stat": stat_key(inp), "sha256": inp.sha256}
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True)

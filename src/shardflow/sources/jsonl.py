@@ -29,7 +29,11 @@ reads every JSON Lines file once, counting lines (a ``bytes.count`` per
 megabyte, disk speed), on the planning machine; compressed files are
 decompressed for it. That is on top of the inputs' SHA-256, which its cache
 skips for unchanged files and this count does not; acceptable for local
-files, to revisit for remote corpora.
+files. An object on object storage is not read by planning beyond its first
+16 KiB: it is cut blind into byte ranges (``JsonLinesKind._plan_object``),
+whose workers find their line boundaries and count their rows; the layout
+places each range's rows after those of the ranges before it, so line
+indexes, split scores and bytes are those of a local copy.
 
 Units. An uncompressed file is cut at line boundaries into byte ranges of
 about ``unit_bytes`` (``start``/``stop`` are byte offsets, ``first_row`` the
@@ -71,7 +75,8 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from ..errors import InputError
-from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, has_suffix
+from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, file_name, has_suffix
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
 
@@ -92,18 +97,21 @@ def _codec(path: str) -> str | None:
     return next((codec for suffix, codec in _CODECS.items() if lower.endswith(suffix)), None)
 
 
-def _open(path: str) -> BinaryIO:
+def _open(path: str, block_size: int = READ_BLOCK) -> BinaryIO:
+    """The file's (decompressed) bytes; an object on object storage is read in place, by ranged reads."""
     codec = _codec(path)
     if codec is None:
-        return open(path, "rb")
-    return pa.CompressedInputStream(pa.OSFile(path), codec)  # type: ignore[return-value]
+        return open_input(path, block_size=block_size)
+    raw = pa.OSFile(path) if not is_remote(path) else pa.PythonFile(open_input(path, block_size=block_size), mode="r")
+    return pa.CompressedInputStream(raw, codec)  # type: ignore[return-value]
 
 
-def _read_failed(inp: InputFile, line: int, exc: BaseException) -> InputError:
+def _read_failed(inp: InputFile, line: int, exc: BaseException, *, at: int | None = None) -> InputError:
     detail = " ".join(str(exc).split())
     what = "compressed file" if _codec(inp.path) else "file"
+    where = f"near line {line + 1}" if at is None else f"near byte {at}"
     return InputError(
-        f"{inp.path}: reading failed near line {line + 1} ({detail}); the {what} is corrupt or truncated: "
+        f"{inp.path}: reading failed {where} ({detail}); the {what} is corrupt or truncated: "
         "replace it, or remove it from the sources"
     )
 
@@ -223,6 +231,73 @@ def _not_json_lines(inp: InputFile, head: bytes) -> None:
         )
 
 
+_HEAD = 16 << 10
+
+
+def _head(inp: InputFile) -> bytes:
+    """The first few KiB of an object's (decompressed) text, from one small ranged read.
+
+    Enough to tell JSON Lines from one JSON document; a compressed head that
+    does not decompress is left to the worker, which names the line.
+    """
+    raw = read_head(inp.path, _HEAD)
+    codec = _codec(inp.path)
+    if codec is None:
+        return raw
+    try:
+        return pa.CompressedInputStream(pa.BufferReader(raw), codec).read(4096)  # type: ignore[no-any-return]
+    except READ_ERRORS:
+        return b""
+
+
+class _Prefixed:
+    """``head``, then the rest of ``f``: what a line reader reads after a boundary was searched for."""
+
+    def __init__(self, head: bytes, f: BinaryIO) -> None:
+        self._head, self._f = head, f
+
+    def read(self, n: int) -> bytes:
+        if self._head:
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._f.read(n)
+
+
+def _range_lines(f: BinaryIO, start: int, stop: int) -> tuple[Iterator[bytes], int]:
+    """The lines of an uncompressed file that begin in ``[start, stop)``, and where the first begins.
+
+    A line begins at 0 and after every newline. Past ``start`` the first begins
+    after the first newline at or after ``start - 1``; the last may run past
+    ``stop``, and is read to its end. Lines beginning at ``stop`` or later are the
+    next range's. A range inside one long line holds no line.
+    """
+    head = b""
+    first = start
+    if start > 0:
+        f.seek(start - 1)
+        first = start - 1
+        while True:
+            block = f.read(_BLOCK)
+            if not block:
+                return iter(()), first
+            k = block.find(b"\n")
+            if k >= 0:
+                first += k + 1
+                head = block[k + 1 :]
+                break
+            first += len(block)
+
+    def lines() -> Iterator[bytes]:
+        pos = first
+        for line in _lines(_Prefixed(head, f), None):  # type: ignore[arg-type]
+            if pos >= stop:
+                return
+            yield line
+            pos += len(line) + 1
+
+    return lines(), first
+
+
 class JsonLinesKind(InputKind):
     """JSON Lines, plain or gzip/Zstandard-compressed; units are byte ranges of whole lines."""
 
@@ -230,12 +305,16 @@ class JsonLinesKind(InputKind):
     label = "JSON Lines"
     suffixes = JSONL_SUFFIXES
 
-    def detect(self, path: Path) -> str | None:
-        return self.name if has_suffix(path.name, self.suffixes + _NAMED_ONLY) else None
+    def detect(self, path: Path | str) -> str | None:
+        return self.name if has_suffix(file_name(path), self.suffixes + _NAMED_ONLY) else None
 
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
+        if is_remote(inp.path):
+            return self._plan_object(
+                inp, input_index=input_index, id_column=id_column, unit_bytes=unit_bytes, first_index=first_index
+            )
         cut = _codec(inp.path) is None
         starts = [(0, 0)]  # (byte offset, line index) where each unit starts
         target = unit_bytes if cut else None
@@ -281,9 +360,44 @@ class JsonLinesKind(InputKind):
             )
         return units
 
+    def _plan_object(
+        self, inp: InputFile, *, input_index: int, id_column: str | None, unit_bytes: int, first_index: int
+    ) -> list[WorkUnit]:
+        """An object on object storage, planned from its size and its first bytes alone.
+
+        Counting its lines here would read the whole corpus on the planning
+        machine. So an uncompressed object is cut into byte ranges blind: a unit
+        holds the lines that begin in its range, which its worker finds (the
+        first after the range's start, the last running past its end); a
+        compressed one is one unit. ``rows`` is -1 (not known until read), and
+        a unit after the first has ``first_row`` -1: its worker numbers its lines
+        from 0, and the layout adds the line counts of the units before it
+        (``build/layout.py``), so row numbers are still line indexes in the
+        object and the bytes are those of a local build.
+        """
+        _not_json_lines(inp, _head(inp))
+        if id_column is not None:
+            self._check_id(inp, id_column)
+        # Uncompressed: byte ranges of about unit_bytes, cut at the first line boundary after each
+        # offset by the workers themselves; a compressed stream is one unit.
+        step = unit_bytes if _codec(inp.path) is None else inp.size
+        cuts = list(range(0, inp.size, max(step, 1))) + [inp.size]
+        return [
+            WorkUnit(
+                index=first_index + k,
+                input=input_index,
+                start=start,
+                stop=stop,
+                first_row=0 if start == 0 else -1,
+                rows=-1,
+                text_bytes=stop - start,
+            )
+            for k, (start, stop) in enumerate(zip(cuts, cuts[1:]))
+        ]
+
     def _check_id(self, inp: InputFile, id_column: str) -> None:
         """The id field must be in the first record (as a Parquet file must have the id column)."""
-        with _open(inp.path) as f:
+        with _open(inp.path, PLAN_BLOCK) as f:
             for n, line in enumerate(_lines(f, None)):
                 if not line.strip(_JSON_SPACE):
                     continue
@@ -299,38 +413,49 @@ class JsonLinesKind(InputKind):
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
     ) -> Iterator[ParsedColumn]:
         # Bound a slice by bytes too: about batch_rows rows of this unit's average size.
-        max_bytes = max(_BLOCK, batch_rows * (unit.text_bytes // max(unit.rows, 1)))
+        # (Rows not known yet, -1: an object on object storage, planned without reading it.)
+        per_row = unit.text_bytes // unit.rows if unit.rows > 0 else _BLOCK // 64
+        max_bytes = max(_BLOCK, batch_rows * per_row)
         values: list[str | None] = []
         bad = 0
         first_bad: str | None = None
         nbytes = 0
-        line = unit.first_row
+        # A unit of an object whose place in it is known only in bytes (first_row -1) numbers its
+        # lines from 0, and messages name a bad line by its byte offset.
+        relative = unit.first_row < 0
+        line = max(unit.first_row, 0)
+        pos = unit.start
         try:
             with _open(inp.path) as f:
-                if unit.start:
-                    f.seek(unit.start)
-                length = unit.stop - unit.start if _codec(inp.path) is None else None
-                for raw in _lines(f, length):
-                    if line == 0 and raw.startswith(_BOM):
+                if is_remote(inp.path) and _codec(inp.path) is None:
+                    lines, pos = _range_lines(f, unit.start, unit.stop)
+                else:
+                    if unit.start:
+                        f.seek(unit.start)
+                    length = unit.stop - unit.start if _codec(inp.path) is None and unit.rows >= 0 else None
+                    lines = _lines(f, length)
+                for raw in lines:
+                    if line == 0 and not relative and raw.startswith(_BOM):
                         raw = raw[len(_BOM) :]
                     text, why = _text(raw, text_column)
                     if why is not None:
                         bad += 1
                         if first_bad is None:
-                            first_bad = f"line {line + 1}: {why}"
+                            first_bad = f"{f'the line at byte {pos}' if relative else f'line {line + 1}'}: {why}"
                     values.append(text)
                     nbytes += len(raw) + 1
+                    pos += len(raw) + 1
                     line += 1
                     if len(values) >= batch_rows or nbytes >= max_bytes:
                         yield ParsedColumn(_column(values), bad, first_bad)
                         values, bad, first_bad, nbytes = [], 0, None, 0
         except READ_ERRORS as exc:
-            if isinstance(exc, OSError) and exc.errno is not None:
-                raise
-            raise _read_failed(inp, line, exc) from None
+            if isinstance(exc, (FileNotFoundError, PermissionError)) or (isinstance(exc, OSError) and exc.errno is not None):
+                raise  # the storage's (an object deleted, access denied) or the disk's, not the data's
+            raise _read_failed(inp, line, exc, at=pos if relative else None) from None
         if values:
             yield ParsedColumn(_column(values), bad, first_bad)
-        if line - unit.first_row != unit.rows:
+        if unit.rows >= 0 and line - unit.first_row != unit.rows:
             raise InputError(
                 f"{inp.path}: has {line - unit.first_row} lines from line {unit.first_row + 1} where planning counted "
                 f"{unit.rows}; the file changed during the build: rebuild"

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
 from .base import READ_ERRORS, InputFile, InputKind, WorkUnit, check_schema, column_path, cut_units, select_column
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetKind", "PARQUET"]
@@ -20,11 +21,13 @@ __all__ = ["PARQUET_SUFFIXES", "ParquetKind", "PARQUET"]
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
-def _open(inp: InputFile) -> pq.ParquetFile:
+def _open(inp: InputFile, block_size: int = READ_BLOCK) -> pq.ParquetFile:
     try:
         # A buffered stream reads column pages incrementally, so a huge row group
         # never has to be in memory at once (the memory bound is the batch size).
-        return pq.ParquetFile(inp.path, buffer_size=1 << 20, pre_buffer=False)
+        # An object on object storage is read in place: the footer, then the unit's pages, by ranged reads.
+        source = open_input(inp.path, block_size=block_size) if is_remote(inp.path) else inp.path
+        return pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
     except READ_ERRORS as exc:
         raise InputError(f"{inp.path}: not a readable Parquet file ({exc}); the file is corrupt or truncated") from None
 
@@ -39,7 +42,7 @@ class ParquetKind(InputKind):
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
-        pf = _open(inp)
+        pf = _open(inp, PLAN_BLOCK)  # the footer only
         check_schema(inp, pf.schema_arrow, text_column, id_column)
         path = column_path(inp, pf.schema_arrow, text_column)
         if len(path) == 1:
@@ -69,7 +72,7 @@ class ParquetKind(InputKind):
     def locate_damage(self, inp: InputFile, unit: WorkUnit, *, text_column: str) -> str | None:
         """Which row group of the unit cannot be read, as ``"in row group G (rows A to B)"``."""
         try:
-            pf = pq.ParquetFile(inp.path)
+            pf = pq.ParquetFile(open_input(inp.path) if is_remote(inp.path) else inp.path)
             first = unit.first_row
             for g in range(unit.start, unit.stop):
                 n = pf.metadata.row_group(g).num_rows

@@ -1,0 +1,322 @@
+"""Inputs on object storage, read in place: listing, identity, opening, and one message per failure.
+
+A source given as an fsspec URL (``s3://bucket/prefix/``, ``gs://...``,
+``memory://...`` in tests) is never copied anywhere. Planning lists it and
+takes from the listing what the storage already knows about each object: its
+size and its identity (version id or ETag, see ``identity``), so the work that
+grows with the corpus on the planning machine is one LIST page per thousand
+objects plus a few ranged reads per object (a Parquet footer, the head of a
+JSON Lines object), never its bytes. The workers then open the objects they
+read themselves (``open_input``), with ranged reads, and hash them
+(``hash_input``) for the manifest.
+
+Endpoints and credentials come the usual way: ``AWS_ENDPOINT_URL`` (or
+fsspec's ``FSSPEC_S3_ENDPOINT_URL``) for S3-compatible stores (MinIO, Ceph,
+R2, a test server), and the environment or a profile for keys. A URL with
+credentials in it (``s3://KEY:SECRET@bucket/``) is refused: they would end up
+in the plan, the manifest and the logs.
+
+``file://`` URLs and plain paths are local files: opened with ``open``, as
+before; nothing here changes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlparse
+
+from ..errors import InputError
+
+__all__ = [
+    "is_remote",
+    "local_path",
+    "check_no_credentials",
+    "list_objects",
+    "identity",
+    "open_input",
+    "hash_input",
+    "hashing_reads",
+    "ReadHash",
+    "current_identity",
+    "read_head",
+    "storage_error",
+    "PLAN_BLOCK",
+    "READ_BLOCK",
+]
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+PLAN_BLOCK = 1 << 16
+"""Read-ahead of the files planning opens: a footer or a head costs one small ranged read, not 5 MiB."""
+READ_BLOCK = 8 << 20
+"""Read-ahead of the files workers read through: few requests per unit, bounded memory."""
+
+# Keys of fsspec's info() that identify one version of an object, most specific first:
+# S3 version ids and GCS generations never repeat; an ETag changes with the content;
+# the times are what filesystems without either (memory://) offer.
+_IDENTITY_KEYS = ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "checksum", "mtime", "LastModified", "created")
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is a URL other than ``file://`` (read through fsspec)."""
+    return bool(_URL_RE.match(path)) and not path.lower().startswith("file://")
+
+
+def local_path(spec: str) -> str:
+    """A ``file://`` URL as the local path it names; anything else as it is."""
+    if not spec.lower().startswith("file://"):
+        return spec
+    parsed = urlparse(spec)
+    if parsed.netloc not in ("", "localhost"):
+        raise InputError(f"{spec}: file:// URLs must name a local path (file:///path), not host {parsed.netloc!r}")
+    return unquote(parsed.path)
+
+
+def _redacted(url: str) -> str:
+    parsed = urlparse(url)
+    return parsed._replace(netloc=parsed.hostname or "").geturl()
+
+
+def check_no_credentials(url: str) -> None:
+    """Refuse a URL that carries a user name or a secret (``s3://KEY:SECRET@bucket/...``)."""
+    parsed = urlparse(url)
+    if parsed.username or parsed.password or "@" in parsed.netloc:
+        raise InputError(
+            f"{_redacted(url)}: the URL has credentials in it; they would be recorded in the plan and the manifest. "
+            "Give them the usual way instead: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the "
+            "environment (GOOGLE_APPLICATION_CREDENTIALS for gs://), and AWS_ENDPOINT_URL for an S3-compatible store"
+        )
+
+
+def storage_error(where: str, exc: BaseException, *, listing: bool = False) -> InputError | None:
+    """The one message for a storage failure (missing, denied), or None if ``exc`` is not one.
+
+    ``listing``: the failure is the listing's (the URL names nothing), not a planned object's (it went away).
+    """
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and listing:
+        return InputError(f"{where}: no such bucket or object ({detail}); check the URL")
+    if isinstance(exc, FileNotFoundError):
+        return InputError(
+            f"{where}: no such bucket or object ({detail}); it was listed when the build was planned, so it was "
+            "deleted since: restore it, or build again without it"
+        )
+    if isinstance(exc, PermissionError):
+        return InputError(
+            f"{where}: access denied ({detail}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            "or AWS_PROFILE) and that they may list and read this bucket"
+        )
+    return None
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec comes with pyarrow's and datasets' users
+        raise InputError(f"{url}: reading URLs needs fsspec (pip install 'shardflow[s3]')") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        scheme = url.split("://", 1)[0]
+        raise InputError(
+            f"{url}: no fsspec filesystem for {scheme}:// is installed ({exc}); "
+            "pip install 'shardflow[s3]' for s3://, gcsfs for gs://"
+        ) from None
+    except ValueError as exc:
+        raise InputError(f"{url}: not a usable fsspec URL ({exc})") from None
+
+
+def identity(info: dict[str, Any]) -> str:
+    """The storage's identity of one version of an object (``"ETag=..."``), or ``""`` if it reports none."""
+    for key in _IDENTITY_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            if hasattr(value, "timestamp"):  # a listing and a HEAD may give one time as a float and a datetime
+                value = float(value.timestamp())
+            return f"{key}={value}"
+    return ""
+
+
+def _is_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _glob_base(path: str) -> str:
+    """The fixed directory prefix of a glob, up to and including its last '/' before a wildcard."""
+    cut = min((i for i, ch in enumerate(path) if ch in "*?["), default=len(path))
+    head = path[:cut]
+    return head[: head.rfind("/") + 1]
+
+
+def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
+    """``(URL, relname, size, identity)`` of each object a URL names: one object, a prefix, or a glob.
+
+    Relnames are what a local copy of the same tree gives (a file's name; the
+    path under a directory or under a glob's fixed prefix), so the manifest and
+    the held-out split are the same. ``wanted(name)`` says which objects under a
+    prefix are inputs. One listing, no reads: O(objects).
+    """
+    check_no_credentials(spec)
+    fs, root = _filesystem(spec)
+    protocol = spec.split("://", 1)[0]
+    try:
+        if _is_glob(root):
+            base = _glob_base(root)
+            found = fs.glob(root, detail=True)
+            infos = {p: i for p, i in sorted(found.items()) if i.get("type") == "file"}
+            if not infos:
+                raise InputError(f"{spec}: the pattern matches no objects; check the URL and the pattern")
+            rel = {p: (p[len(base):] if p.startswith(base) else PurePosixPath(p).name).lstrip("/") for p in infos}
+        else:
+            root = root.rstrip("/")
+            infos = {p: i for p, i in sorted(fs.find(root, detail=True).items()) if i.get("type") == "file"}
+            if infos and list(infos) != [root]:  # a prefix (a "directory")
+                rel = {p: p[len(root):].lstrip("/") for p in infos}
+                rel = {p: r for p, r in rel.items() if wanted(r)}
+                if not rel:
+                    raise InputError(f"{spec}: the prefix holds no input files")
+                infos = {p: infos[p] for p in rel}
+            else:
+                info = infos.get(root) or fs.info(root)
+                if info.get("type") != "file":
+                    raise InputError(f"{spec}: no such object or prefix; check the URL")
+                infos, rel = {root: info}, {root: PurePosixPath(root).name}
+    except InputError:
+        raise
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(spec, exc, listing=True) from None
+    out = []
+    for p, info in infos.items():
+        url = fs.unstrip_protocol(p) if hasattr(fs, "unstrip_protocol") else f"{protocol}://{p}"
+        if url.split("://", 1)[0] != protocol:  # fsspec may name s3 as s3a, or memory with one slash
+            url = f"{protocol}://{p.lstrip('/')}" if protocol != "memory" else f"memory://{p}"
+        out.append((url, rel[p], int(info.get("size") or 0), identity(info)))
+    return out
+
+
+class _HashingReader:
+    """A file object that hashes what is read through it, while the reads are in order from the start.
+
+    A reader that seeks (Parquet's footer first) or stops early leaves no
+    digest, and the object is hashed separately (``hash_input``).
+    """
+
+    def __init__(self, f: Any, tee: "ReadHash") -> None:
+        self._f, self._tee = f, tee
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._tee.update(data)
+        return data  # type: ignore[no-any-return]
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        new = self._f.seek(pos, whence)
+        if new != self._tee.pos:
+            self._tee.broken = True
+        return new  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+    def __enter__(self) -> "_HashingReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._f.close()
+
+
+class ReadHash:
+    """The SHA-256 of an object as a worker reads it through ``open_input`` (see ``hashing_reads``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pos = 0
+        self.broken = False
+        self.opened = 0
+        self._h = hashlib.sha256()
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+        self.pos += len(data)
+
+    def digest(self, size: int) -> str | None:
+        """The hex digest if the object was read once, in order, from its first byte to its last; else None."""
+        if self.broken or self.opened != 1 or self.pos != size:
+            return None
+        return self._h.hexdigest()
+
+
+_tees = threading.local()
+
+
+@contextlib.contextmanager
+def hashing_reads(path: str) -> Iterator[ReadHash]:
+    """Hash ``path`` as this thread reads it: a reader that goes through it once spares a second read."""
+    tee = ReadHash(path)
+    _tees.current = tee
+    try:
+        yield tee
+    finally:
+        _tees.current = None
+
+
+def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
+    """A binary file object for a local path or a URL; for a URL, ranged reads of ``block_size``."""
+    if not is_remote(path):
+        return open(path, "rb")
+    fs, root = _filesystem(path)
+    try:
+        f = fs.open(root, "rb", block_size=block_size)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(path, exc) from None
+    tee = getattr(_tees, "current", None)
+    if tee is not None and tee.path == path:
+        tee.opened += 1
+        return _HashingReader(f, tee)  # type: ignore[return-value]
+    return f  # type: ignore[no-any-return]
+
+
+def read_head(path: str, n: int) -> bytes:
+    """The first ``n`` bytes of an object (or a local file): one ranged read, nothing read ahead."""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            return f.read(n)
+    fs, root = _filesystem(path)
+    try:
+        return fs.cat_file(root, start=0, end=n)  # type: ignore[no-any-return]
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(path, exc) from None
+
+
+def current_identity(path: str) -> tuple[int, str]:
+    """``(size, identity)`` of the object as the storage reports it now (one HEAD request)."""
+    fs, root = _filesystem(path)
+    try:
+        fs.invalidate_cache(root)
+        info = fs.info(root)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(path, exc) from None
+    return int(info.get("size") or 0), identity(info)
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    while block := f.read(READ_BLOCK):
+        yield block
+
+
+def hash_input(path: str) -> str:
+    """SHA-256 of an input's bytes, streamed (run by the worker that reads the object, not by planning)."""
+    h = hashlib.sha256()
+    try:
+        with open_input(path) as f:
+            for block in _chunks(f):
+                h.update(block)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(path, exc) from None
+    return h.hexdigest()
