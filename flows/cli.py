@@ -18,6 +18,7 @@ standard error and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -176,6 +177,11 @@ def cmd_build(args: argparse.Namespace) -> int:
             ref = _build_without_prefect(args, config, display)
     else:
         _prefect_defaults()
+        from flows.startup import start_early, warm_up
+
+        # Both start before Prefect is imported, and run while it is (flows/startup.py).
+        early = start_early() if args.runner == "threads" else None
+        warming = warm_up(config, args.data_root)
         from prefect import tags
 
         from flows.build import build_dataset, dataset_tag, require_real_api
@@ -188,7 +194,9 @@ def cmd_build(args: argparse.Namespace) -> int:
                 raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
             require_real_api(args.runner, args.address)
         _quiet_prefect_tracebacks()
-        with display, listening(display), tags(*TAGS, dataset_tag(config.name)):
+        with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
+                tags(*TAGS, dataset_tag(config.name)):
+            warming.join()
             ref = build_dataset(
                 config=config,
                 workers=args.workers,
@@ -400,5 +408,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``shardflow`` console script: :func:`main`, then a quick exit once a Prefect flow has run."""
+    code = main()
+    if "prefect" in sys.modules:
+        from flows.startup import exit_now
+
+        exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
