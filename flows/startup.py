@@ -16,6 +16,11 @@ environment or the active profile, no settings file in the working
 directory); Prefect's own settings decide once imported
 (:meth:`EarlyServer.serve`), and a wrong guess only stops the extra process.
 
+A Prefect server already running on this machine at the default address
+(``prefect server start``, port 4200) is used instead, as is: no start-up at
+all, and its UI shows the run (``SHARDFLOW_REUSE_LOCAL_SERVER=0`` turns this
+off).
+
 **The plan's slow parts, done meanwhile.** :func:`warm_up` loads the tokenizer
 and fingerprints the inputs on a thread while Prefect is imported (both are
 cached), so the flow's plan task finds them done.
@@ -43,7 +48,7 @@ from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "warm_up", "exit_now"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -86,9 +91,18 @@ def _free_port() -> int:
 
 
 class EarlyServer:
-    """A temporary Prefect server launched before Prefect is imported; a context manager runs the flow on it."""
+    """The server a build with no ``PREFECT_API_URL`` will use, found or launched before Prefect is imported.
 
-    def __init__(self) -> None:
+    ``EarlyServer()`` launches a temporary server; ``EarlyServer(url)`` stands
+    for a server already running at ``url`` (see :func:`start_early`). A
+    context manager, :meth:`serve`, runs the flow on it.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        if url is not None:
+            self.url, self.port = url, 0
+            return
         spec = find_spec("prefect")
         if spec is None or spec.origin is None:
             raise ImportError("prefect")
@@ -96,7 +110,7 @@ class EarlyServer:
         self.url = f"http://127.0.0.1:{self.port}/api"
         # The command and environment of prefect.server.api.server.SubprocessASGIServer (prefect 3.8).
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+        self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent),
                 "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
@@ -109,7 +123,7 @@ class EarlyServer:
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[bool]:
-        """Run the enclosed flow on this server if Prefect agrees it wants a temporary one; stop it after.
+        """Run the enclosed flow on this server if Prefect agrees it has none configured; stop a temporary one after.
 
         Yields whether the server is used. Call once Prefect is importable
         (the command line has imported it by then).
@@ -120,6 +134,15 @@ class EarlyServer:
         if settings.api.url or not settings.server.ephemeral.enabled:
             self.stop(quiet=True)  # a real server is configured, or no temporary one is allowed: Prefect decides
             yield False
+            return
+        if self.process is None:
+            log.info("Using the Prefect server already running at %s (set PREFECT_API_URL to use another)",
+                     self.url.removesuffix("/api"))
+            with temporary_settings(updates={PREFECT_API_URL: self.url}):
+                try:
+                    yield True
+                finally:
+                    _drain_prefect_workers()
             return
         try:
             log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
@@ -187,10 +210,31 @@ def _drain_prefect_workers() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
+LOCAL_SERVER = "http://127.0.0.1:4200/api"
+"""Where ``prefect server start`` listens by default."""
+REUSE_ENV = "SHARDFLOW_REUSE_LOCAL_SERVER"
+"""Set to 0 to always start a temporary server, even when one is running at :data:`LOCAL_SERVER`."""
+
+
+def running_server(url: str = LOCAL_SERVER, timeout: float = 0.25) -> bool:
+    """Whether a Prefect server answers its health check at ``url`` (an API URL) right away."""
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200 and resp.read().strip() == b"true"
+    return False
+
+
 def start_early() -> EarlyServer | None:
-    """Launch Prefect's temporary server now if this process looks like it will need one, else None."""
+    """The server for a build with no ``PREFECT_API_URL``, before Prefect is imported; None if one is configured.
+
+    A server already running on this machine at the default address
+    (``prefect server start``) is used as is: no start-up, and its UI shows
+    the run. Otherwise Prefect's temporary server is launched now.
+    """
     if not _would_use_temporary_server():
         return None
+    if os.environ.get(REUSE_ENV, "1").strip() not in ("0", "false", "no") and running_server(LOCAL_SERVER):
+        return EarlyServer(LOCAL_SERVER)
     try:
         return EarlyServer()
     except (ImportError, OSError):
