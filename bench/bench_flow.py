@@ -312,6 +312,10 @@ def main() -> None:
                 if address is None:
                     print("dask: skipped (pip install 'shardflow[dask]')")
                 else:
+                    # A first run on fresh workers also pays their imports and tokenizer load (once per
+                    # worker process); measured apart, then the alternating runs on the warm cluster.
+                    cold = build(SAMPLE, "dask-cold", work / "dask-cold", env_srv, "--runner", "dask", "--address", address)
+                    print(f"dask: first run on the fresh cluster (the sample): {cold.wall:.2f} s", flush=True)
                     for i in range(max(1, args.rounds - 1)):
                         for label, extra_args, acc in (("threads", [], threads_t),
                                                        ("dask", ["--runner", "dask", "--address", address], dask_t)):
