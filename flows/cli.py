@@ -179,9 +179,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         _prefect_defaults()
         from flows.startup import start_early, warm_up
 
-        # Both start before Prefect is imported, and run while it is (flows/startup.py).
-        early = start_early() if args.runner == "threads" else None
-        warming = warm_up(config, args.data_root)
+        # Both start before Prefect is imported, and run while it is (flows/startup.py). Not for
+        # --runner dask, which may still refuse to run (and must then leave nothing behind).
+        threads = args.runner == "threads"
+        early = start_early() if threads else None
+        warming = warm_up(config, args.data_root) if threads else None
         from prefect import tags
 
         from flows.build import build_dataset, dataset_tag, require_real_api
@@ -196,7 +198,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         _quiet_prefect_tracebacks()
         with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
                 tags(*TAGS, dataset_tag(config.name)):
-            warming.join()
+            if warming is not None:
+                warming.join()
             ref = build_dataset(
                 config=config,
                 workers=args.workers,

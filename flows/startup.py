@@ -70,7 +70,17 @@ def _active_profile_sets_api_url() -> bool:
 
 
 def _would_use_temporary_server() -> bool:
-    """A cheap guess, before importing Prefect, that it would start its temporary server."""
+    """Whether Prefect would start its temporary server: its own answer if already imported, else a guess."""
+    if "prefect.settings" in sys.modules:  # main() called in-process: ask Prefect, at no cost
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        return not settings.api.url and settings.server.ephemeral.enabled
+    return _guess_before_import()
+
+
+def _guess_before_import() -> bool:
+    """A cheap guess, without importing Prefect, that it would start its temporary server."""
     if os.environ.get("PREFECT_API_URL"):
         return False
     # Settings files in the working directory may set anything: leave those cases to Prefect.

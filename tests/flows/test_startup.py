@@ -27,23 +27,36 @@ def test_the_guess_follows_the_environment_the_profile_and_settings_files(
 ) -> None:
     _no_prefect_env(monkeypatch, tmp_path / "home")
     monkeypatch.chdir(tmp_path)
-    assert startup._would_use_temporary_server()  # no profiles file: Prefect's "ephemeral" profile
+    assert startup._guess_before_import()  # no profiles file: Prefect's "ephemeral" profile
 
     (tmp_path / "home").mkdir()
     profiles = tmp_path / "home" / "profiles.toml"
     profiles.write_text('active = "mine"\n[profiles.mine]\nPREFECT_API_URL = "http://10.0.0.1:4200/api"\n'
                         '[profiles.other]\nPREFECT_LOGGING_LEVEL = "DEBUG"\n')
-    assert not startup._would_use_temporary_server()  # the active profile names a server
+    assert not startup._guess_before_import()  # the active profile names a server
     monkeypatch.setenv("PREFECT_PROFILE", "other")
-    assert startup._would_use_temporary_server()
+    assert startup._guess_before_import()
 
     (tmp_path / "prefect.toml").write_text('[api]\nurl = "http://10.0.0.1:4200/api"\n')
-    assert not startup._would_use_temporary_server()  # a settings file here: Prefect decides
+    assert not startup._guess_before_import()  # a settings file here: Prefect decides
     (tmp_path / "prefect.toml").unlink()
 
     monkeypatch.setenv("PREFECT_API_URL", "http://10.0.0.1:4200/api")
-    assert not startup._would_use_temporary_server()
-    assert startup.start_early() is None
+    assert not startup._guess_before_import()
+
+
+def test_once_prefect_is_imported_its_settings_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert not startup._would_use_temporary_server()
+        assert startup.start_early() is None  # nothing launched for a caller with a server configured
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True}):
+        assert startup._would_use_temporary_server()
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": False}):
+        assert not startup._would_use_temporary_server()  # Prefect would refuse to run: leave that to it
 
 
 def test_running_server_answers_only_for_a_prefect_server(prefect_server: PrefectServer) -> None:
@@ -72,25 +85,29 @@ def test_the_early_temporary_server_runs_the_build_and_is_gone_after(tmp_path: P
 def test_a_server_already_running_at_the_default_address_is_used(
     prefect_server: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect.settings import get_current_settings
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.build import build_dataset
 
-    if get_current_settings().api.url:
-        pytest.skip("this test process has a PREFECT_API_URL")
     _no_prefect_env(monkeypatch, tmp_path / "home")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(startup, "LOCAL_SERVER", prefect_server.api_url)
-    early = startup.start_early()
+
+    def no_server():  # this process as the command line sees it with no PREFECT_API_URL
+        return temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True})
+
+    with no_server():
+        early = startup.start_early()
     assert early is not None and early.process is None and early.url == prefect_server.api_url
 
     monkeypatch.setenv(startup.REUSE_ENV, "0")  # ... unless turned off: then a temporary server is launched
-    other = startup.start_early()
+    with no_server():
+        other = startup.start_early()
     assert other is not None and other.process is not None
     other.stop(quiet=True)
     assert other.process is None
 
-    with early.serve() as used:
+    with no_server(), early.serve() as used:
         assert used
         ref = build_dataset(config=BuildConfig(name="reused", sources=(str(SAMPLE),)), workers=2,
                             data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
@@ -106,7 +123,8 @@ def test_a_wrong_guess_only_stops_the_extra_server(tmp_path: Path, monkeypatch: 
     _no_prefect_env(monkeypatch, tmp_path / "home")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(startup.REUSE_ENV, "0")
-    early = startup.start_early()
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True}):
+        early = startup.start_early()
     assert early is not None and early.process is not None
     process = early.process
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
