@@ -25,6 +25,9 @@ so that noise from a shared machine hits them alike (medians):
   server (a timeline, per stage: wall time, and how busy the ``--workers``
   slots were), against the core's own stages timed in one process.
 
+With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), that
+checkout's command line is timed in the same rounds too, for a before/after on one loaded machine.
+
 Ratios are speeds (core time / flow time: 1.0 means the flow costs nothing on
 top of the core), except incremental / first build, a ratio of times. The end
 prints a markdown table to paste into the README's performance section.
@@ -240,6 +243,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of core / flow / temporary server")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="another checkout (e.g. git worktree add --detach DIR main) timed in the same rounds")
     args = ap.parse_args()
     WORKERS = args.workers
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-flow-"))
@@ -266,12 +271,20 @@ def main() -> None:
         build(SAMPLE, "warm", work / "warm-core", env_srv, "--no-prefect")
         build(SAMPLE, "warm", work / "warm-tmp", env_tmp)
 
-        t = {"core": [], "server": [], "temp": [], "sample": []}
-        cpu = {"core": [], "server": [], "temp": []}
+        sides = [("core", env_srv, ["--no-prefect"]), ("server", env_srv, []), ("temp", env_tmp, [])]
+        base_tmp: dict[str, str] = {}
+        if args.baseline:
+            # The same measurements of another checkout's command line, in the same rounds.
+            tree = {"PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"}
+            base_tmp = {**env_tmp, **tree, "PREFECT_HOME": str(work / "base-temp-home")}
+            build(SAMPLE, "warm", work / "warm-base-tmp", base_tmp)
+            sides += [("base-server", {**env_srv, **tree}, []), ("base-temp", base_tmp, [])]
+        t: dict[str, list[float]] = {side: [] for side, _, _ in sides}
+        t["sample"], t["base-sample"] = [], []
+        cpu: dict[str, list[float]] = {side: [] for side, _, _ in sides}
         lines = []
         for i in range(args.rounds):
-            for side, env, extra_args in (("core", env_srv, ["--no-prefect"]), ("server", env_srv, []),
-                                          ("temp", env_tmp, [])):
+            for side, env, extra_args in sides:
                 root = Path(tempfile.mkdtemp(prefix=f"{side}-", dir=work))
                 name = f"{side}{i}"
                 t_start = time.time()
@@ -286,6 +299,9 @@ def main() -> None:
             r = Run([str(SAMPLE), "--name", "sample"], env_tmp, cwd)
             t["sample"].append(r.wall)
             bad += r.bad_lines
+            if base_tmp:
+                cwd = Path(tempfile.mkdtemp(prefix="base-sample-", dir=work))
+                t["base-sample"].append(Run([str(SAMPLE), "--name", "sample"], base_tmp, cwd).wall)
             print(f"round {i + 1}: core {t['core'][-1]:.2f} s, flow vs server {t['server'][-1]:.2f} s, "
                   f"flow with temporary server {t['temp'][-1]:.2f} s, README first command {t['sample'][-1]:.2f} s",
                   flush=True)
@@ -368,6 +384,15 @@ def main() -> None:
               f"{median(threads_t) / median(dask_t):.2f} ({median(dask_t):.2f} s vs {median(threads_t):.2f} s) |")
     else:
         print("| Dask runner ÷ threads runner | ≥ 0.80 | not measured |")
+    if args.baseline:
+        print(f"\nthis checkout against {args.baseline} (same rounds, medians; ratio below 1: faster):\n")
+        print("| measure | baseline | this checkout | ratio |")
+        print("|---|---:|---:|---:|")
+        for label, side in (("flow against the running server", "server"), ("flow with the temporary server", "temp"),
+                            ("README first command", "sample")):
+            b, n = median(t[f"base-{side}"]), median(t[side])
+            print(f"| {label} | {b:.2f} s ({core / b:.2f} of core) | {n:.2f} s ({core / n:.2f} of core) | {n / b:.2f} |"
+                  if side != "sample" else f"| {label} | {b:.2f} s | {n:.2f} s | {n / b:.2f} |")
     print(f"\nERROR or traceback lines in the output of successful builds: {len(bad)}")
     for l in bad[:10]:
         print(f"  {l}")

@@ -116,20 +116,24 @@ class EarlyServer:
         spec = find_spec("prefect")
         if spec is None or spec.origin is None:
             raise ImportError("prefect")
+        self._app_dir = str(Path(spec.origin).parent.parent)
+        self._launch()
+        atexit.register(self.stop, quiet=True)  # never outlive this process, whatever fails before serve()
+
+    def _launch(self) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         # The command and environment of prefect.server.api.server.SubprocessASGIServer (prefect 3.8).
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent),
+                sys.executable, "-m", "uvicorn", "--app-dir", self._app_dir,
                 "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
                 "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
             ],
             env=env,
             stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,  # stdout's last line is the manifest path
         )
-        atexit.register(self.stop, quiet=True)  # never outlive this process, whatever fails before serve()
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[bool]:
@@ -155,8 +159,9 @@ class EarlyServer:
                     _drain_prefect_workers()
             return
         try:
-            log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
             self._wait_healthy(settings.server.ephemeral.startup_timeout_seconds)
+            # Prefect's words, once the port is final (a taken port means another launch).
+            log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
             # No flow-run heartbeats: they let a server notice a crashed run, and this server ends with
             # the process. (Ending the heartbeat thread costs up to a second at the end of every run.)
             with temporary_settings(updates={PREFECT_API_URL: self.url, "flows.heartbeat_frequency": None}):
@@ -170,6 +175,9 @@ class EarlyServer:
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
+            if self.process is not None and self.process.poll() == 3:
+                self._launch()  # uvicorn's "address already in use": the free port was taken meanwhile (as Prefect does)
+                continue
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 raise ShardflowError(
