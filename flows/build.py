@@ -8,7 +8,8 @@ corpus size and whichever task runner executes them.
 
 Where the work units run (``runner``):
 
-* ``threads`` (default): a thread pool in the flow's process.
+* ``threads`` (default): a pool of ``workers`` threads in the flow's process,
+  with up to twice as many tasks submitted, so the next ones wait ready.
 * ``dask``: an existing Dask cluster (``address="tcp://HOST:8786"``), through
   prefect-dask's ``DaskTaskRunner`` (``pip install 'shardflow[dask]'``). The
   tokenize and write-shard tasks run on the workers; plan, layout, validate and
@@ -265,6 +266,11 @@ def _build(
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}")
     task_runner = make_task_runner(runner, address)
+    in_flight = workers
+    if task_runner is None:
+        # A pool of exactly `workers` threads bounds memory; twice as many tasks in flight keep
+        # the next ones queued and ready, so no thread waits for the flow to submit after a result.
+        task_runner, in_flight = ThreadPoolTaskRunner(max_workers=workers), 2 * workers
     _tag_flow_run([*TAGS, dataset_tag(name)])
     with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
@@ -294,7 +300,7 @@ def _build(
         tokens = {"tokenize-unit": 0, "write-shard": 0}
         phases = {"tokenize-unit": "tokenize", "write-shard": "write"}
         seconds: dict[str, float] = {}
-        with task_runner if task_runner is not None else contextlib.nullcontext() as tr:
+        with task_runner as tr:
 
             def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
                 task = STAGE_TASKS[stage.name]
@@ -315,9 +321,9 @@ def _build(
                     if stage.name in phases:
                         progress.step(phases[stage.name], 0, len(jobs), 0, t0)
                     return run_windowed(
-                        lambda p: tr.submit(task, parameters=p) if tr is not None else task.submit(**p),
+                        lambda p: tr.submit(task, parameters=p),
                         params,
-                        workers=workers,
+                        workers=in_flight,
                         on_done=done,
                     )
                 except Exception as exc:

@@ -18,6 +18,7 @@ standard error and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -173,6 +174,13 @@ def cmd_build(args: argparse.Namespace) -> int:
             ref = _build_without_prefect(args, config, display)
     else:
         _prefect_defaults()
+        from flows.startup import start_early, warm_up
+
+        # Both start before Prefect is imported, and run while it is (flows/startup.py). Not for
+        # --runner dask, which may still refuse to run (and must then leave nothing behind).
+        threads = args.runner == "threads"
+        early = start_early() if threads else None
+        warming = warm_up(config, args.data_root) if threads else None
         from prefect import tags
 
         from flows.build import build_dataset, dataset_tag, require_real_api
@@ -185,7 +193,10 @@ def cmd_build(args: argparse.Namespace) -> int:
                 raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
             require_real_api(args.runner, args.address)
         _quiet_prefect_tracebacks()
-        with display, listening(display), tags(*TAGS, dataset_tag(config.name)):
+        with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
+                tags(*TAGS, dataset_tag(config.name)):
+            if warming is not None:
+                warming.join()
             ref = build_dataset(
                 config=config,
                 workers=args.workers,
@@ -409,5 +420,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``shardflow`` console script: :func:`main`, then a quick exit once a Prefect flow has run."""
+    code = main()
+    if "prefect" in sys.modules:
+        from flows.startup import exit_now
+
+        exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

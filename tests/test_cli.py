@@ -205,6 +205,7 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["SHARDFLOW_REUSE_LOCAL_SERVER"] = "0"  # the temporary server even if `prefect server start` runs here
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "build", str(SAMPLE), "--name", "sample"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,

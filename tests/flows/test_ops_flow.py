@@ -43,7 +43,8 @@ def _task_runs(server: PrefectServer, flow_run_id: str, timeout: float = 15) -> 
     deadline = time.monotonic() + timeout
     while True:
         tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
-        final = all(t["state"] and t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks)
+        # Task runs reach the server through events: none yet is not "all final" (a loaded machine lags).
+        final = bool(tasks) and all(t["state"] and t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks)
         if final or time.monotonic() > deadline:
             return tasks
         time.sleep(0.2)

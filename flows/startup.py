@@ -1,0 +1,295 @@
+"""What ``shardflow build`` does around its flow to cut the fixed cost: start early, exit quickly.
+
+**The temporary server, started at the top.** With no ``PREFECT_API_URL``,
+Prefect starts a temporary server (a ``uvicorn`` subprocess of its API on a
+free localhost port) the first time a flow needs the API, and waits for it:
+about 3 s of its start-up, plus about 1.5 s for this process to import
+Prefect's whole server package only to launch it. The command line knows much
+earlier that it will need one, so :func:`start_early` launches the same
+subprocess, with the same command, environment and database
+(``PREFECT_HOME``), before it imports Prefect, and the server starts while
+this process imports Prefect and loads the tokenizer. The flow then runs
+against it as against any server, so its runs, task runs, logs and artifacts
+are the ones Prefect's own temporary server would hold. The early start is a
+guess made without importing Prefect (no ``PREFECT_API_URL`` in the
+environment or the active profile, no settings file in the working
+directory); Prefect's own settings decide once imported
+(:meth:`EarlyServer.serve`), and a wrong guess only stops the extra process.
+
+A Prefect server already running on this machine at the default address
+(``prefect server start``, port 4200) is used instead, as is: no start-up at
+all, and its UI shows the run (``SHARDFLOW_REUSE_LOCAL_SERVER=0`` turns this
+off).
+
+**The plan's slow parts, done meanwhile.** :func:`warm_up` loads the tokenizer
+and fingerprints the inputs on a thread while Prefect is imported (both are
+cached), so the flow's plan task finds them done.
+
+**A quick exit.** Once the flow has run, tearing down the interpreter (Prefect's
+thousands of objects) takes about a second; :func:`exit_now` runs the exit
+handlers (Prefect's drain its logs and events) and ends the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Iterator
+
+from shardflow.errors import ShardflowError
+
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
+
+log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
+
+
+def _active_profile_sets_api_url() -> bool:
+    """Whether the active Prefect profile (``profiles.toml``) sets ``PREFECT_API_URL``; True when unsure."""
+    import tomllib
+
+    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")).expanduser()
+    if not path.exists():
+        return False  # Prefect's built-in profiles: "ephemeral" is the active one
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return True
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    return "PREFECT_API_URL" in profiles.get("profiles", {}).get(active, {})
+
+
+def _would_use_temporary_server() -> bool:
+    """Whether Prefect would start its temporary server: its own answer if already imported, else a guess."""
+    if "prefect.settings" in sys.modules:  # main() called in-process: ask Prefect, at no cost
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        return not settings.api.url and settings.server.ephemeral.enabled
+    return _guess_before_import()
+
+
+def _guess_before_import() -> bool:
+    """A cheap guess, without importing Prefect, that it would start its temporary server."""
+    if os.environ.get("PREFECT_API_URL"):
+        return False
+    # Settings files in the working directory may set anything: leave those cases to Prefect.
+    cwd = Path.cwd()
+    if (cwd / "prefect.toml").exists() or (cwd / ".env").exists():
+        return False
+    pyproject = cwd / "pyproject.toml"
+    with contextlib.suppress(OSError):
+        if pyproject.exists() and "[tool.prefect" in pyproject.read_text():
+            return False
+    return not _active_profile_sets_api_url()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EarlyServer:
+    """The server a build with no ``PREFECT_API_URL`` will use, found or launched before Prefect is imported.
+
+    ``EarlyServer()`` launches a temporary server; ``EarlyServer(url)`` stands
+    for a server already running at ``url`` (see :func:`start_early`). A
+    context manager, :meth:`serve`, runs the flow on it.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        if url is not None:
+            self.url, self.port = url, 0
+            return
+        spec = find_spec("prefect")
+        if spec is None or spec.origin is None:
+            raise ImportError("prefect")
+        self._app_dir = str(Path(spec.origin).parent.parent)
+        self._launch()
+        atexit.register(self.stop, quiet=True)  # never outlive this process, whatever fails before serve()
+
+    def _launch(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        # The command and environment of prefect.server.api.server.SubprocessASGIServer (prefect 3.8).
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "uvicorn", "--app-dir", self._app_dir,
+                "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+                "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
+            ],
+            env=env,
+            stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,  # stdout's last line is the manifest path
+        )
+
+    @contextlib.contextmanager
+    def serve(self) -> Iterator[bool]:
+        """Run the enclosed flow on this server if Prefect agrees it has none configured; stop a temporary one after.
+
+        Yields whether the server is used. Call once Prefect is importable
+        (the command line has imported it by then).
+        """
+        from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+        settings = get_current_settings()
+        if settings.api.url or not settings.server.ephemeral.enabled:
+            self.stop(quiet=True)  # a real server is configured, or no temporary one is allowed: Prefect decides
+            yield False
+            return
+        if self.process is None:
+            log.info("Using the Prefect server already running at %s (set PREFECT_API_URL to use another)",
+                     self.url.removesuffix("/api"))
+            with temporary_settings(updates={PREFECT_API_URL: self.url}):
+                try:
+                    yield True
+                finally:
+                    _drain_prefect_workers()
+            return
+        try:
+            self._wait_healthy(settings.server.ephemeral.startup_timeout_seconds)
+            # Prefect's words, once the port is final (a taken port means another launch).
+            log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
+            # No flow-run heartbeats: they let a server notice a crashed run, and this server ends with
+            # the process. (Ending the heartbeat thread costs up to a second at the end of every run.)
+            with temporary_settings(updates={PREFECT_API_URL: self.url, "flows.heartbeat_frequency": None}):
+                try:
+                    yield True
+                finally:
+                    _drain_prefect_workers()  # queued logs and events go out while the server is still up
+        finally:
+            self.stop()
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process is not None and self.process.poll() == 3:
+                self._launch()  # uvicorn's "address already in use": the free port was taken meanwhile (as Prefect does)
+                continue
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise ShardflowError(
+                    f"Prefect's temporary server exited with status {code} while starting (see the lines above); "
+                    "run 'prefect server start' and set PREFECT_API_URL, or build with --no-prefect"
+                )
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            if time.monotonic() > deadline:
+                self.stop(quiet=True)
+                raise ShardflowError(
+                    f"Prefect's temporary server did not answer on {self.url} within {timeout:.0f} s "
+                    "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); run 'prefect server start' and set "
+                    "PREFECT_API_URL, or build with --no-prefect"
+                )
+            time.sleep(0.05)
+
+    def stop(self, *, quiet: bool = False) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if not quiet:
+            log.info("Stopping temporary server on http://127.0.0.1:%d", self.port)
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _has_fileno(stream: object) -> bool:
+    try:
+        stream.fileno()  # type: ignore[attr-defined]
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False  # pytest's captured streams
+
+
+def _drain_prefect_workers() -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    with contextlib.suppress(Exception):
+        APILogWorker.drain_all(timeout=5)
+        EventsWorker.drain_all(timeout=5)
+
+
+LOCAL_SERVER = "http://127.0.0.1:4200/api"
+"""Where ``prefect server start`` listens by default."""
+REUSE_ENV = "SHARDFLOW_REUSE_LOCAL_SERVER"
+"""Set to 0 to always start a temporary server, even when one is running at :data:`LOCAL_SERVER`."""
+
+
+def running_server(url: str = LOCAL_SERVER, timeout: float = 0.25) -> bool:
+    """Whether a Prefect server answers its health check at ``url`` (an API URL) right away."""
+    with contextlib.suppress(OSError, ValueError):
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200 and resp.read().strip() == b"true"
+    return False
+
+
+def start_early() -> EarlyServer | None:
+    """The server for a build with no ``PREFECT_API_URL``, before Prefect is imported; None if one is configured.
+
+    A server already running on this machine at the default address
+    (``prefect server start``) is used as is: no start-up, and its UI shows
+    the run. Otherwise Prefect's temporary server is launched now.
+    """
+    if not _would_use_temporary_server():
+        return None
+    if os.environ.get(REUSE_ENV, "1").strip() not in ("0", "false", "no") and running_server(LOCAL_SERVER):
+        return EarlyServer(LOCAL_SERVER)
+    try:
+        return EarlyServer()
+    except (ImportError, OSError):
+        return None  # Prefect will start its own, as before
+
+
+def warm_up(config: Any, data_root: str | None) -> threading.Thread:
+    """Load ``config``'s tokenizer and fingerprint its inputs on a thread; join it before the flow plans.
+
+    Both are what the plan task does first, and both are cached per process
+    (the tokenizer) or on disk (the inputs' SHA-256, keyed by their stat), so
+    the plan task then finds them done. Nothing else of the plan (catalog,
+    staging, lock) is touched before the flow run starts. Errors are left for
+    the plan task to report, with its own message.
+    """
+    # Imported here, not on the thread: two threads importing the same modules at once can deadlock.
+    from shardflow.catalog import default_data_root
+    from shardflow.sources import discover_inputs, fingerprint_inputs
+    from shardflow.tokenizers import load_tokenizer
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            load_tokenizer(config.tokenizer, backend=config.backend)
+        if any("://" in s for s in config.sources):
+            return  # URL sources are staged by the flow first
+        with contextlib.suppress(Exception):
+            fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
+
+    thread = threading.Thread(target=load, name="shardflow-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown."""
+    atexit._run_exitfuncs()  # Prefect's handlers send the last logs and events
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

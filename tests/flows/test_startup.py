@@ -1,0 +1,133 @@
+"""``shardflow build`` with no ``PREFECT_API_URL`` (flows/startup.py): the temporary server launched
+before Prefect is imported and stopped after, a running local server reused, and when neither applies."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from flows import startup
+from shardflow.config import BuildConfig
+
+from ops_support import SAMPLE, PrefectServer, free_port, run_cli
+
+
+def _no_prefect_env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    for key in [k for k in os.environ if k.startswith("PREFECT_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+
+
+def test_the_guess_follows_the_environment_the_profile_and_settings_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    assert startup._guess_before_import()  # no profiles file: Prefect's "ephemeral" profile
+
+    (tmp_path / "home").mkdir()
+    profiles = tmp_path / "home" / "profiles.toml"
+    profiles.write_text('active = "mine"\n[profiles.mine]\nPREFECT_API_URL = "http://10.0.0.1:4200/api"\n'
+                        '[profiles.other]\nPREFECT_LOGGING_LEVEL = "DEBUG"\n')
+    assert not startup._guess_before_import()  # the active profile names a server
+    monkeypatch.setenv("PREFECT_PROFILE", "other")
+    assert startup._guess_before_import()
+
+    (tmp_path / "prefect.toml").write_text('[api]\nurl = "http://10.0.0.1:4200/api"\n')
+    assert not startup._guess_before_import()  # a settings file here: Prefect decides
+    (tmp_path / "prefect.toml").unlink()
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://10.0.0.1:4200/api")
+    assert not startup._guess_before_import()
+
+
+def test_once_prefect_is_imported_its_settings_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert not startup._would_use_temporary_server()
+        assert startup.start_early() is None  # nothing launched for a caller with a server configured
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True}):
+        assert startup._would_use_temporary_server()
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": False}):
+        assert not startup._would_use_temporary_server()  # Prefect would refuse to run: leave that to it
+
+
+def test_running_server_answers_only_for_a_prefect_server(prefect_server: PrefectServer) -> None:
+    assert startup.running_server(prefect_server.api_url)
+    assert not startup.running_server(f"http://127.0.0.1:{free_port()}/api")  # nothing listens
+    assert not startup.running_server(f"{prefect_server.url}/nothing-here")  # something else answers
+
+
+def test_the_early_temporary_server_runs_the_build_and_is_gone_after(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true")
+    res = run_cli(["build", str(SAMPLE), "--name", "early"], env, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    both = res.stdout + res.stderr
+    port = int(re.search(r"Starting temporary server on http://127\.0\.0\.1:(\d+)", both).group(1))
+    assert "Stopping temporary server" in both
+    assert "ERROR" not in both and "Traceback" not in both, both[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == str(tmp_path / "data" / "early" / "v1" / "metadata.yaml")
+    # The server ended with the command: nothing listens on its port any more.
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    # Its database (in PREFECT_HOME, as Prefect's own temporary server's) holds the run.
+    assert (tmp_path / "home" / "prefect.db").exists()
+
+
+def test_a_server_already_running_at_the_default_address_is_used(
+    prefect_server: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.build import build_dataset
+
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(startup, "LOCAL_SERVER", prefect_server.api_url)
+
+    def no_server():  # this process as the command line sees it with no PREFECT_API_URL
+        return temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True})
+
+    with no_server():
+        early = startup.start_early()
+    assert early is not None and early.process is None and early.url == prefect_server.api_url
+
+    monkeypatch.setenv(startup.REUSE_ENV, "0")  # ... unless turned off: then a temporary server is launched
+    with no_server():
+        other = startup.start_early()
+    assert other is not None and other.process is not None
+    other.stop(quiet=True)
+    assert other.process is None
+
+    with no_server(), early.serve() as used:
+        assert used
+        ref = build_dataset(config=BuildConfig(name="reused", sources=(str(SAMPLE),)), workers=2,
+                            data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    assert ref == "reused@v1"
+    runs = prefect_server.flow_runs("build reused")
+    assert len(runs) == 1  # the run is on the running server, where its UI shows it
+
+
+def test_a_wrong_guess_only_stops_the_extra_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect's own settings decide: with a server configured there, the early one is stopped unused."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(startup.REUSE_ENV, "0")
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={"server.ephemeral.enabled": True}):
+        early = startup.start_early()
+    assert early is not None and early.process is not None
+    process = early.process
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with early.serve() as used:
+            assert not used
+    assert early.process is None and process.poll() is not None
