@@ -206,12 +206,12 @@ def cmd_build(args: argparse.Namespace) -> int:
                 address=args.address,
             )
     directory = Catalog(args.catalog).resolve(ref)
-    print(f"published {ref}")
-    print(str(directory / "metadata.yaml"))
-    if config.target is not None:
+    if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from flows.targets_cli import print_target_settings
 
         print_target_settings(config.target, directory)
+    print(f"published {ref}")
+    print(str(directory / "metadata.yaml"))
     return 0
 
 

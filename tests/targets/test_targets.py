@@ -257,6 +257,8 @@ def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, 
     assert f'train_files = "{directory}/train/*.bin"' in out and f'val_files = "{directory}/val/*.bin"' in out
     assert "WARNING: the val split holds" in out and "fewer than the default val_tokens 10,485,760" in out
     assert "tokens: uint16, vocab_size 50257, BOS id 50256" in out
+    # The settings come first: the last line stays the manifest's path, as for any build.
+    assert out.splitlines()[-2:] == ["published shared@v1", str(directory / "metadata.yaml")]
     assert main(["validate", "shared@v1", "--catalog", cat, "--for", "modded-nanogpt"]) == 0
     assert 'train_files = "' in capsys.readouterr().out
     assert main(["validate", "shared@v1", "--catalog", cat, "--for", "olmo-core"]) == 2
