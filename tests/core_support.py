@@ -32,6 +32,8 @@ MAKE_CORPUS = SHARED / "tools" / "make_corpus.py"
 TINY_TEXTS = ["a b", "ok", "The end."]
 TINY_IDS = [[64, 293], [564], [791, 842, 13]]
 SMALL_VOCAB_RANKS = 5000
+# What a version holds besides its data: the statistics (stats.json, stats.vocab.npy) and the card/ directory.
+STATS_AND_CARD = frozenset({"stats.json", "stats.vocab.npy", "card"})
 
 
 def write_parquet(path: Path, texts: list[Any], *, column: str = "text", row_group_size: int | None = None, **extra: list[Any]) -> Path:
@@ -83,7 +85,7 @@ def make_builder(base: Path) -> BuildFactory:
 # Used by the build stage tests (tests/build/).
 def files_of(directory: Path) -> dict[str, bytes]:
     """Every shard and index file of a version directory, by name (the manifest has a timestamp)."""
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "metadata.yaml"}
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.name != "metadata.yaml"}
 
 
 def stable_manifest(directory: Path) -> dict:

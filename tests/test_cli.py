@@ -161,7 +161,7 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     from shardflow.manifest import read_manifest
 
     def files(directory: Path) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "metadata.yaml"}
+        return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.name != "metadata.yaml"}
 
     def run_main(*args: str) -> list[str]:
         out = io.StringIO()

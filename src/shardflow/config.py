@@ -32,7 +32,7 @@ _NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes"
 BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
 
 # Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
-_OMITTED_WHEN_NONE = ("bos_token", "eos_token")
+_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "stats_column")
 
 
 def check_name(name: str) -> str:
@@ -203,6 +203,9 @@ class BuildConfig:
     """Upper bound on the rows of one batch, whatever their size."""
     embed: EmbedOptions | None = None
     """Compute one embedding per document (``--embed``); None: no embedding stage."""
+    stats_column: str | None = None
+    """A column (such as ``source``) whose values the statistics count tokens and documents by
+    (``--stats-column``); None: per input only. Left out of ``to_dict`` (so of build keys) while unset."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -255,6 +258,8 @@ class BuildConfig:
             raise ConfigError(f"utf8_errors must be 'replace' or 'skip', not {self.utf8_errors!r}")
         if self.on_bad_record not in ("fail", "skip"):
             raise ConfigError(f"on_bad_record must be 'fail' or 'skip', not {self.on_bad_record!r}")
+        if self.stats_column is not None and (not isinstance(self.stats_column, str) or not self.stats_column):
+            raise ConfigError(f"stats_column (--stats-column) must be a column name, not {self.stats_column!r}")
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
 

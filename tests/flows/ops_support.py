@@ -87,4 +87,4 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 18
 
 def version_files(directory: Path) -> dict[str, bytes]:
     """The bytes of a version's data files (shards and indexes), not its manifest (which has timestamps)."""
-    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.name != "metadata.yaml"}
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file() and p.name != "metadata.yaml"}

@@ -143,7 +143,7 @@ def versions(root: Path, name: str) -> list[str]:
 
 def version_files(directory: Path) -> dict[str, bytes]:
     """Every file of a version directory but the manifest, by name (hidden files included)."""
-    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.name != "metadata.yaml"}
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file() and p.name != "metadata.yaml"}
 
 
 # What legitimately differs between two builds of the same inputs: when and

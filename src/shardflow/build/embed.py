@@ -103,6 +103,8 @@ def embed_version(
     for field in ("rank_file", "tokenizer_file"):  # the tokenizer file's copy (tiktoken's key, the file families')
         if parent.tokenized_info.get(field):
             names.append(parent.tokenized_info[field])
+    # The statistics describe the same tokens: linked too, so the manifest's ``stats`` section stays true.
+    names += [f["file"] for f in parent.extra.get("stats", {}).get("files", [])]
     for name in names:
         try:
             os.link(src_dir / name, out / name)

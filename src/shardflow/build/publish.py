@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from .._io import fsync_dir, sha256_file
+from ..card import CARD_DIR, write_card
 from ..catalog import Catalog, VersionEntry
 from ..errors import ValidationError
 from ..faults import fault
@@ -29,6 +30,7 @@ from .layout import read_layout, unit_results
 from .manifest import TokenizerInfo, assemble_manifest, now
 from .model import BuildPlan, EmbedResult
 from .staging import Staging, as_plan
+from .stats import write_stats
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
 __all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result"]
@@ -62,12 +64,32 @@ def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: boo
     )
 
 
+def write_card_quietly(plan: BuildPlan, manifest: Manifest, out: Path) -> None:
+    """Write ``card/`` into the staged version; a card that cannot be drawn is a warning, never a failed build."""
+    parent_dir = None
+    if plan.parent:
+        try:
+            parent_dir = Catalog(plan.catalog).resolve(plan.parent)
+        except Exception:  # a parent that went away: the card just has no comparison
+            parent_dir = None
+    try:
+        write_card(out, manifest, parent=parent_dir, parent_ref=plan.parent)
+    except Exception as exc:  # the card is a view of stats.json; the data is fine without it
+        log.warning("%s: the dataset card could not be written (%s)", out / CARD_DIR, exc)
+
+
 def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     """Copy the tokenizer file into ``out/``, write the manifest there, and validate the staged files against it."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
-    write_tokenizer_files(load_tokenizer(plan.config.tokenizer, backend=plan.config.backend), staging.out)
+    tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
+    write_tokenizer_files(tokenizer, staging.out)
     manifest = staged_manifest(plan)
+    # The statistics (stats.json, named in the manifest with its SHA-256), then the card that shows them.
+    stats = write_stats(plan, manifest, staging.out, tokenizer)
+    if stats is not None:
+        manifest = manifest.replace(extra={**manifest.extra, "stats": stats})
+        write_card_quietly(plan, manifest, staging.out)
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.
     for stray in staging.out.glob(".*.tmp-*"):

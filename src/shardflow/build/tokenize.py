@@ -4,8 +4,10 @@ Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
 bounded by the batch, not the unit), encodes each batch with the fast
 backend (one document per batch is re-encoded with the reference library, to
 guard exactness on live data), inserts the plan's boundary tokens before (BOS)
-and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. The unit's
-``.json`` is written last: it is the unit's commit point.
+and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. As the tokens pass, the unit's statistics
+are collected (``build/stats.py``: counts per token id, per ``--stats-column``
+value) and written beside them. The unit's ``.json`` is written last: it is the
+unit's commit point.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
+from .stats import UnitCollector, collecting, unit_stats_in_place
 
 __all__ = ["tokenize_unit", "with_boundaries"]
 
@@ -45,7 +48,7 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     tok_path, docs_path, done_path = staging.unit_files(unit)
     done = staging.unit_result(unit)
     if done is not None:
-        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize):
+        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize) and unit_stats_in_place(staging, unit):
             return done
         log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
     done_path.unlink(missing_ok=True)
@@ -55,9 +58,10 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     if plan.boundaries is None:
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
+    collector = UnitCollector(tokenizer.vocab_size) if collecting() else None
     try:
         counts = _tokenize_into(
-            tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
+            tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries, collect=collector
         )
     except BaseException:
         # A failed unit (bad input, a full disk) leaves no temporary files behind.
@@ -67,6 +71,11 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     os.replace(tmp_tok, tok_path)
     os.replace(tmp_docs, docs_path)
     fault("tokenize-tokens", tok_path)
+    if collector is not None:
+        collector.commit(
+            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=np.load(docs_path),
+            batch_rows=_rows_per_batch(plan.config, wu),
+        )
     result = UnitResult(unit=unit, **counts)
     atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
     log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
@@ -83,6 +92,8 @@ def _tokenize_into(
     tokenizer: Tokenizer,
     dtype: np.dtype,
     boundaries: Boundaries,
+    *,
+    collect: UnitCollector | None = None,
 ) -> dict[str, int]:
     """Tokenize one unit into its temporary token file and document table; returns its counts."""
     limit = np.iinfo(dtype).max
@@ -115,6 +126,8 @@ def _tokenize_into(
                 counts["max_id"] = max(counts["max_id"], top)
             tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
             out.write(tokens_out.data)
+            if collect is not None:
+                collect.add_tokens(tokens_out)
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
             docs["length"] = np.diff(offsets) + boundaries.per_document
             docs["row"] = batch.rows
