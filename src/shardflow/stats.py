@@ -51,6 +51,7 @@ __all__ = [
     "read_stats",
     "stats_problems",
     "text_histogram",
+    "summary_lines",
 ]
 
 STATS_NAME = "stats.json"
@@ -230,4 +231,36 @@ def text_histogram(pairs: list[list[int]], *, width: int = 40, octave_rows: bool
         if count and not bar:
             bar = "."
         lines.append(f"  {label} {bar:<{width}} {count:>8,} ({100 * count / total:4.1f}%)")
+    return lines
+
+
+def summary_lines(stats: dict[str, Any], *, top: int = 8) -> list[str]:
+    """What ``shardflow show`` prints of a version's statistics: length histograms, top sources, vocabulary."""
+    lines = []
+    for split, s in stats["splits"].items():
+        lines.append(
+            f"  {split} document lengths (tokens): min {s['min_length']:,}, mean {s['mean_length']:,.1f}, "
+            f"p50 <= {s['p50_at_most']:,}, p99 <= {s['p99_at_most']:,}, max {s['max_length']:,}"
+        )
+        lines += text_histogram(s["histogram"], width=30)
+    if stats.get("by_column"):
+        col = stats["by_column"]
+        what, rows = f"{col['column']!r} value", [(v["value"], v["tokens"], v["documents"]) for v in col["values"]]
+    else:
+        what = "input"
+        rows = sorted(((i["relname"], i["tokens"], i["documents"]) for i in stats["inputs"]), key=lambda r: (-r[1], r[0]))
+    total = max(1, stats["totals"]["tokens"])
+    lines.append(f"  top sources (by {what}, of {len(rows)}):")
+    for label, tokens, docs in rows[:top]:
+        lines.append(f"    {tokens:>14,} tokens {100 * tokens / total:5.1f}%  {docs:>10,} docs  {label}")
+    voc = stats["vocabulary"]
+    lines.append(
+        f"  vocabulary: {voc['used']:,} of {voc['size']:,} ids used ({100 * voc['share_used']:.1f}%); most frequent: "
+        + ", ".join(f"{t['text']!r} {100 * t['share']:.1f}%" for t in voc["top"][:5])
+    )
+    sk = stats["documents_skipped"]
+    lines.append(
+        f"  skipped: {sk['null_texts']:,} null, {sk['empty_texts']:,} empty, {sk['invalid_utf8']:,} invalid UTF-8, "
+        f"{sk['bad_records']:,} bad records; {stats['documents_replaced']:,} with invalid UTF-8 replaced"
+    )
     return lines
