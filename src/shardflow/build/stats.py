@@ -314,9 +314,8 @@ def _assemble(
         if vocab[k]
     ]
     stats: dict[str, Any] = {
+        # Nothing here names the build (no name, no build key): the same data gives the same bytes.
         "stats_version": STATS_VERSION,
-        "name": cfg.name,
-        "build_key": plan.build_key,
         "complete": complete,
         "length_unit": "tokens per document, boundary tokens included (the distance between .bos.idx entries)",
         "length_bins": {"per_octave": BINS_PER_OCTAVE, "lower_edge_of_bin_k": "isqrt(isqrt(2**k))"},
