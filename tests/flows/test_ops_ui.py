@@ -86,7 +86,16 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
         size = _drawn_image(b)
         assert size[0] > 200 and size[1] > 100, size
         b.screenshot(shots / "ui-card-lengths.png")
-    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png"):
+
+        # The whole card as markdown, its plots inlined: the markdown renderer draws them too.
+        b.evaluate("history.back()")
+        b.click_text("Artifacts")
+        b.click_text(f"{name}-card")
+        b.wait_for_text("Dataset card:", "Document lengths", "Tokens by input", "Shards", "Vocabulary")
+        size = _drawn_image(b)
+        assert size[0] > 200 and size[1] > 100, size
+        b.screenshot(shots / "ui-card.png")
+    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png", "ui-card.png"):
         assert (shots / png).stat().st_size > 10_000
 
 

@@ -150,10 +150,22 @@ def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list
     return np.load(vocab_path), json.loads(stats_path.read_text())["column"]
 
 
-def _split_lengths(staging: Staging, split: str, tokens: int) -> np.ndarray:
-    """The lengths of every document of a split, from the layout's document starts."""
-    starts = np.fromfile(staging.starts(split), dtype="<i8")
-    return np.diff(np.append(starts, tokens))
+class _SplitLengths:
+    """Document lengths of a split, by ranges of documents, from the layout's document starts.
+
+    The starts file is mapped, not read: memory follows one input's documents, not the split's.
+    """
+
+    def __init__(self, staging: Staging, split: str, tokens: int) -> None:
+        path = staging.starts(split)
+        self.starts = np.memmap(path, dtype="<i8", mode="r") if path.stat().st_size else np.empty(0, dtype="<i8")
+        self.tokens = tokens
+
+    def __getitem__(self, docs: slice) -> np.ndarray:
+        a, b = docs.start, min(docs.stop, len(self.starts))
+        tail = np.array([self.tokens] if b == len(self.starts) else [], dtype=np.int64)
+        ends = np.concatenate([np.asarray(self.starts[a + 1 : b + 1], dtype=np.int64), tail])
+        return ends[: b - a] - np.asarray(self.starts[a:b], dtype=np.int64)
 
 
 def _parent_stats(plan: BuildPlan) -> tuple[dict[str, Any], np.ndarray] | None:
@@ -226,7 +238,7 @@ def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Token
     complete = not reused or parent is not None
     if reused and parent is None:
         log.warning("the parent version has no statistics: the reused inputs' vocabulary and column counts are missing")
-    split_lengths = {s: _split_lengths(staging, s, e.tokens) for s, e in manifest.splits.items()}
+    split_lengths = {s: _SplitLengths(staging, s, e.tokens) for s, e in manifest.splits.items()}
     units_of: dict[int, list[int]] = {}
     for u, wu in enumerate(plan.units):
         units_of.setdefault(wu.input, []).append(u)
