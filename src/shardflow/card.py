@@ -11,10 +11,10 @@ and PNGs linked by relative paths:
     card/shard_fill.png        tokens per shard against the shard size
     card/parent.png            documents added/removed per input, and the length distributions overlaid
 
-The plots need matplotlib (``pip install 'shardflow[card]'``), drawn with the
-Agg backend and without a timestamp in the PNG, so the same statistics give
+The plots need matplotlib (``pip install 'shardflow[card]'``), drawn on an Agg
+canvas (no pyplot, no display) and without a timestamp in the PNG, so the same statistics give
 the same bytes. Without matplotlib the card is text only and says how to get
-the plots.
+the plots. ``SHARDFLOW_CARD=0`` writes no card at all (``stats.json`` still).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +34,7 @@ from .errors import ShardflowError
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted"]
 
 log = logging.getLogger("shardflow.card")
 
@@ -42,6 +43,12 @@ CARD_NAME = "README.md"
 INSTALL_HINT = "pip install 'shardflow[card]'"
 PLOTS = ("lengths.png", "tokens_by_source.png", "shard_fill.png", "parent.png")
 _TOP = 15
+# Set to 0 to write no card (stats.json is still written): a build on a machine that never shows it.
+CARD_ENV = "SHARDFLOW_CARD"
+
+
+def card_wanted() -> bool:
+    return os.environ.get(CARD_ENV, "1") != "0"
 
 
 def card_path(directory: Path | str) -> Path:
@@ -56,31 +63,25 @@ def plot_available() -> bool:
     return True
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _figure(width: float, height: float, *, cols: int = 1) -> tuple[Any, Any]:
+    """A figure and its axes, without pyplot: no global state, so a card can be drawn on any thread."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # the Agg canvas: PNGs, no display
+    return fig, fig.subplots(1, cols)
 
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     # No "Software" tag (it names the matplotlib version) and no date: the same statistics, the same bytes.
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None}, bbox_inches="tight")
-    _pyplot().close(fig)
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     return buf.getvalue()
 
 
-def _centers(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nz = np.flatnonzero(hist)
-    return LENGTH_EDGES[nz].astype(float), hist[nz].astype(float)
-
-
 def _plot_lengths(stats: dict[str, Any]) -> bytes:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = _figure(7, 3.6)
     edges = np.append(LENGTH_EDGES, LENGTH_EDGES[-1] * 2).astype(float)
     for split, s in stats["splits"].items():
         hist = pairs_to_hist(s["histogram"])
@@ -110,11 +111,10 @@ def _sources(stats: dict[str, Any]) -> tuple[str, list[tuple[str, int, int]]]:
 
 
 def _plot_sources(stats: dict[str, Any]) -> bytes:
-    plt = _pyplot()
     what, rows = _sources(stats)
     if len(rows) > _TOP:
         rows = rows[: _TOP - 1] + [("(the other %d)" % (len(rows) - _TOP + 1), sum(r[1] for r in rows[_TOP - 1 :]), 0)]
-    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * max(1, len(rows))))
+    fig, ax = _figure(7, 0.9 + 0.32 * max(1, len(rows)))
     labels = [r[0] if len(r[0]) <= 40 else "..." + r[0][-37:] for r in rows]
     ax.barh(range(len(rows)), [r[1] for r in rows], color="#4878d0")
     ax.set_yticks(range(len(rows)), labels)
@@ -126,8 +126,7 @@ def _plot_sources(stats: dict[str, Any]) -> bytes:
 
 
 def _plot_fill(stats: dict[str, Any]) -> bytes:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = _figure(7, 3.2)
     cap = stats["shard_tokens"]
     x = 0
     for split, s in stats["splits"].items():
@@ -144,8 +143,7 @@ def _plot_fill(stats: dict[str, Any]) -> bytes:
 
 
 def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, changes: list[Any], parent_ref: str) -> bytes:
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = _figure(11, 3.8, cols=2)
     moved = [c for c in changes if c.documents_delta] or changes
     moved = moved[:_TOP]
     labels = [c.relname if len(c.relname) <= 28 else "..." + c.relname[-25:] for c in moved]

@@ -16,10 +16,11 @@ import json
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from .._io import fsync_dir, sha256_file
-from ..card import CARD_DIR, write_card
+from ..card import CARD_DIR, card_wanted, write_card
 from ..catalog import Catalog, VersionEntry
 from ..errors import ValidationError
 from ..faults import fault
@@ -87,16 +88,24 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     manifest = staged_manifest(plan)
     # The statistics (stats.json, named in the manifest with its SHA-256), then the card that shows them.
     stats = write_stats(plan, manifest, staging.out, tokenizer)
+    card = None
     if stats is not None:
         manifest = manifest.replace(extra={**manifest.extra, "stats": stats})
-        write_card_quietly(plan, manifest, staging.out)
+        # Drawn while the files are validated (the checksums leave a core idle for matplotlib).
+        if card_wanted():
+            card = threading.Thread(target=write_card_quietly, args=(plan, manifest, staging.out), name="dataset-card")
+            card.start()
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.
     for stray in staging.out.glob(".*.tmp-*"):
         stray.unlink(missing_ok=True)
-    write_manifest(staging.out, manifest)
-    fault("finalize-manifest", staging.out)
-    validate_dir(staging.out, manifest, checksums=True)
+    try:
+        write_manifest(staging.out, manifest)
+        fault("finalize-manifest", staging.out)
+        validate_dir(staging.out, manifest, checksums=True)
+    finally:
+        if card is not None:
+            card.join()  # out/ is complete before it can be published
     fault("finalize-done", staging.out)
     return manifest
 

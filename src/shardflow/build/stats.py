@@ -2,10 +2,11 @@
 
 Per work unit (``tokenize_unit``, as the tokens pass, no extra pass over them):
 
-    parts/unit-N.vocab.npy    count per token id (``VOCAB_DTYPE`` rows, ids with a count only)
-    parts/unit-N.stats.json   documents and tokens per value of ``--stats-column``
+    parts/unit-N.stats.npz    ``vocab``: count per token id (``VOCAB_DTYPE`` rows, ids with a count
+                              only); ``column``: documents and tokens per value of ``--stats-column``
+                              (JSON, as UTF-8 bytes)
 
-both written before the unit's marker. At finalize, ``write_stats`` adds them
+written before the unit's marker (one file: each file written costs an fsync). At finalize, ``write_stats`` adds them
 up per input, takes the document lengths per split and per input from the
 layout's document starts (``layout/<split>.starts.i64``: the split each
 document went to is known there, so no pass over tokens either), and takes a
@@ -19,6 +20,7 @@ version then has no ``stats.json`` and its manifest no ``stats`` section.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -72,14 +74,13 @@ def collecting() -> bool:
     return os.environ.get(COLLECT_ENV, "1") != "0"
 
 
-def _unit_paths(staging: Staging, unit: int) -> tuple[Path, Path]:
-    stem = staging.unit_files(unit)[0].with_suffix("")
-    return stem.with_suffix(".vocab.npy"), stem.with_suffix(".stats.json")
+def _unit_path(staging: Staging, unit: int) -> Path:
+    return staging.unit_files(unit)[0].with_suffix(".stats.npz")
 
 
 def unit_stats_in_place(staging: Staging, unit: int) -> bool:
-    """Whether unit ``unit``'s statistics files are there (always true when collection is off)."""
-    return not collecting() or all(p.exists() for p in _unit_paths(staging, unit))
+    """Whether unit ``unit``'s statistics file is there (always true when collection is off)."""
+    return not collecting() or _unit_path(staging, unit).exists()
 
 
 class UnitCollector:
@@ -88,23 +89,24 @@ class UnitCollector:
     def __init__(self, vocab_size: int) -> None:
         self.vocab = np.zeros(vocab_size, dtype=np.int64)
 
-    def add_tokens(self, tokens: np.ndarray) -> None:
-        counts = np.bincount(tokens, minlength=len(self.vocab))
-        if len(counts) > len(self.vocab):  # an id beyond the vocabulary's size (a special token)
-            self.vocab = np.concatenate([self.vocab, np.zeros(len(counts) - len(self.vocab), dtype=np.int64)])
-        self.vocab[: len(counts)] += counts
+    def add_tokens(self, tokens: np.ndarray, *, max_id: int) -> None:
+        """Count ``tokens`` (their largest id is ``max_id``, which the caller already knows)."""
+        if max_id >= len(self.vocab):  # an id beyond the vocabulary's size (a special token)
+            self.vocab = np.concatenate([self.vocab, np.zeros(max_id + 1 - len(self.vocab), dtype=np.int64)])
+        # Unbuffered in-place adds on the tokens' own dtype: about twice as fast as np.bincount,
+        # which first copies the ids to int64 and scans them for their range.
+        np.add.at(self.vocab, tokens, 1)
 
     def commit(self, staging: Staging, unit: int, *, column: str | None, inp: InputFile, wu: WorkUnit, docs: np.ndarray, batch_rows: int) -> None:
-        """Write the unit's statistics files (before its marker)."""
-        vocab_path, stats_path = _unit_paths(staging, unit)
+        """Write the unit's statistics file (before its marker)."""
         by_column = _column_counts(inp, wu, column, docs, batch_rows) if column else {}
-        atomic_write_bytes(vocab_path, _npy_bytes(sparse_vocab(self.vocab)))
-        atomic_write_text(stats_path, json.dumps({"column": by_column}, sort_keys=True))
+        buf = io.BytesIO()
+        np.savez(buf, vocab=sparse_vocab(self.vocab),
+                 column=np.frombuffer(json.dumps(by_column, sort_keys=True).encode("utf-8"), dtype=np.uint8))
+        atomic_write_bytes(_unit_path(staging, unit), buf.getvalue())
 
 
 def _npy_bytes(rows: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, rows)
     return buf.getvalue()
@@ -141,13 +143,14 @@ def _column_counts(inp: InputFile, wu: WorkUnit, column: str, docs: np.ndarray, 
 
 
 def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list[int]]]:
-    vocab_path, stats_path = _unit_paths(staging, unit)
-    if not vocab_path.exists() or not stats_path.exists():
+    path = _unit_path(staging, unit)
+    if not path.exists():
         raise ConfigError(
             f"{staging.root}: work unit {unit} has no statistics (it was tokenized with {COLLECT_ENV}=0); "
             f"delete {staging.root} and build again, or build with {COLLECT_ENV}=0"
         )
-    return np.load(vocab_path), json.loads(stats_path.read_text())["column"]
+    with np.load(path) as z:
+        return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8"))
 
 
 class _SplitLengths:

@@ -127,7 +127,7 @@ def _tokenize_into(
             tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
             out.write(tokens_out.data)
             if collect is not None:
-                collect.add_tokens(tokens_out)
+                collect.add_tokens(tokens_out, max_id=max(counts["max_id"], *boundaries.ids))
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
             docs["length"] = np.diff(offsets) + boundaries.per_document
             docs["row"] = batch.rows
