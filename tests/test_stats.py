@@ -290,3 +290,7 @@ def test_stats_column_stays_out_of_the_build_key_while_unset_and_collection_can_
     assert not (off.directory / "stats.json").exists() and not (off.directory / "card").exists()
     assert "stats" not in read_manifest(off.directory).extra and "stats" in read_manifest(on.directory).extra
     assert read_manifest(off.directory).build_key == read_manifest(on.directory).build_key
+    monkeypatch.setenv("SHARDFLOW_CARD", "0")
+    no_card = make_builder(tmp_path / "no-card")(corpus[0], name="k")
+    assert (no_card.directory / "stats.json").read_bytes() == (on.directory / "stats.json").read_bytes()
+    assert not (no_card.directory / "card").exists() and (on.directory / "card" / "README.md").is_file()

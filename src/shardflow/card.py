@@ -73,6 +73,19 @@ def _figure(width: float, height: float, *, cols: int = 1) -> tuple[Any, Any]:
     return fig, fig.subplots(1, cols)
 
 
+def _count_format() -> Any:
+    """Axis labels as 250k, 1.5M, 2G rather than matplotlib's offset exponent (1e7)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(v: float, _pos: Any) -> str:
+        for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= div:
+                return f"{v / div:g}{unit}"
+        return f"{v:g}"
+
+    return FuncFormatter(label)
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     # No "Software" tag (it names the matplotlib version) and no date: the same statistics, the same bytes.
@@ -119,6 +132,7 @@ def _plot_sources(stats: dict[str, Any]) -> bytes:
     ax.barh(range(len(rows)), [r[1] for r in rows], color="#4878d0")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(_count_format())
     ax.set_xlabel("tokens")
     ax.set_title(f"Tokens by {what}")
     ax.grid(True, axis="x", alpha=0.3)
