@@ -220,6 +220,7 @@ def _png_size(path: Path) -> int:
 def test_the_card_shows_the_plots_and_the_tables(one_worker):
     card_dir = one_worker.directory / "card"
     text = (card_dir / "README.md").read_text()
+    assert text.startswith(f"# Dataset card: {one_worker.ref}\n")  # drawn before publishing, titled after
     for png in ("lengths.png", "tokens_by_source.png", "shard_fill.png"):
         assert f"]({png})" in text and _png_size(card_dir / png) > 1000
     assert "parent.png" not in text  # a first version has no parent

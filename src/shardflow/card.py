@@ -34,7 +34,7 @@ from .errors import ShardflowError
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted", "stamp_card"]
 
 log = logging.getLogger("shardflow.card")
 
@@ -284,6 +284,16 @@ def _parent_info(parent: Path | None, manifest: Manifest) -> dict[str, Any] | No
     pstats_path = Path(parent) / STATS_NAME
     pstats = json.loads(pstats_path.read_text(encoding="utf-8")) if pstats_path.exists() else None
     return {"manifest": pm, "stats": pstats, "changes": input_changes(pm, manifest)}
+
+
+def stamp_card(directory: Path | str, ref: str) -> None:
+    """Put the version's reference into the card's title when it is published (the card is drawn before)."""
+    path = card_path(directory)
+    if not path.is_file():
+        return
+    first, sep, rest = path.read_text(encoding="utf-8").partition("\n")
+    if first.startswith("# Dataset card: "):
+        atomic_write_text(path, f"# Dataset card: {ref}{sep}{rest}")
 
 
 def write_card(

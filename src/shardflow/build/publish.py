@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from .._io import fsync_dir, sha256_file
-from ..card import CARD_DIR, card_wanted, write_card
+from ..card import CARD_DIR, card_wanted, stamp_card, write_card
 from ..catalog import Catalog, VersionEntry
 from ..errors import ValidationError
 from ..faults import fault
@@ -129,6 +129,7 @@ def _stamp(out: Path, version: str, final: Path, build_key: str) -> None:
     if manifest.build_key != build_key:
         raise ValidationError(f"{out / MANIFEST_NAME}: the manifest is not the one of build {build_key[:16]}; rebuild")
     write_manifest(out, manifest.replace(version=version, dataset_path=str(final)))
+    stamp_card(out, f"{manifest.name}@{version}")
 
 
 def publish_out(
