@@ -199,6 +199,19 @@ def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_p
     v3 = make(src, name="st", **{**OPTIONS, "shard_tokens": 50_000})
     code, out = _cli("diff", v2.ref, v3.ref, "--catalog", str(v3.catalog))
     assert code == 0 and "shard_tokens: 60000 -> 50000" in out and "0 added, 0 removed, 0 changed, 3 unchanged" in out
+    # An input removed and another changed (same name, other bytes).
+    (src / corpus[0].name).unlink()
+    shutil.copy(corpus[2], src / corpus[1].name)
+    v4 = make(src, name="st", **{**OPTIONS, "shard_tokens": 50_000})
+    code, out = _cli("diff", v3.ref, v4.ref, "--catalog", str(v4.catalog))
+    m3, m4 = read_manifest(v3.directory), read_manifest(v4.directory)
+    gone = sum(r["documents"] for r in m3.inputs[0]["splits"].values())
+    assert code == 0 and "inputs: 0 added, 1 removed, 1 changed, 1 unchanged" in out
+    assert re.search(rf"removed +{re.escape(corpus[0].name)} +documents {gone:,} -> 0 \(-{gone:,}\)", out)
+    assert re.search(rf"changed +{re.escape(corpus[1].name)} +documents", out)
+    assert "configuration: the same" in out
+    card = (v4.directory / "card" / "README.md").read_text()
+    assert f"| {corpus[0].name} | removed | 0 | -{gone:,} |" in card and f"| {corpus[1].name} | changed |" in card
 
 
 def _cli(*args: str) -> tuple[int, str]:
