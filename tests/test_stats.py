@@ -308,3 +308,24 @@ def test_stats_column_stays_out_of_the_build_key_while_unset_and_collection_can_
     no_card = make_builder(tmp_path / "no-card")(corpus[0], name="k")
     assert (no_card.directory / "stats.json").read_bytes() == (on.directory / "stats.json").read_bytes()
     assert not (no_card.directory / "card").exists() and (on.directory / "card" / "README.md").is_file()
+
+
+def test_an_incremental_version_of_a_parent_without_statistics_says_they_are_incomplete(corpus, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(corpus[0], src / corpus[0].name)
+    make = make_builder(tmp_path)
+    monkeypatch.setenv("SHARDFLOW_STATS", "0")
+    make(src, name="old", shard_tokens=60_000)
+    monkeypatch.delenv("SHARDFLOW_STATS")
+    shutil.copy(corpus[1], src / corpus[1].name)
+    v2 = make(src, name="old", shard_tokens=60_000)
+    m = read_manifest(v2.directory)
+    assert m.extra["reuse"]["reused_inputs"] == [corpus[0].name]
+    stats = _stats(v2.directory)
+    assert stats["complete"] is False
+    # The lengths come from the layout, so they are whole; the reused input's token counts are not known.
+    assert stats["splits"]["train"]["documents"] == m.splits["train"].documents
+    assert stats["inputs"][0]["vocabulary_used"] == 0 and stats["inputs"][1]["vocabulary_used"] > 0
+    assert "Incomplete: the parent version" in (v2.directory / "card" / "README.md").read_text()
+    validate_dir(v2.directory)

@@ -262,8 +262,9 @@ def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Token
                 prow = parent[1][parent[1]["input"] == pn]
                 counts = dense_vocab(prow, vocab_size)
                 column = pentry.get("by_column", {})
-            else:
+            else:  # the parent has no statistics (or none of this input): its counts are unknown here
                 counts, column = np.zeros(vocab_size, dtype=np.int64), {}
+                complete = False
         else:
             counts = np.zeros(vocab_size, dtype=np.int64)
             col = ColumnCounts()
