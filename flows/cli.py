@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a published version against its manifest")
     v.add_argument("ref", help="NAME@VERSION, NAME@latest, or a version directory / metadata.yaml")
     v.add_argument("--no-checksums", action="store_true", help="skip SHA-256 checks (faster)")
+    from shardflow.targets import TARGETS
+
+    v.add_argument("--for", dest="for_target", default=None, choices=list(TARGETS), metavar="TARGET",
+                   help=f"also check that TARGET's own reader loads the version, and print its settings ({', '.join(TARGETS)})")
     _add_catalog(v)
 
     ls = sub.add_parser("ls", help="list datasets, or the versions of one dataset")
@@ -207,6 +211,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     directory = Catalog(args.catalog).resolve(ref)
     print(f"published {ref}")
     print(str(directory / "metadata.yaml"))
+    if config.target is not None:
+        from flows.targets_cli import print_target_settings
+
+        print_target_settings(config.target, directory)
     return 0
 
 
@@ -271,6 +279,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     directory = resolve_ref(args.ref, args.catalog)
     manifest = read_manifest(directory)
     report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+    if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
+        from flows.targets_cli import check_target
+
+        check_target(args.for_target, directory, manifest)
     fmt = manifest.format
     print(f"OK {manifest.ref}: {report.shards} shards, {report.tokens} tokens, {report.documents} documents")
     print("settings for a training job:")
@@ -282,6 +294,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"  boundary:      {manifest.boundary_tokens.describe()}")
     for split, entry in manifest.splits.items():
         print(f"  {split:6s}         {len(entry.shards)} shards, {entry.tokens} tokens, {entry.documents} documents")
+    if args.for_target is not None:
+        from flows.targets_cli import print_target_settings
+
+        print_target_settings(args.for_target, directory, manifest)
     return 0
 
 

@@ -69,8 +69,14 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
                    help="tiktoken encoding name, .tiktoken rank file, tokenizer.json (or its directory) or SentencePiece .model")
     b.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="tokenizer backend: auto, gigatoken, or the family's reference (tiktoken, hf, sentencepiece)")
-    b.add_argument("--format", default="nanogpt", help="nanogpt (default), nanogpt-legacy, npy, bin or megatron (Megatron-LM .bin + .idx)")
-    b.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 10^8)")
+    b.add_argument("--format", default=None,
+                   help="nanogpt (default), nanogpt-legacy, npy, bin or megatron (Megatron-LM .bin + .idx)")
+    b.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default 10^8)")
+    from shardflow.targets import TARGETS
+
+    b.add_argument("--target", default=None, choices=list(TARGETS),
+                   help="the trainer whose own reader loads the version as is: sets format, boundary, dtype rule "
+                   "and file names, refuses what it cannot read, and prints its settings")
     b.add_argument("--bos", action="store_true",
                    help="put a BOS token before each document (the default); with --eos too, each document is "
                    "BOS + ids + EOS (Llama 3 style)")
@@ -120,16 +126,26 @@ def _placement(args: argparse.Namespace) -> str:
 def _config(args: argparse.Namespace) -> Any:
     from shardflow.config import BuildConfig
 
+    # Options given on the command line, as given: with --target, only those that contradict it are refused;
+    # the others left unset take the target's values.
+    given = {
+        "format": args.format,
+        "boundary": _placement(args) if (args.bos or args.eos) else None,
+        "shard_tokens": args.shard_tokens,
+    }
+    if args.target is not None:
+        from shardflow.targets import get_target
+
+        get_target(args.target).check_given(given)
     return BuildConfig(
+        **{k: v for k, v in given.items() if v is not None},
+        target=args.target,
         name=args.name,
         sources=tuple(args.sources),
         text_column=args.text_column,
         id_column=args.id_column,
         tokenizer=args.tokenizer,
         backend=args.backend,
-        format=args.format,
-        shard_tokens=args.shard_tokens,
-        boundary=_placement(args),
         bos_token=args.bos_token,
         eos_token=args.eos_token,
         val_fraction=args.val_fraction,

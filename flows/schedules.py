@@ -21,6 +21,7 @@ the UI's "Run" button). A schedules file::
           boundary: both           # bos (default), eos, or both: BOS + ids + EOS (--bos --eos)
           bos_token: "<|fim_prefix|>"   # text or id (--bos-token); default: the tokenizer's own
           eos_token: 100259             # (--eos-token)
+          # target: megatron        # a trainer target (--target); options given here must agree with it
       - name: code
         sources: ["s3://corpora/code/*.parquet"]
         cron: "30 3 * * 0"         # Sundays 03:30
@@ -129,6 +130,10 @@ def _one(entry: Any, defaults: dict[str, Any], base: Path, where: str) -> Schedu
     if "name" in options or "sources" in options:
         raise ConfigError(f"{where}: give 'name' and 'sources' at the dataset level, not under 'options'")
     try:
+        if options.get("target") is not None:  # options written in the file must agree with the target
+            from shardflow.targets import get_target
+
+            get_target(str(options["target"])).check_given({k: options.get(k) for k in ("format", "boundary", "shard_tokens")})
         config = BuildConfig(
             name=merged["name"], sources=tuple(_abs(str(s), base) or "" for s in sources), **options
         )

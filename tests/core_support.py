@@ -85,7 +85,11 @@ def make_builder(base: Path) -> BuildFactory:
 # Used by the build stage tests (tests/build/).
 def files_of(directory: Path) -> dict[str, bytes]:
     """Every shard and index file of a version directory, by name (the manifest has a timestamp)."""
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name not in ("metadata.yaml", *STATS_AND_CARD)}
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))  # the split directories too (manifest schema 2)
+        if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] not in STATS_AND_CARD
+    }
 
 
 def stable_manifest(directory: Path) -> dict:

@@ -29,7 +29,7 @@ def test_tatm_fields_and_contents(sample_built, raw):
     m = read_manifest(sample_built.directory)
     for key in TATM_FIELDS:
         assert key in raw, key
-    assert raw["schema_version"] == SCHEMA_VERSION == 1
+    assert raw["schema_version"] == SCHEMA_VERSION == 2
     assert (m.name, m.version, m.ref) == ("sample", "v1", "sample@v1")
     assert m.dataset_path == str(sample_built.directory)
     assert (m.data_content, m.content_field, m.parent_datasets) == ("text", "text", [])
@@ -41,7 +41,7 @@ def test_tatm_fields_and_contents(sample_built, raw):
         "name": "nanogpt",
         "header_magic": 278895051,
         "header_bytes": 1024,
-        "file_pattern": "sample_{split}_*.bin",
+        "file_pattern": "{split}/sample_{split}_*.bin",
         "index_suffix": ".bos.idx",
     }
     assert m.boundary == {"token": "<|endoftext|>", "token_id": 100257, "placement": "bos"}
@@ -69,8 +69,8 @@ def test_recorded_sizes_and_checksums_match_the_files(sample_built):
 
 
 def test_unknown_schema_version_is_refused_by_name(tmp_path, raw):
-    path = write_raw(tmp_path, {**raw, "schema_version": 2})
-    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 2; this shardflow reads schema_version 1\. Upgrade shardflow"):
+    path = write_raw(tmp_path, {**raw, "schema_version": 3})
+    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 3; this shardflow reads schema_version 1 and 2\. Upgrade shardflow"):
         read_manifest(path)
     del raw["schema_version"]
     with pytest.raises(ManifestError, match=r"unknown manifest schema_version None"):
@@ -95,10 +95,10 @@ def test_missing_tokenized_info_dtype(tmp_path, raw):
         read_manifest(write_raw(tmp_path, raw))
 
 
-@pytest.mark.parametrize("name", ["../escape.bin", "/etc/passwd", "sub/dir.bin", "a\\b.bin", "", None])
+@pytest.mark.parametrize("name", ["../escape.bin", "/etc/passwd", "sub/dir/x.bin", "train/../../x.bin", "a\\b.bin", "", None])
 def test_file_names_must_stay_in_the_version_directory(tmp_path, raw, name):
     raw["splits"]["train"]["shards"][0]["file"] = name
-    with pytest.raises(ManifestError, match=r"(escapes the version directory; shard paths must be plain file names|is not a string)"):
+    with pytest.raises(ManifestError, match=r"(escapes the version directory; shard paths must be plain file names or SPLIT/FILE|is not a string)"):
         read_manifest(write_raw(tmp_path, raw))
 
 

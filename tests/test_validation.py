@@ -15,8 +15,8 @@ from shardflow.reader import open_version
 from shardflow.validation import validate_dir
 
 HEADER = 1024  # nanogpt
-SHARD = "sample_train_000001.bin"
-INDEX = "sample_train_000001.bos.idx"
+SHARD = "train/sample_train_000001.bin"
+INDEX = "train/sample_train_000001.bos.idx"
 EOT = 100257
 
 
@@ -90,7 +90,7 @@ def test_stray_boundary_token_is_an_unindexed_document(version_copy):
     pos = ordinary_position(version_copy)
     put_token(version_copy, pos, EOT)
     msg = problems(version_copy, checksums=False)
-    assert f"{version_copy / SHARD}: the document starting at token {pos} has no entry in {INDEX} (1 unindexed)" in msg
+    assert f"{version_copy / SHARD}: the document starting at token {pos} has no entry in {Path(INDEX).name} (1 unindexed)" in msg
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_wrong_header(version_copy, field, value, expected):
 
 def test_wrong_npy_header(built, tiny_parquet):
     b = built(tiny_parquet, name="tiny", format="npy")
-    path = b.directory / "tiny_train_000000.npy"
+    path = b.directory / "train/tiny_train_000000.npy"
     data = bytearray(path.read_bytes())
     data[data.index(b"<u4") : data.index(b"<u4") + 3] = b"<i4"
     path.write_bytes(bytes(data))
@@ -129,7 +129,7 @@ def test_missing_index_entry(version_copy):
     n = len(starts)
     assert f"{path}: {4 * (n - 1)} bytes, but the manifest says {4 * n}" in msg
     assert f"{path}: {n - 1} entries, but the manifest says {n} documents start in {SHARD}" in msg
-    assert f"{version_copy / SHARD}: the document starting at token {int(starts[3])} has no entry in {INDEX} (1 unindexed)" in msg
+    assert f"{version_copy / SHARD}: the document starting at token {int(starts[3])} has no entry in {Path(INDEX).name} (1 unindexed)" in msg
 
 
 def test_missing_index_entry_with_a_consistent_manifest(version_copy):
@@ -153,16 +153,16 @@ def test_missing_index_entry_with_a_consistent_manifest(version_copy):
     manifest_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     msg = problems(version_copy)
     assert "(1 problem):" in msg
-    assert f"the document starting at token {int(starts[0])} has no entry in {INDEX} (1 unindexed)" in msg
+    assert f"the document starting at token {int(starts[0])} has no entry in {Path(INDEX).name} (1 unindexed)" in msg
 
 
 def test_missing_index_file_and_missing_shard(version_copy):
     (version_copy / INDEX).unlink()
-    (version_copy / "sample_train_000002.bin").unlink()
+    (version_copy / "train/sample_train_000002.bin").unlink()
     msg = problems(version_copy)
     assert "(2 problems):" in msg
     assert f"{version_copy / INDEX}: the .bos.idx index of {SHARD} is missing" in msg
-    assert f"{version_copy / 'sample_train_000002.bin'}: shard 2 of split 'train' is missing" in msg
+    assert f"{version_copy / 'train/sample_train_000002.bin'}: shard 2 of split 'train' is missing" in msg
     with pytest.raises(ValidationError, match=r"sample_train_000001\.bos\.idx: missing \(split 'train' of sample@v1\)"):
         open_version(version_copy)
 
@@ -189,7 +189,7 @@ def test_index_checksum_mismatch(version_copy):
     raw["splits"]["train"]["shards"][0]["index"]["sha256"] = hashlib.sha256(b"other").hexdigest()
     manifest_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     msg = problems(version_copy)
-    assert f"{version_copy / 'sample_train_000000.bos.idx'}: SHA-256 does not match the manifest; the index was changed" in msg
+    assert f"{version_copy / 'train/sample_train_000000.bos.idx'}: SHA-256 does not match the manifest; the index was changed" in msg
 
 
 def test_totals_that_do_not_add_up(version_copy):
@@ -204,10 +204,10 @@ def test_totals_that_do_not_add_up(version_copy):
 
 
 def test_every_problem_is_listed(version_copy):
-    (version_copy / "sample_train_000000.bos.idx").unlink()
+    (version_copy / "train/sample_train_000000.bos.idx").unlink()
     put_token(version_copy, ordinary_position(version_copy), 100_300)
-    data = (version_copy / "sample_train_000002.bin").read_bytes()
-    (version_copy / "sample_train_000002.bin").write_bytes(data[:-4])
+    data = (version_copy / "train/sample_train_000002.bin").read_bytes()
+    (version_copy / "train/sample_train_000002.bin").write_bytes(data[:-4])
     msg = problems(version_copy)
     assert "sample_train_000000.bos.idx: the .bos.idx index" in msg
     assert "sample_train_000001.bin: token" in msg
@@ -217,7 +217,7 @@ def test_every_problem_is_listed(version_copy):
 def test_eos_placement_is_validated_too(built, tiny_parquet):
     b = built(tiny_parquet, name="tiny", boundary="eos")
     assert validate_dir(b.directory).ok
-    idx = b.directory / "tiny_train_000000.bos.idx"
+    idx = b.directory / "train/tiny_train_000000.bos.idx"
     idx.write_bytes(struct.pack("<3i", 0, 2, 5))  # 2 is not right after an EOS (3 is)
     msg = problems(b.directory, checksums=False)
     assert "entry 1 points at token 2, which is not a document start (EOS token 100257 expected)" in msg
@@ -245,7 +245,7 @@ def test_eos_document_starting_a_shard_must_be_indexed(built, tiny_parquet):
     # EOS stream [a b E][ok E The][end . E]: shard 1 starts a document (shard 0 ends with EOS),
     # shard 2 continues "The end." -- even with a manifest rewritten to agree with the index.
     b = built(tiny_parquet, name="tiny", boundary="eos", shard_tokens=3)
-    assert [(b.directory / f"tiny_train_00000{k}.bos.idx").read_bytes() for k in range(3)] == [
+    assert [(b.directory / f"train/tiny_train_00000{k}.bos.idx").read_bytes() for k in range(3)] == [
         struct.pack("<i", 0), struct.pack("<2i", 0, 2), b""]
     _rewrite_index(b.directory, 1, [2])
     msg = problems(b.directory)

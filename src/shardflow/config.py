@@ -13,6 +13,7 @@ from .errors import ConfigError
 from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
+from .targets import get_target
 
 __all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "NAME_RE", "check_name"]
 
@@ -31,8 +32,14 @@ _NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes"
 # Where the boundary tokens go: before each document, after it, or both (BOS + ids + EOS).
 BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
 
+# The options a trainer target decides, and their values without a target. Their fields default
+# to None ("not given"), so that an explicit value, even one equal to these, is told from an unset
+# one and checked against the target; ``__post_init__`` resolves them, so a made config (its
+# ``to_dict``, its build key) never holds None.
+_TARGET_OPTIONS = {"format": "nanogpt", "boundary": "bos", "shard_tokens": 100_000_000}
+
 # Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
-_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "stats_column")
+_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "target", "stats_column")
 
 
 def check_name(name: str) -> str:
@@ -176,10 +183,13 @@ class BuildConfig:
     id_column: str | None = None
     tokenizer: str = "cl100k_base"
     backend: str = "auto"
-    format: str = "nanogpt"
-    shard_tokens: int = 100_000_000
-    boundary: Literal["bos", "eos", "both"] = "bos"
-    """Where boundary tokens go: before each document (``bos``), after it (``eos``) or both (BOS + ids + EOS)."""
+    format: str | None = None
+    """The shard format (``shardflow.formats.FORMATS``); None: the target's, or ``nanogpt``."""
+    shard_tokens: int | None = None
+    """Tokens per shard, at most the format's ``max_tokens``; None: the target's (one file per split), or 10^8."""
+    boundary: Literal["bos", "eos", "both"] | None = None
+    """Where boundary tokens go: before each document (``bos``), after it (``eos``) or both (BOS + ids + EOS);
+    None: the target's, or ``bos``."""
     bos_token: str | None = None
     """The BOS token's text or id (an all-digit string); None: the tokenizer's own (``default_bos``)."""
     eos_token: str | None = None
@@ -203,12 +213,19 @@ class BuildConfig:
     """Upper bound on the rows of one batch, whatever their size."""
     embed: EmbedOptions | None = None
     """Compute one embedding per document (``--embed``); None: no embedding stage."""
+    target: str | None = None
+    """A trainer target (``shardflow.targets.TARGETS``): sets the format, boundary, dtype rule and file layout
+    that stack's reader needs; options left at their defaults take the target's, others must agree with it.
+    None: no target (left out of ``to_dict``, so of manifests and build keys)."""
     stats_column: str | None = None
     """A column (such as ``source``) whose values the statistics count tokens and documents by
     (``--stats-column``); None: per input only. Left out of ``to_dict`` (so of build keys) while unset."""
+    _unset: frozenset[str] = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
+    """Which of ``_TARGET_OPTIONS`` were not given (so ``replace`` resolves them again); never serialized."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        self._resolve_target_options()
         if isinstance(self.embed, dict):
             object.__setattr__(self, "embed", EmbedOptions(**self.embed))
         if isinstance(self.sources, str):
@@ -224,10 +241,12 @@ class BuildConfig:
             raise ConfigError(f"unknown shard format {self.format!r}; use one of {', '.join(FORMATS)}")
         if isinstance(self.shard_tokens, bool) or not isinstance(self.shard_tokens, int):
             raise ConfigError(f"shard_tokens must be an integer, not {self.shard_tokens!r}")
-        if not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS:
+        limit = FORMATS[self.format].max_tokens
+        if not 1 <= self.shard_tokens <= limit:
+            why = "2**31 - 1; --format bin holds more" if limit == MAX_SHARD_TOKENS else "2**63 - 1"
             raise ConfigError(
-                f"shard_tokens={self.shard_tokens} is out of range; a shard holds 1 to {MAX_SHARD_TOKENS} tokens "
-                "(2**31 - 1, because .bos.idx entries are int32)"
+                f"shard_tokens={self.shard_tokens} is out of range; a shard holds 1 to {limit} tokens "
+                f"in format {self.format} ({why})"
             )
         if self.boundary not in BOUNDARY_PLACEMENTS:
             raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {self.boundary!r}")
@@ -263,12 +282,22 @@ class BuildConfig:
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
 
+    def _resolve_target_options(self) -> None:
+        """Set the target options left unset: the target's values (explicit ones must agree), or the defaults."""
+        given = {k: getattr(self, k) for k in _TARGET_OPTIONS}
+        object.__setattr__(self, "_unset", frozenset(k for k, v in given.items() if v is None))
+        resolved = get_target(self.target).resolve(given) if self.target is not None else given
+        for option, default in _TARGET_OPTIONS.items():
+            value = resolved.get(option)
+            object.__setattr__(self, option, default if value is None else value)
+
     @property
     def has_val(self) -> bool:
         return bool(self.val_fraction or self.val_count)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["_unset"]
         d["sources"] = list(self.sources)
         # Unset boundary tokens (the tokenizer's defaults) are left out, so that the
         # manifests and build keys of configurations that predate them stay the same.
@@ -287,7 +316,7 @@ class BuildConfig:
         # Manifests written before the unused ``extra`` option was removed record it empty.
         if d.get("extra", None) == {}:
             del d["extra"]
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown build options: {', '.join(unknown)}")
@@ -304,4 +333,6 @@ class BuildConfig:
         return fields
 
     def replace(self, **changes: Any) -> "BuildConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; options that were never given stay unset, so a new ``target`` sets them."""
+        unset = {k: None for k in self._unset if k not in changes}
+        return dataclasses.replace(self, **unset, **changes)

@@ -2,7 +2,8 @@
 
 The file-level half of the embedding stage (``shardflow.embeddings`` computes);
 validation, the readers and the runtime's ``EmbeddingStore`` use it without
-importing the reader or the embedder. Files of a version directory, per split::
+importing the reader or the embedder. Files of a version directory (in its
+``embeddings/`` directory since manifest schema 2; flat before), per split::
 
     <name>_<split>.emb.npy          codes, shape (documents, dim); dtype by codec
                                     (float32, float16, int8, or uint8 for fp8 bit patterns)
@@ -35,7 +36,7 @@ from . import codecs
 from ._io import sha256_file
 from .config import EmbedOptions
 from .errors import ValidationError
-from .manifest import Manifest, check_relative_file
+from .manifest import EMBEDDINGS_DIR, Manifest, check_relative_file
 from .pca import Projection
 
 __all__ = [
@@ -51,13 +52,18 @@ _DECODE_BLOCK = 65536  # rows per validation block (25 MB of float32 at dim 384)
 
 
 def embedding_file_names(name: str, split: str) -> tuple[str, str]:
-    """``(codes file, scales file)`` of a split's embeddings."""
-    return f"{name}_{split}.emb.npy", f"{name}_{split}.emb.scales.npy"
+    """``(codes file, scales file)`` of a split's embeddings, relative to the version directory.
+
+    In ``embeddings/`` (schema 2), apart from every split's shards, so that a
+    ``*.npy`` glob over a split directory never picks them up. Versions written
+    before keep theirs flat; readers take the names from the manifest.
+    """
+    return f"{EMBEDDINGS_DIR}/{name}_{split}.emb.npy", f"{EMBEDDINGS_DIR}/{name}_{split}.emb.scales.npy"
 
 
 def pca_file_names(name: str) -> tuple[str, str]:
-    """``(mean file, components file)`` of a version's PCA projection."""
-    return f"{name}.emb.pca_mean.npy", f"{name}.emb.pca_components.npy"
+    """``(mean file, components file)`` of a version's PCA projection, relative to the version directory."""
+    return f"{EMBEDDINGS_DIR}/{name}.emb.pca_mean.npy", f"{EMBEDDINGS_DIR}/{name}.emb.pca_components.npy"
 
 
 def _open_npy(directory: Path, entry: dict[str, Any], what: str, *, mmap: bool = True) -> np.ndarray:

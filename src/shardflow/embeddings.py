@@ -120,13 +120,15 @@ def _embed_rows(
     return out, embedder.last_stats.long_documents, embedder.last_stats.truncated
 
 
-def _save_npy(path: Path, array: np.ndarray) -> dict[str, Any]:
-    """Write ``array`` as a ``.npy`` file (temporary name, then ``os.replace``); its manifest entry."""
+def _save_npy(directory: Path, name: str, array: np.ndarray) -> dict[str, Any]:
+    """Write ``array`` as the ``.npy`` file ``directory / name`` (temporary name, then ``os.replace``); its manifest entry."""
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path_for(path)
     with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the temporary name
         np.save(f, array, allow_pickle=False)
     os.replace(tmp, path)
-    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return {"file": name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _fit_projection(
@@ -152,8 +154,8 @@ def _fit_projection(
         "fit_split": split,
         "sample_rows": len(ids),
         "explained_variance_ratio": projection.explained_variance_ratio,
-        "mean": _save_npy(directory / mean_name, projection.mean),
-        "components": _save_npy(directory / components_name, projection.components),
+        "mean": _save_npy(directory, mean_name, projection.mean),
+        "components": _save_npy(directory, components_name, projection.components),
         "floors": {"min_mean_cosine": options.pca_min_mean_cosine, "min_recall_at_10": options.pca_min_recall_at_10},
     }
     known = _Known(ids=ids, vectors=vectors, long_documents=long_docs, truncated=truncated)
@@ -191,6 +193,7 @@ def embed_split(
     dim = model_dim if projection is None else projection.dim
     codes_name, scales_name = embedding_file_names(manifest.name, split)
     codes_path, scales_path = directory / codes_name, directory / scales_name
+    codes_path.parent.mkdir(parents=True, exist_ok=True)
     codes_tmp, scales_tmp = tmp_path_for(codes_path), tmp_path_for(scales_path)
     codes = np.lib.format.open_memmap(codes_tmp, mode="w+", dtype=codec.storage_dtype, shape=(n, dim))
     scales = (

@@ -10,6 +10,11 @@ creation time and the parent version.
 
 It is written last, as the commit point of a version, and read only with
 ``yaml.safe_load``. A schema version this code does not know is refused by name.
+
+Schema 2 (this code writes it) keeps each split's shards in their own
+directory (``train/``, ``val/``) and the embeddings in ``embeddings/``, so the
+manifest's file names are ``SPLIT/FILE``; schema 1 versions (every file flat
+in the version directory) are still read, validated and reused as parents.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from .errors import ManifestError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "READABLE_SCHEMA_VERSIONS",
     "MANIFEST_NAME",
+    "EMBEDDINGS_DIR",
     "FileEntry",
     "ShardEntry",
     "SplitEntry",
@@ -38,8 +45,12 @@ __all__ = [
     "write_manifest",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+"""1: every file flat in the version directory; 2: one directory per split, ``embeddings/``."""
 MANIFEST_NAME = "metadata.yaml"
+EMBEDDINGS_DIR = "embeddings"
+"""The directory of a schema-2 version holding its embedding files, apart from every split's shards."""
 
 
 def _require(d: dict[str, Any], key: str, where: str) -> Any:
@@ -49,12 +60,26 @@ def _require(d: dict[str, Any], key: str, where: str) -> Any:
 
 
 def check_relative_file(name: Any, where: str) -> str:
-    """A file name inside the version directory: no absolute paths, no '..', no separators."""
+    """A file inside the version directory: ``FILE`` or ``DIR/FILE`` (schema 2's split directories).
+
+    No absolute paths, no '..', no backslashes, at most one directory level.
+    """
     if not isinstance(name, str) or not name:
         raise ManifestError(f"{where}: file name {name!r} is not a string")
     norm = posixpath.normpath(name)
-    if name.startswith(("/", "\\")) or Path(name).is_absolute() or norm.startswith("..") or "/" in norm or "\\" in name:
-        raise ManifestError(f"{where}: file {name!r} escapes the version directory; shard paths must be plain file names")
+    parts = name.split("/")
+    if (
+        name.startswith(("/", "\\"))
+        or Path(name).is_absolute()
+        or norm.startswith("..")
+        or "\\" in name
+        or len(parts) > 2
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ManifestError(
+            f"{where}: file {name!r} escapes the version directory; shard paths must be plain file names "
+            "or SPLIT/FILE"
+        )
     return name
 
 
@@ -258,10 +283,10 @@ class Manifest:
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: not a shardflow manifest (expected a mapping at the top level)")
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
             raise ManifestError(
                 f"{where}: unknown manifest schema_version {version!r}; this shardflow reads schema_version "
-                f"{SCHEMA_VERSION}. Upgrade shardflow (pip install -U shardflow) or rebuild the dataset"
+                f"{' and '.join(map(str, READABLE_SCHEMA_VERSIONS))}. Upgrade shardflow (pip install -U shardflow) or rebuild the dataset"
             )
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs: dict[str, Any] = {}

@@ -249,13 +249,13 @@ class ShardSet:
         return self.shards[k].index is not None or self.boundary_token is not None
 
     def doc_starts(self, k: int, *, cache: bool = True) -> np.ndarray:
-        """Document starts in shard ``k`` (int32 token indices, ascending, read-only), from its ``.bos.idx``.
+        """Document starts in shard ``k`` (token indices, ascending, read-only), from its ``.bos.idx``.
 
         A document continued from the previous shard has no entry. Plain
         directories without sidecars derive them from ``boundary_token`` (one
         vectorized pass over the shard, once); without either this raises.
-        Kept as int32, as on disk (shards hold fewer than 2**31 tokens), and
-        cached unless ``cache=False``.
+        Kept as on disk: int32, or int64 for a shard of more than 2**31 - 1
+        tokens (``bosidx.entry_dtype``); cached unless ``cache=False``.
         """
         starts = self._starts[k]
         if starts is None:
@@ -264,7 +264,7 @@ class ShardSet:
                 starts = bosidx.read(info.index, info.tokens)
                 self._check_index(k, starts)
             elif self.boundary_token is not None:
-                starts = self._derive_starts(k).astype(np.int32)
+                starts = self._derive_starts(k).astype(bosidx.entry_dtype(info.tokens))
             else:
                 raise ConfigError(
                     f"{info.path}: no {bosidx.BOS_IDX_SUFFIX} sidecar, so document starts are unknown; packing and "

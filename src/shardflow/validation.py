@@ -253,7 +253,7 @@ def _sidecar_problems(
     """The format's files beside a shard (megatron's ``.idx``): listed, sized and hashed as the manifest says,
     and what the format's own ``check_sidecars`` finds in them."""
     problems: list[str] = []
-    expected = [p.name for p in fmt.sidecars(path, ntokens, dtype, starts)]
+    expected = [p.relative_to(directory).as_posix() for p in fmt.sidecars(path, ntokens, dtype, starts)]
     listed = [f.file for f in entry.sidecars]
     for name in expected:
         if name not in listed:

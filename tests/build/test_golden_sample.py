@@ -44,7 +44,9 @@ CASES = {
 
 def _digest(directory: Path) -> tuple[str, int]:
     files = sorted(
-        (p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in directory.iterdir() if p.name not in ("metadata.yaml", *STATS_AND_CARD)
+        (p.name, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in directory.rglob("*")  # the split directories' files too (manifest schema 2), by their own names
+        if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] not in STATS_AND_CARD
     )
     return hashlib.sha256(json.dumps(files).encode()).hexdigest(), len(files)
 

@@ -33,9 +33,10 @@ def test_shard_names_sort_in_manifest_order(built):
         names = [s.file for s in entry.shards]
         assert len(names) >= (12 if split == "train" else 1)
         assert names == sorted(names)
-        assert names == sorted(p.name for p in b.directory.glob(f"many_{split}_*.bin"))
-        assert [s.index.file for s in entry.shards] == sorted(p.name for p in b.directory.glob(f"many_{split}_*.bos.idx"))
-        assert names[0] == f"many_{split}_000000.bin"
+        # One directory per split (manifest schema 2): a glob over it sees the split's shards, in manifest order.
+        assert names == [f"{split}/{p.name}" for p in sorted((b.directory / split).glob("*.bin"))]
+        assert [s.index.file for s in entry.shards] == [f"{split}/{p.name}" for p in sorted((b.directory / split).glob("*.bos.idx"))]
+        assert names[0] == f"{split}/many_{split}_000000.bin"
 
 
 def test_bos_idx_points_at_every_bos_and_only_at_bos(sample_built):

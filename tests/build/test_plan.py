@@ -55,9 +55,13 @@ def test_changed_input_publishes_a_new_version_with_its_parent(built, tmp_path):
     assert v3.ref == "grow@v3"
 
 
-def test_shard_size_beyond_int32_index_is_refused():
-    with pytest.raises(ConfigError, match=r"shard_tokens=2147483648 is out of range; a shard holds 1 to 2147483647 tokens"):
+def test_shard_size_beyond_the_format_limit_is_refused():
+    # The default format's header stores the count as int32; headerless bin holds more (int64 .bos.idx entries).
+    with pytest.raises(ConfigError, match=r"shard_tokens=2147483648 is out of range; a shard holds 1 to 2147483647 tokens in format nanogpt \(2\*\*31 - 1; --format bin holds more\)"):
         BuildConfig(name="x", sources=("a",), shard_tokens=2**31)
+    assert BuildConfig(name="x", sources=("a",), format="bin", shard_tokens=2**31).shard_tokens == 2**31
+    with pytest.raises(ConfigError, match=r"shard_tokens=9223372036854775808 is out of range; a shard holds 1 to 9223372036854775807 tokens in format bin"):
+        BuildConfig(name="x", sources=("a",), format="bin", shard_tokens=2**63)
     with pytest.raises(ConfigError, match=r"shard_tokens=0 is out of range"):
         BuildConfig(name="x", sources=("a",), shard_tokens=0)
 

@@ -75,7 +75,7 @@ def test_build_resumes_after_the_layout_and_some_shards(built, tmp_path, monkeyp
     layout = make_layout(plan)
     assert layout.shard_jobs() == [("train", k) for k in range(layout.splits["train"].shards)]
     write_shard(plan, "train", 1)
-    (Path(plan.staging) / "out" / ".res_train_000000.bin.tmp-999999").write_bytes(b"junk")
+    (Path(plan.staging) / "out" / "train" / ".res_train_000000.bin.tmp-999999").write_bytes(b"junk")
     written: list[tuple[str, int]] = []
     real = write_mod.ShardWriter
 

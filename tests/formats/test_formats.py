@@ -84,14 +84,15 @@ def _tokenizer(which: str, small_vocab: Path) -> str:
 def test_golden_bytes(built, tiny_parquet, small_vocab, fmt, which):
     b = built(tiny_parquet, name="tiny", format=fmt, tokenizer=_tokenizer(which, small_vocab))
     ext = FORMATS[fmt].extension
-    files = {p.name for p in b.directory.iterdir()} - STATS_AND_CARD
+    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*")
+             if p.is_file() and p.relative_to(b.directory).parts[0] not in STATS_AND_CARD}
     # A local rank file (the small vocabulary) is copied into the version, byte for byte.
     ranks = {small_vocab.name} if which == "small" else set()
-    assert files == {"metadata.yaml", "tiny_train_000000.bos.idx", f"tiny_train_000000.{ext}"} | ranks
+    assert files == {"metadata.yaml", "train/tiny_train_000000.bos.idx", f"train/tiny_train_000000.{ext}"} | ranks
     if ranks:
         assert (b.directory / small_vocab.name).read_bytes() == small_vocab.read_bytes()
-    assert (b.directory / f"tiny_train_000000.{ext}").read_bytes() == GOLDEN[(fmt, which)]
-    assert (b.directory / "tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
+    assert (b.directory / f"train/tiny_train_000000.{ext}").read_bytes() == GOLDEN[(fmt, which)]
+    assert (b.directory / "train/tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
 
 
 def test_golden_bytes_eos(built, tiny_parquet):
@@ -99,8 +100,8 @@ def test_golden_bytes_eos(built, tiny_parquet):
     assert b.open().manifest.boundary == {"token": "<|endoftext|>", "token_id": CL100K_EOT, "placement": "eos"}
     eos = stream(CL100K_EOT, "eos")
     assert eos == [64, 293, 100257, 564, 100257, 791, 842, 13, 100257]
-    assert (b.directory / "tiny_train_000000.bin").read_bytes() == nanogpt_header(9, 4) + pack(eos, "I")
-    assert (b.directory / "tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
+    assert (b.directory / "train/tiny_train_000000.bin").read_bytes() == nanogpt_header(9, 4) + pack(eos, "I")
+    assert (b.directory / "train/tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
 
 
 def test_golden_bytes_across_shards(built, tiny_parquet):
@@ -109,9 +110,11 @@ def test_golden_bytes_across_shards(built, tiny_parquet):
     s = stream(CL100K_EOT)
     expected = [(s[0:4], idx(0, 3)), (s[4:8], idx(1)), (s[8:9], b"")]
     for k, (tokens, index) in enumerate(expected):
-        assert (b.directory / f"tiny_train_{k:06d}.bin").read_bytes() == nanogpt_header(len(tokens), 4) + pack(tokens, "I")
-        assert (b.directory / f"tiny_train_{k:06d}.bos.idx").read_bytes() == index
-    assert len({p.name for p in b.directory.iterdir()} - STATS_AND_CARD) == 7
+        assert (b.directory / f"train/tiny_train_{k:06d}.bin").read_bytes() == nanogpt_header(len(tokens), 4) + pack(tokens, "I")
+        assert (b.directory / f"train/tiny_train_{k:06d}.bos.idx").read_bytes() == index
+    # metadata.yaml and train/ (manifest schema 2), besides the statistics and the card
+    assert len({p.name for p in b.directory.iterdir()} - STATS_AND_CARD) == 2
+    assert len(list((b.directory / "train").iterdir())) == 6
 
 
 @pytest.mark.parametrize(
@@ -130,7 +133,7 @@ def test_round_trip_every_format(built, small_vocab, sample_texts, fmt, which):
 
 def test_npy_shards_load_with_numpy(built, tiny_parquet):
     b = built(tiny_parquet, name="tiny", format="npy")
-    arr = np.load(b.directory / "tiny_train_000000.npy")
+    arr = np.load(b.directory / "train/tiny_train_000000.npy")
     assert arr.dtype == np.dtype("<u4") and arr.tolist() == stream(CL100K_EOT)
 
 

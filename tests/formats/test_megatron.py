@@ -99,7 +99,7 @@ def read_prefix(prefix: Path) -> tuple[dict, list[np.ndarray]]:
 
 
 def prefixes(directory: Path, name: str, split: str = "train") -> list[Path]:
-    return [p.with_suffix("") for p in sorted(directory.glob(f"{name}_{split}_*.bin"))]
+    return [p.with_suffix("") for p in sorted(directory.glob(f"{split}/{name}_{split}_*.bin"))]
 
 
 # -- golden bytes ----------------------------------------------------------------------------------------
@@ -125,18 +125,19 @@ def test_hand_made_layout_is_what_it_claims():
 def test_golden_bytes_three_documents(built, tiny_parquet, small_vocab, which, eot, code, width, packcode):
     tok = "cl100k_base" if which == "cl100k" else str(small_vocab)
     b = built(tiny_parquet, name="tiny", format="megatron", tokenizer=tok)
-    files = {p.name for p in b.directory.iterdir()} - {small_vocab.name} - STATS_AND_CARD
-    assert files == {"metadata.yaml", "tiny_train_000000.bin", "tiny_train_000000.bos.idx", "tiny_train_000000.idx"}
+    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*")
+             if p.is_file() and p.relative_to(b.directory).parts[0] not in STATS_AND_CARD} - {small_vocab.name}
+    assert files == {"metadata.yaml", "train/tiny_train_000000.bin", "train/tiny_train_000000.bos.idx", "train/tiny_train_000000.idx"}
     # [E a b][E ok][E The end .]: three documents, three sequences of 3, 2 and 4 tokens.
-    assert (b.directory / "tiny_train_000000.bin").read_bytes() == pack(stream(eot), packcode)
-    assert (b.directory / "tiny_train_000000.idx").read_bytes() == idx_bytes(code, [3, 2, 4], width)
-    assert (b.directory / "tiny_train_000000.bos.idx").read_bytes() == bos_idx(0, 3, 5)
+    assert (b.directory / "train/tiny_train_000000.bin").read_bytes() == pack(stream(eot), packcode)
+    assert (b.directory / "train/tiny_train_000000.idx").read_bytes() == idx_bytes(code, [3, 2, 4], width)
+    assert (b.directory / "train/tiny_train_000000.bos.idx").read_bytes() == bos_idx(0, 3, 5)
     assert encode_idx(9, np.dtype(f"<u{width}"), np.array([0, 3, 5])) == idx_bytes(code, [3, 2, 4], width)
     m = read_manifest(b.directory)
     assert m.format_name == "megatron" and m.format["header_bytes"] == 0
     (shard,) = m.splits["train"].shards
-    idx = (b.directory / "tiny_train_000000.idx").read_bytes()
-    assert shard.sidecars == (FileEntry(file="tiny_train_000000.idx", bytes=len(idx), sha256=hashlib.sha256(idx).hexdigest()),)
+    idx = (b.directory / "train/tiny_train_000000.idx").read_bytes()
+    assert shard.sidecars == (FileEntry(file="train/tiny_train_000000.idx", bytes=len(idx), sha256=hashlib.sha256(idx).hexdigest()),)
     assert m.totals["bytes"] == 9 * width + 12 + len(idx)
 
 
@@ -148,7 +149,7 @@ def test_golden_bytes_across_shards(built, tiny_parquet, placement):
     s = stream(CL100K_EOT, placement)
     expected = [(s[0:4], [3, 1], bos_idx(0, 3)), (s[4:8], [1, 3], bos_idx(1)), (s[8:9], [1], b"")]
     for k, (tokens, lengths, index) in enumerate(expected):
-        stem = b.directory / f"tiny_train_{k:06d}"
+        stem = b.directory / f"train/tiny_train_{k:06d}"
         assert Path(f"{stem}.bin").read_bytes() == pack(tokens, "I")
         assert Path(f"{stem}.idx").read_bytes() == idx_bytes(CODE_INT32, lengths, 4)
         assert Path(f"{stem}.bos.idx").read_bytes() == index
@@ -237,7 +238,7 @@ def meg_copy(sample_megatron, tmp_path) -> Path:
     return dest
 
 
-IDX1 = "meg_train_000001.idx"  # begins with a continued document: sequence 0 is a tail
+IDX1 = "train/meg_train_000001.idx"  # begins with a continued document: sequence 0 is a tail
 
 
 def _edit(path: Path, offset: int, data: bytes) -> None:
@@ -255,7 +256,7 @@ def test_validation_catches_a_corrupted_idx(meg_copy, checksums):
 
 def test_validation_reports_sha256_and_what_the_bytes_say(meg_copy):
     path = meg_copy / IDX1
-    assert read_idx(path)["pointers"][1] > 0 and 0 not in np.fromfile(meg_copy / "meg_train_000001.bos.idx", "<i4")
+    assert read_idx(path)["pointers"][1] > 0 and 0 not in np.fromfile(meg_copy / "train/meg_train_000001.bos.idx", "<i4")
     nseq = struct.unpack_from("<Q", path.read_bytes(), 18)[0]
     # Swap the first two lengths: they still add up, but the pointers no longer follow them.
     a, b2 = struct.unpack_from("<2i", path.read_bytes(), 34)
@@ -290,7 +291,7 @@ def test_validation_checks_lengths_version_dtype_and_starts(meg_copy):
     with pytest.raises(ValidationError, match=r"bytes, but its header says \d+ sequences and \d+ document indices"):
         validate_dir(meg_copy, checksums=False)
     path.unlink()
-    with pytest.raises(ValidationError, match=r"meg_train_000001\.idx: missing; the manifest lists it beside meg_train_000001\.bin"):
+    with pytest.raises(ValidationError, match=r"meg_train_000001\.idx: missing; the manifest lists it beside train/meg_train_000001\.bin"):
         validate_dir(meg_copy, checksums=False)
 
 
@@ -298,7 +299,7 @@ def test_validation_needs_the_manifest_to_list_the_idx(meg_copy):
     data = yaml.safe_load((meg_copy / "metadata.yaml").read_text())
     del data["splits"]["train"]["shards"][2]["sidecars"]
     (meg_copy / "metadata.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(ValidationError, match=r"meg_train_000002\.idx: format 'megatron' keeps it beside meg_train_000002\.bin, but the manifest does not list it"):
+    with pytest.raises(ValidationError, match=r"meg_train_000002\.idx: format 'megatron' keeps it beside train/meg_train_000002\.bin, but the manifest does not list it"):
         validate_dir(meg_copy)
 
 
@@ -321,7 +322,7 @@ def test_plain_directory_takes_the_dtype_from_the_idx(sample_megatron, tmp_path)
     # Without the manifest: a .bin with a sibling MMIDIDX .idx is megatron, its dtype the .idx's code.
     plain = tmp_path / "plain"
     plain.mkdir()
-    for p in sample_megatron.directory.glob("meg_train_*"):
+    for p in sample_megatron.directory.glob("train/meg_train_*"):
         if not p.name.endswith(".bos.idx"):
             shutil.copy(p, plain / p.name)
     s = open_shards(plain)

@@ -145,7 +145,7 @@ def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
     staging = _staging(root)
     units, shards = _committed(staging)
     if sid == "mid-shard":
-        assert list((staging / "out").glob(".*.tmp-*")), "the killed writer left its temporary shard"
+        assert list((staging / "out").rglob(".*.tmp-*")), "the killed writer left its temporary shard"
     if sid in ("renamed-before-catalog", "catalog-write", "three-crashes"):
         # The renamed directory exists but is not published.
         assert (root / "data" / NAME / "v1" / "metadata.yaml").exists()

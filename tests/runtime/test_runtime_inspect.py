@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -33,7 +34,7 @@ def test_report_of_a_version(cat):
     assert sum(int(line.split()[-1].replace(",", "")) for line in hist) == split.num_documents
     # One line per shard with its token count.
     for k, shard in enumerate(split.entry.shards):
-        assert re.search(rf"\n\s+{k}\s+{re.escape(shard.file)}\s+{shard.tokens:,} tokens\s+{shard.documents} documents start", report)
+        assert re.search(rf"\n\s+{k}\s+{re.escape(Path(shard.file).name)}\s+{shard.tokens:,} tokens\s+{shard.documents} documents start", report)
 
 
 def test_report_of_the_val_split_and_eos_placement(cat):

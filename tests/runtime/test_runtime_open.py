@@ -68,7 +68,7 @@ def private_version(tmp_path) -> tuple[Path, Path]:
 
 def test_truncated_shard_is_refused_naming_the_file(private_version):
     catalog, directory = private_version
-    shard = sorted(directory.glob("*_000001.bin"))[0]
+    shard = sorted(directory.glob("*/*_000001.bin"))[0]
     data = shard.read_bytes()
     shard.write_bytes(data[:-4])
     with pytest.raises(ValidationError, match=shard.name):
@@ -77,7 +77,7 @@ def test_truncated_shard_is_refused_naming_the_file(private_version):
 
 def test_missing_index_is_refused_naming_the_file(private_version):
     catalog, directory = private_version
-    idx = sorted(directory.glob("*_000002.bos.idx"))[0]
+    idx = sorted(directory.glob("*/*_000002.bos.idx"))[0]
     idx.unlink()
     with pytest.raises(ValidationError, match=f"{idx.name}: missing"):
         StreamingTokenDataset("dmg@latest", seq_len=64, catalog=catalog)
@@ -85,7 +85,7 @@ def test_missing_index_is_refused_naming_the_file(private_version):
 
 def test_verify_checks_checksums(private_version):
     catalog, directory = private_version
-    shard = sorted(directory.glob("*_000000.bin"))[0]
+    shard = sorted(directory.glob("*/*_000000.bin"))[0]
     data = bytearray(shard.read_bytes())
     data[5000] ^= 0x01  # same size, different content: only a checksum sees it
     shard.write_bytes(bytes(data))
@@ -97,7 +97,7 @@ def test_verify_checks_checksums(private_version):
 def test_unknown_manifest_schema_is_refused(private_version):
     catalog, directory = private_version
     manifest = directory / "metadata.yaml"
-    manifest.write_text(manifest.read_text().replace("schema_version: 1", "schema_version: 99", 1))
+    manifest.write_text(manifest.read_text().replace("schema_version: 2", "schema_version: 99", 1))
     with pytest.raises(ManifestError, match="schema_version 99"):
         TokenDataset("dmg@latest", seq_len=64, catalog=catalog)
 

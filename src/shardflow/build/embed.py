@@ -24,7 +24,7 @@ from ..config import EmbedOptions
 from ..embedding_files import embedding_key, validate_embeddings
 from ..embeddings import add_embeddings, check_embed_options
 from ..errors import ValidationError
-from ..manifest import SplitEntry, read_manifest, write_manifest
+from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, write_manifest
 from ..tokenizers import load_tokenizer
 from .manifest import now
 from .model import BuildPlan, BuildResult, EmbedResult
@@ -110,6 +110,7 @@ def embed_version(
     # The statistics describe the same tokens: linked too, so the manifest's ``stats`` section stays true.
     names += [f["file"] for f in parent.extra.get("stats", {}).get("files", [])]
     for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)  # a split directory (schema 2)
         try:
             os.link(src_dir / name, out / name)
         except OSError:
@@ -119,6 +120,7 @@ def embed_version(
         extra={k: v for k, v in parent.extra.items() if k != "embeddings"},
         config={**parent.config, "embed": options.to_dict()},
         build_key=key,
+        schema_version=SCHEMA_VERSION,  # the embeddings go into embeddings/, which schema 1 readers refuse
         created_at=now(),
         parent=parent.ref,
     )

@@ -21,6 +21,7 @@ from .._io import atomic_write_text, remove_quietly, tmp_path_for
 from ..config import BuildConfig
 from ..errors import ConfigError, InputError, ValidationError
 from ..faults import fault
+from ..targets import get_target
 from .incremental import NO_REUSE_ENV, open_parent
 from .model import SPLITS, BuildPlan, Layout, SplitLayout, SplitRange, UnitResult
 from .staging import SEGMENT_DTYPE, Staging, as_plan
@@ -218,6 +219,10 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             "raise --val-fraction or use --val-count N",
             cfg.val_fraction,
             splits["train"].documents,
+        )
+    if cfg.target is not None:  # before any shard is written: a split the target's one file cannot hold
+        get_target(cfg.target).check_shard_counts(
+            {name: info.shards for name, info in splits.items()}, shard_tokens=cfg.shard_tokens, fmt=cfg.format
         )
     layout = Layout(splits=splits, inputs=per_input)
     fault("layout", staging.layout_file)

@@ -19,6 +19,7 @@ import numpy as np
 from .. import __version__
 from ..formats import bosidx, get_format
 from ..manifest import SCHEMA_VERSION, Manifest, SplitEntry
+from ..targets import file_pattern, get_target
 from ..tokenizers import Tokenizer
 from .model import BuildPlan, EmbedResult, InputCounts, Layout, ShardResult, UnitResult
 
@@ -153,6 +154,8 @@ def assemble_manifest(
             "tokenized_inputs": [inp.relname for n, inp in enumerate(plan.inputs) if n not in reused],
             "linked_shards": sum(1 for results in shards.values() for r in results if r.linked),
         }
+    if cfg.target is not None:  # which trainer's reader the version was laid out for (also in config)
+        extra["target"] = {"name": cfg.target, "stack": get_target(cfg.target).stack}
     if embeddings is not None:
         totals["embedding_bytes"] = embeddings.total_bytes
         extra["embeddings"] = embeddings.info
@@ -178,7 +181,7 @@ def assemble_manifest(
             "name": fmt.name,
             "header_magic": fmt.header_magic,
             "header_bytes": len(fmt.header(0, np.dtype(plan.dtype))),
-            "file_pattern": f"{cfg.name}_{{split}}_*.{fmt.extension}",
+            "file_pattern": file_pattern(cfg.target, cfg.name, fmt.extension),
             "index_suffix": bosidx.BOS_IDX_SUFFIX,
         },
         boundary=_boundary_section(plan, tokenizer),

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import BuildConfig
-from ..manifest import ShardEntry, boundary_tokens
+from ..manifest import SCHEMA_VERSION, ShardEntry, boundary_tokens
 from ..sources import InputFile, WorkUnit
 
 __all__ = [
@@ -252,6 +252,9 @@ class BuildPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "build_format_version": BUILD_FORMAT_VERSION,
+            # The layout of out/ (manifest schema 2: one directory per split): a staging directory
+            # left by code writing another layout is started afresh, not resumed.
+            "manifest_schema": SCHEMA_VERSION,
             "config": self.config.to_dict(),
             "staging": self.staging,
             "data_root": self.data_root,

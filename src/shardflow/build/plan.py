@@ -25,6 +25,7 @@ from ..formats.base import TOKEN_DTYPES
 from ..sources import InputFile, discover_inputs, fingerprint_inputs, plan_units
 from ..tokenizers import Tokenizer, load_tokenizer
 from .incremental import NO_REUSE_ENV, plan_reuse
+from ..targets import get_target
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
 from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
 
@@ -134,9 +135,17 @@ def plan_build(
     fmt = get_format(config.format)
     tokenizer = load_tokenizer(config.tokenizer, backend=config.backend)
     dtype = token_dtype(tokenizer)
-    fmt.check_dtype(dtype)
     # Resolved once, before any input is read: a bad token fails here, with nothing staged.
     boundaries = resolve_boundaries(config, tokenizer, dtype)
+    if config.target is not None:  # what the trainer's reader cannot read is refused (by its name) before anything is staged
+        get_target(config.target).check_tokens(
+            dtype=dtype.name,
+            vocab_size=tokenizer.vocab_size,
+            bos_id=boundaries.bos_id,
+            eos_id=boundaries.eos_id,
+            tokenizer=config.tokenizer,
+        )
+    fmt.check_dtype(dtype)
     dataset_dir = root / config.name
     inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=dataset_dir)
     units = plan_units(inputs, text_column=config.text_column, id_column=config.id_column, unit_bytes=config.unit_bytes)

@@ -97,7 +97,7 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
             card.start()
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.
-    for stray in staging.out.glob(".*.tmp-*"):
+    for stray in staging.out.rglob(".*.tmp-*"):  # the split directories too
         stray.unlink(missing_ok=True)
     try:
         write_manifest(staging.out, manifest)

@@ -36,7 +36,7 @@ import numpy as np
 from .._io import atomic_write_text, fsync_dir, is_stale_tmp
 from ..catalog import Catalog, file_lock
 from ..errors import ConfigError, ShardflowError
-from ..manifest import read_manifest
+from ..manifest import SCHEMA_VERSION, read_manifest
 from .model import BUILD_FORMAT_VERSION, BuildPlan, UnitResult
 
 __all__ = [
@@ -160,6 +160,8 @@ def read_old_plan(staging: Staging, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(old, dict) or old.get("build_key") != key or old.get("build_format_version") != BUILD_FORMAT_VERSION:
+        return None
+    if old.get("manifest_schema") != SCHEMA_VERSION:  # its out/ has another layout
         return None
     return old
 

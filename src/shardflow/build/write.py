@@ -24,6 +24,7 @@ from ..faults import fault
 from ..formats import bosidx, get_format
 from ..formats.writer import ShardWriter, encode_index, write_index, write_sidecars
 from ..manifest import FileEntry, ShardEntry
+from ..targets import shard_path as shard_path_in_version
 from ..tokenizers import Tokenizer
 from .incremental import open_parent
 from .layout import read_layout
@@ -40,8 +41,9 @@ _BLOCK_TOKENS = 16 << 20
 
 
 def shard_file_name(name: str, split: str, index: int, extension: str) -> str:
-    """``NAME_SPLIT_000007.EXT``: zero-padded so that sorting file names gives manifest order."""
-    return f"{name}_{split}_{index:06d}.{extension}"
+    """``SPLIT/NAME_SPLIT_000007.EXT`` (without a target): one directory per split, zero-padded so that
+    sorting file names gives manifest order. A trainer target may name its files otherwise."""
+    return shard_path_in_version(None, name, split, index, extension)
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -135,13 +137,13 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     if not 0 <= lo < hi:
         raise ConfigError(f"{split} has {info.shards} shards; there is no shard {k}")
     pieces = _pieces(staging, split, lo, hi)
-    staging.out.mkdir(exist_ok=True)
-    shard_path = staging.out / shard_file_name(cfg.name, split, k, fmt.extension)
+    shard_path = staging.out / shard_path_in_version(cfg.target, cfg.name, split, k, fmt.extension)
+    shard_path.parent.mkdir(parents=True, exist_ok=True)  # the split's directory (schema 2)
     idx_path = bosidx.index_path(shard_path)
     starts = np.memmap(staging.starts(split), dtype="<i8", mode="r")
     a, b = np.searchsorted(starts, [lo, hi], side="left")
     local = np.asarray(starts[a:b], dtype=np.int64) - lo
-    idx_bytes, idx_sha = encode_index(local)
+    idx_bytes, idx_sha = encode_index(local, hi - lo)
     parent = open_parent(plan.reuse) if plan.reuse else None
     same = parent.same_shard(pieces, hi - lo) if parent is not None else None
     if same is not None:
@@ -172,17 +174,21 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     else:
         write_index(idx_path, idx_bytes)
     fault("shard-indexed", idx_path)
+    def rel(path: Path) -> str:  # manifest file names are relative to the version directory
+        return path.relative_to(staging.out).as_posix()
+
     # Format-specific files beside the shard (megatron's .idx), derived from the same starts.
     sidecars = tuple(
-        FileEntry(file=name, bytes=size, sha256=sha) for name, size, sha in write_sidecars(fmt, shard_path, dtype, hi - lo, local)
+        FileEntry(file=rel(shard_path.parent / name), bytes=size, sha256=sha)
+        for name, size, sha in write_sidecars(fmt, shard_path, dtype, hi - lo, local)
     )
     entry = ShardEntry(
-        file=shard_path.name,
+        file=rel(shard_path),
         bytes=nbytes,
         sha256=digest,
         tokens=hi - lo,
         documents=len(local),
-        index=FileEntry(file=idx_path.name, bytes=len(idx_bytes), sha256=idx_sha),
+        index=FileEntry(file=rel(idx_path), bytes=len(idx_bytes), sha256=idx_sha),
         sidecars=sidecars,
     )
     result = ShardResult(split=split, index=k, entry=entry, linked=same is not None)

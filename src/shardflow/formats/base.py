@@ -9,12 +9,15 @@ import numpy as np
 
 from ..errors import ConfigError, ValidationError
 
-__all__ = ["ShardFormat", "TOKEN_DTYPES", "MAX_SHARD_TOKENS"]
+__all__ = ["ShardFormat", "TOKEN_DTYPES", "MAX_SHARD_TOKENS", "UNLIMITED_SHARD_TOKENS"]
 
 # Token ids are stored little-endian; uint16 when every id fits, else uint32.
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-# .bos.idx entries are int32 token indices, so a shard holds fewer than 2**31 tokens.
+# The most tokens a shard holds in a format whose header stores the count as int32
+# (nanogpt, nanogpt-legacy) or that keeps int32 per-shard fields (megatron): the default limit.
 MAX_SHARD_TOKENS = 2**31 - 1
+# A headerless format's limit: any count an int64 .bos.idx entry can index ("unlimited").
+UNLIMITED_SHARD_TOKENS = 2**63 - 1
 
 
 class ShardFormat(ABC):
@@ -25,6 +28,8 @@ class ShardFormat(ABC):
     """File extension without the dot."""
     header_magic: int | None = None
     """The header's magic number, for formats that have one."""
+    max_tokens: int = MAX_SHARD_TOKENS
+    """The most tokens one shard of this format holds (``BuildConfig.shard_tokens`` is checked against it)."""
 
     def check_dtype(self, dtype: np.dtype) -> None:
         """Raise ``ConfigError`` if this format cannot store ``dtype``."""

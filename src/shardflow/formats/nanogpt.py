@@ -44,6 +44,8 @@ class NanoGPTFormat(ShardFormat):
 
     def header(self, ntokens: int, dtype: np.dtype) -> bytes:
         self.check_dtype(dtype)
+        if not 0 <= ntokens <= self.max_tokens:
+            raise ConfigError(f"format {self.name!r} records the token count as int32: {ntokens} tokens do not fit one shard")
         head = np.zeros(HEADER_INTS, dtype="<i4")
         head[0] = self.header_magic
         head[1] = 1

@@ -2,6 +2,8 @@
 
 The file holds nothing but the little-endian token ids; the dtype lives in the
 manifest, and a reader must be told it (it is never guessed from the size).
+Nothing in it counts tokens, so a shard may hold more than 2**31 tokens (its
+``.bos.idx`` then has int64 entries): nanoGPT's one ``train.bin`` per split.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, ValidationError
-from .base import ShardFormat
+from .base import UNLIMITED_SHARD_TOKENS, ShardFormat
 
 __all__ = ["RawBinFormat", "RAWBIN"]
 
@@ -20,6 +22,7 @@ class RawBinFormat(ShardFormat):
     name = "bin"
     extension = "bin"
     header_magic = None
+    max_tokens = UNLIMITED_SHARD_TOKENS
 
     def header(self, ntokens: int, dtype: np.dtype) -> bytes:
         self.check_dtype(dtype)

@@ -10,7 +10,7 @@ temporary file left behind on failure. ``write_index`` does the same for the
     with ShardWriter(fmt, path, dtype, ntokens) as w:
         w.copy_from(part_file, count, buf)      # or w.write(token_bytes)
         nbytes, sha256 = w.commit()
-    data, sha256 = encode_index(starts)
+    data, sha256 = encode_index(starts, ntokens)          # int32 entries, int64 past 2**31 - 1 tokens
     write_index(bosidx.index_path(path), data)
     extra = write_sidecars(fmt, path, dtype, ntokens, starts)   # [(name, bytes, sha256)]; [] for most formats
 
@@ -101,9 +101,12 @@ class ShardWriter:
         return len(self.header) + self.ntokens * self.dtype.itemsize, self._hash.hexdigest()
 
 
-def encode_index(starts: np.ndarray) -> tuple[bytes, str]:
-    """The bytes of a ``.bos.idx`` holding ``starts`` and their SHA-256."""
-    data = bosidx.encode(starts)
+def encode_index(starts: np.ndarray, ntokens: int | None = None) -> tuple[bytes, str]:
+    """The bytes of the ``.bos.idx`` of a shard of ``ntokens`` tokens holding ``starts``, and their SHA-256.
+
+    The entries' width follows from ``ntokens`` (``bosidx.entry_dtype``); None: int32.
+    """
+    data = bosidx.encode(starts, ntokens)
     return data, hashlib.sha256(data).hexdigest()
 
 

@@ -24,6 +24,12 @@ window (``seq_len + 1`` tokens) in the next sample, which then starts inside
 that document. The document continued from the previous shard, and windows
 that would run past the shard's end, are not used.
 
+``align_rule="nemo"`` follows NeMo Automodel's ``NanogptDataset`` instead:
+the next sample starts at the first document start at or after
+``s + seq_len + 1``, so consecutive samples share no token (on the same
+shards it can give fewer samples, e.g. 2,159 against 2,160). Only with
+``overflow="skip"``.
+
 Items are fresh int64 arrays (``labels`` needs -100; PyTorch's embedding and
 loss want int64), never views of the memory maps.
 """
@@ -38,16 +44,25 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from ..catalog import Catalog
+from ..formats import bosidx
 from .packing import pack_fields
 from .shards import ShardSet, open_shards
 
 __all__ = ["TokenDataset", "aligned_starts"]
 
 Overflow = Literal["skip", "continue"]
+AlignRule = Literal["shardflow", "nemo"]
+_ALIGN_GAP = {"shardflow": 0, "nemo": 1}
+"""Tokens between one aligned sample's last label and the earliest start of the next, per rule."""
 
 
-def aligned_starts(doc_starts: np.ndarray, ntokens: int, seq_len: int, overflow: Overflow = "skip") -> np.ndarray:
+def aligned_starts(
+    doc_starts: np.ndarray, ntokens: int, seq_len: int, overflow: Overflow = "skip", rule: AlignRule = "shardflow"
+) -> np.ndarray:
     """The sample starts of one shard with BOS alignment (int64, ascending).
+
+    ``rule="nemo"``: the next start is the first document start at or after
+    ``s + seq_len + 1`` (NeMo's ``NanogptDataset``), not ``s + seq_len``.
 
     One step per *sample* (not per token): the successor of every document
     start is found at once with a vectorized binary search, then the chain is
@@ -62,7 +77,7 @@ def aligned_starts(doc_starts: np.ndarray, ntokens: int, seq_len: int, overflow:
     if not len(fits):
         return np.empty(0, dtype=np.int64)
     if overflow == "skip":
-        succ = np.searchsorted(fits, fits + seq_len, side="left").tolist()
+        succ = np.searchsorted(fits, fits + seq_len + _ALIGN_GAP[rule], side="left").tolist()
         chain: list[int] = []
         i, m = 0, len(fits)
         while i < m:
@@ -121,6 +136,7 @@ class TokenDataset:
         pack_sequences: bool = False,
         align_to_bos: bool = False,
         overflow: Overflow = "skip",
+        align_rule: AlignRule = "shardflow",
         catalog: Catalog | str | os.PathLike[str] | None = None,
         verify: bool = False,
         dtype: str | np.dtype | None = None,
@@ -134,6 +150,11 @@ class TokenDataset:
             raise ValueError(f"overflow must be 'skip' or 'continue', not {overflow!r}")
         if overflow == "continue" and not align_to_bos:
             raise ValueError("overflow='continue' only applies with align_to_bos=True (without it, windows ignore documents)")
+        if align_rule not in _ALIGN_GAP:
+            raise ValueError(f"align_rule must be 'shardflow' or 'nemo', not {align_rule!r}")
+        if align_rule == "nemo" and overflow != "skip":
+            raise ValueError("align_rule='nemo' cuts documents as NeMo does: use it with overflow='skip'")
+        self.align_rule: AlignRule = align_rule
         self.pack_sequences = bool(pack_sequences)
         self.align_to_bos = bool(align_to_bos)
         self.overflow: Overflow = overflow
@@ -155,13 +176,17 @@ class TokenDataset:
             # Needs every shard's index now (not its tokens); the indexes are
             # kept only when packing will look them up again.
             per_shard = [
-                aligned_starts(self.shards.doc_starts(k, cache=self.pack_sequences), int(n), self.seq_len, overflow)
+                aligned_starts(
+                    self.shards.doc_starts(k, cache=self.pack_sequences), int(n), self.seq_len, overflow, align_rule
+                )
                 for k, n in enumerate(self.shards.tokens)
             ]
             counts = np.array([len(p) for p in per_shard], dtype=np.int64)
-            # Shard-local starts fit int32 (a shard holds fewer than 2**31 tokens).
+            # Shard-local starts, as narrow as the largest shard allows: int32 unless a
+            # shard holds more than 2**31 - 1 tokens (a nanoGPT train.bin), then int64.
+            local = bosidx.entry_dtype(int(self.shards.tokens.max()) if len(per_shard) else 0)
             self._starts: np.ndarray | None = (
-                np.concatenate(per_shard).astype(np.int32) if per_shard else np.empty(0, dtype=np.int32)
+                np.concatenate(per_shard).astype(local) if per_shard else np.empty(0, dtype=local)
             )
         else:
             counts = self.shards.tokens // window
@@ -202,6 +227,8 @@ class TokenDataset:
             opts.append("pack_sequences=True")
         if self.align_to_bos:
             opts.append(f"align_to_bos=True, overflow={self.overflow!r}")
+            if self.align_rule != "shardflow":
+                opts.append(f"align_rule={self.align_rule!r}")
         return f"TokenDataset({self.shards.name!r}, split={self.split!r}, {', '.join(opts)}, samples={self._len})"
 
     @property
@@ -219,6 +246,8 @@ class TokenDataset:
             "align_to_bos": self.align_to_bos,
             "overflow": self.overflow,
             "samples": self._len,
+            # Only when not the default, so that resume states saved before the option still match.
+            **({"align_rule": self.align_rule} if self.align_rule != "shardflow" else {}),
         }
 
     # -- access --------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""modded-nanogpt (and llm.c): ``nanogpt-legacy`` shards (magic 20240520, version 1), uint16, BOS 50256.
+
+Its ``_load_data_shard`` asserts the magic and version of the 256-int32 header
+and reads uint16 tokens; its BOS-aligned batching looks for the id 50256,
+hard-coded. So: format ``nanogpt-legacy``, BOS placement, uint16 only, and a
+boundary id of 50256 (GPT-2's ``<|endoftext|>``). Its evaluation reads
+``val_tokens`` (10,485,760 by default) from the val files, and stops when they
+run out: a smaller val split is flagged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..manifest import Manifest
+from .base import Target
+from .settings_support import boundary_ids, header, split_dir, split_tokens
+
+VAL_TOKENS = 10_485_760
+"""``val_tokens`` of modded-nanogpt's hyperparameters: tokens read per evaluation."""
+
+
+def _settings(manifest: Manifest, directory: Path) -> str:
+    lines = header("modded-nanogpt (train_gpt.py Hyperparameters)", manifest)
+    lines.append(f'train_files = "{split_dir(manifest, directory, "train")}/*.bin"')
+    val = split_tokens(manifest, "val")
+    if val:
+        lines.append(f'val_files = "{split_dir(manifest, directory, "val")}/*.bin"')
+        if val < VAL_TOKENS:
+            lines.append(
+                f"# WARNING: the val split holds {val:,} tokens, fewer than the default val_tokens {VAL_TOKENS:,} "
+                "one evaluation reads: set val_tokens to a multiple of your validation batch (world size x "
+                f"val_seq_len) of at most {val:,}, or build with a larger --val-count/--val-fraction"
+            )
+        else:
+            lines.append(f"val_tokens = {VAL_TOKENS}  # the val split holds {val:,}")
+    else:
+        lines.append("# WARNING: no val split; build with --val-count or --val-fraction, modded-nanogpt evaluates on val_files")
+    bos, _ = boundary_ids(manifest)
+    lines.append(f"# BOS {bos} is the document separator its BOS-aligned batches look for (hard-coded 50256)")
+    lines.append(f"# vocab_size: {manifest.tokenized_info['vocab_size']} ids; the model's embedding is padded to 50304")
+    return "\n".join(lines)
+
+
+TARGET = Target(
+    name="modded-nanogpt",
+    stack="modded-nanogpt (and llm.c)",
+    formats=("nanogpt-legacy",),
+    boundaries=("bos",),
+    dtypes=("uint16",),
+    boundary_id=50256,
+    settings_text=_settings,
+)
