@@ -46,7 +46,7 @@ from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
-from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
+from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
 from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
@@ -218,6 +218,13 @@ def _publish_artifacts(
         key=artifact_key(name, "manifest"),
         description=f"Manifest of {ref}: {manifest_path}",
     )
+    from prefect.artifacts import create_image_artifact
+
+    for kind, uri, description in card_images(directory, ref):
+        create_image_artifact(uri, key=artifact_key(name, kind), description=description)
+    card = card_markdown(directory)
+    if card is not None:
+        create_markdown_artifact(card, key=artifact_key(name, "card"), description=f"Dataset card of {ref}")
 
 
 def _failure_summary(name: str, step: str, exc: BaseException) -> None:

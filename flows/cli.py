@@ -1,4 +1,4 @@
-"""The ``shardflow`` command line: build, validate, ls, show, serve.
+"""The ``shardflow`` command line: build, validate, ls, show, diff, serve.
 
 ``build`` runs the ``build_dataset`` Prefect flow (on Prefect's temporary local
 server unless ``PREFECT_API_URL`` points at a real one), prints the published
@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ref")
     s.add_argument("--split", default=None, help="split to sample from (default: train)")
     s.add_argument("--samples", type=int, default=2, help="decoded samples to print")
+    s.add_argument("--card", action="store_true", help="print the path of the version's dataset card (card/README.md)")
     _add_catalog(s)
+
+    d = sub.add_parser("diff", help="compare two versions: inputs, per-split tokens and documents, configuration")
+    d.add_argument("ref_a")
+    d.add_argument("ref_b")
+    d.add_argument("--all", action="store_true", help="list unchanged inputs too")
+    _add_catalog(d)
     return parser
 
 
@@ -364,10 +371,18 @@ def _print_embeddings(m: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from shardflow.card import card_path
     from shardflow.reader import open_version
+    from shardflow.stats import read_stats, summary_lines
 
     version = open_version(args.ref, catalog=args.catalog)
     m = version.manifest
+    if args.card:
+        card = card_path(version.directory)
+        if not card.is_file():
+            raise ShardflowError(f"{version.directory}: {m.ref} has no dataset card (built before statistics, or with SHARDFLOW_STATS=0)")
+        print(card)
+        return 0
     print(f"{m.ref}  ({version.directory})")
     if m.description:
         print(f"  {m.description}")
@@ -381,6 +396,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     for split, entry in m.splits.items():
         print(f"  {split}: {entry.documents} documents, {entry.tokens} tokens in {len(entry.shards)} shards")
     _print_embeddings(m)
+    stats = read_stats(version.directory, m)
+    if stats is not None:
+        print("\n".join(summary_lines(stats)))
+        print(f"  card: {card_path(version.directory)}")
     try:
         from shardflow.runtime.inspect import inspect_version
     except ImportError:
@@ -391,12 +410,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from shardflow.diff import diff_versions, format_diff
+    from shardflow.reader import open_version
+
+    a = open_version(args.ref_a, catalog=args.catalog).manifest
+    b = open_version(args.ref_b, catalog=args.catalog).manifest
+    print("\n".join(format_diff(diff_versions(a, b), all_inputs=args.all)))
+    return 0
+
+
 COMMANDS = {
     "build": cmd_build,
     "embed": cmd_embed,
     "validate": cmd_validate,
     "ls": cmd_ls,
     "show": cmd_show,
+    "diff": cmd_diff,
     "serve": cmd_serve,
 }
 

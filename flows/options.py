@@ -95,6 +95,8 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     b.add_argument("--on-bad-record", default="fail", choices=["fail", "skip"],
                    help="a JSON line that is not JSON or lacks the text field: fail (default) or skip and count it")
     b.add_argument("--description", default="", help="free text stored in the manifest")
+    b.add_argument("--stats-column", default=None, metavar="COLUMN",
+                   help="also count tokens and documents per value of this column (e.g. source) in stats.json and the card")
     b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
     b.add_argument("--batch-mb", type=int, default=32, help="MB of text read and tokenized at once per worker (bounds memory)")
     b.add_argument("--batch-rows", type=int, default=65536, help="at most this many rows per batch")
@@ -155,4 +157,5 @@ def _config(args: argparse.Namespace) -> Any:
         batch_bytes=args.batch_mb << 20,
         batch_rows=args.batch_rows,
         embed=_embed_options(args) if args.embed else None,
+        stats_column=args.stats_column,
     )

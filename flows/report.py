@@ -6,7 +6,11 @@ Every ``build_dataset`` run creates, per dataset (keys from :func:`artifact_key`
 * ``<dataset>-shards``: a table of the version's shards (split, file, tokens, documents, bytes, sha256);
 * ``<dataset>-summary``: a markdown summary (reference, manifest path, validation, tokenizer,
   dtype, format, totals per split, throughput);
-* ``<dataset>-manifest``: a link to the version's ``metadata.yaml``.
+* ``<dataset>-manifest``: a link to the version's ``metadata.yaml``;
+* ``<dataset>-lengths``, ``-sources``, ``-shard-fill`` and (with a parent) ``-vs-parent``:
+  image artifacts of the dataset card's plots (``card/*.png``), each PNG inlined
+  as a ``data:`` URL, since the UI's browser cannot read the version's files;
+* ``<dataset>-card``: the dataset card (``card/README.md``) as markdown, its plots inlined the same way.
 
 Artifact keys may hold only lowercase letters, digits and dashes, so the
 dataset name is slugged (``wiki_en.v2`` becomes ``wiki-en-v2``). Because the
@@ -24,9 +28,19 @@ from typing import Any
 
 from shardflow.manifest import Manifest, boundary_tokens
 
-__all__ = ["artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_link"]
+__all__ = [
+    "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_link", "card_images",
+    "card_markdown",
+]
 
-_KEY_KINDS = ("progress", "shards", "summary", "manifest")
+# The card's plots, as image artifacts: (artifact kind, PNG in card/, what it shows).
+CARD_IMAGES = (
+    ("lengths", "lengths.png", "document-length histogram per split (log scale)"),
+    ("sources", "tokens_by_source.png", "tokens by source"),
+    ("shard-fill", "shard_fill.png", "tokens per shard against the shard size"),
+    ("vs-parent", "parent.png", "documents added/removed per input against the parent, length distributions overlaid"),
+)
+_KEY_KINDS = ("progress", "shards", "summary", "manifest", "card", *(kind for kind, _, _ in CARD_IMAGES))
 
 
 def dataset_slug(name: str) -> str:
@@ -58,6 +72,36 @@ def shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def card_images(directory: str | Path, ref: str) -> list[tuple[str, str, str]]:
+    """``(artifact kind, data: URL, description)`` of each plot the version's card has (none without one)."""
+    card = Path(directory) / "card"
+    out = []
+    for kind, png, what in CARD_IMAGES:
+        path = card / png
+        if path.is_file():
+            out.append((kind, _data_url(path), f"{ref}: {what} (card/{png})"))
+    return out
+
+
+def _data_url(path: Path) -> str:
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def card_markdown(directory: str | Path) -> str | None:
+    """The version's ``card/README.md`` with its relative PNG links replaced by ``data:`` URLs (None: no card)."""
+    card = Path(directory) / "card"
+    if not (card / "README.md").is_file():
+        return None
+    text = (card / "README.md").read_text(encoding="utf-8")
+    return re.sub(
+        r"\]\(([A-Za-z0-9_]+\.png)\)",
+        lambda m: f"]({_data_url(card / m.group(1))})" if (card / m.group(1)).is_file() else m.group(0),
+        text,
+    )
 
 
 def manifest_link(manifest_path: str | Path) -> str:

@@ -32,6 +32,8 @@ MAKE_CORPUS = SHARED / "tools" / "make_corpus.py"
 TINY_TEXTS = ["a b", "ok", "The end."]
 TINY_IDS = [[64, 293], [564], [791, 842, 13]]
 SMALL_VOCAB_RANKS = 5000
+# What a version holds besides its data: the statistics (stats.json, stats.vocab.npy) and the card/ directory.
+STATS_AND_CARD = frozenset({"stats.json", "stats.vocab.npy", "card"})
 
 
 def write_parquet(path: Path, texts: list[Any], *, column: str = "text", row_group_size: int | None = None, **extra: list[Any]) -> Path:
@@ -86,7 +88,7 @@ def files_of(directory: Path) -> dict[str, bytes]:
     return {
         p.relative_to(directory).as_posix(): p.read_bytes()
         for p in sorted(directory.rglob("*"))  # the split directories too (manifest schema 2)
-        if p.is_file() and p.name != "metadata.yaml"
+        if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] not in STATS_AND_CARD
     }
 
 

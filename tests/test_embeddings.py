@@ -91,6 +91,13 @@ def test_embed_existing_version_reuses_shards_and_lands_in_the_measured_quality_
     parent_dir, child_dir = resolve_ref(embedded, cat(root)), resolve_ref(result.ref, cat(root))
     child = read_manifest(child_dir)
     assert child.parent == embedded
+    # The same tokens, so the same statistics: linked, named in the manifest (validated), and a card.
+    from shardflow.validation import validate_dir
+
+    assert (child_dir / "stats.json").read_bytes() == (parent_dir / "stats.json").read_bytes()
+    assert child.extra["stats"] == read_manifest(parent_dir).extra["stats"]
+    assert (child_dir / "card" / "README.md").is_file()
+    validate_dir(child_dir)
     for entry in child.splits.values():
         for shard in entry.shards:
             a, b = os.stat(parent_dir / shard.file), os.stat(child_dir / shard.file)

@@ -126,7 +126,7 @@ def test_round_trip_keeps_sections_of_later_stages(tmp_path, raw):
     raw["embeddings"] = {"model": "m", "dim": 8}
     raw["splits"]["train"]["embedding_files"] = ["e0.npy"]
     m = read_manifest(write_raw(tmp_path, raw))
-    assert m.extra == {"embeddings": {"model": "m", "dim": 8}}
+    assert m.extra == {"embeddings": {"model": "m", "dim": 8}, "stats": raw["stats"]}
     assert m.splits["train"].extra == {"embedding_files": ["e0.npy"]}
     out = tmp_path / "out"
     out.mkdir()

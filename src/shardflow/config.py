@@ -39,7 +39,7 @@ BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
 _TARGET_OPTIONS = {"format": "nanogpt", "boundary": "bos", "shard_tokens": 100_000_000}
 
 # Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
-_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "target")
+_OMITTED_WHEN_NONE = ("bos_token", "eos_token", "target", "stats_column")
 
 
 def check_name(name: str) -> str:
@@ -217,6 +217,9 @@ class BuildConfig:
     """A trainer target (``shardflow.targets.TARGETS``): sets the format, boundary, dtype rule and file layout
     that stack's reader needs; options left at their defaults take the target's, others must agree with it.
     None: no target (left out of ``to_dict``, so of manifests and build keys)."""
+    stats_column: str | None = None
+    """A column (such as ``source``) whose values the statistics count tokens and documents by
+    (``--stats-column``); None: per input only. Left out of ``to_dict`` (so of build keys) while unset."""
     _unset: frozenset[str] = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
     """Which of ``_TARGET_OPTIONS`` were not given (so ``replace`` resolves them again); never serialized."""
 
@@ -274,6 +277,8 @@ class BuildConfig:
             raise ConfigError(f"utf8_errors must be 'replace' or 'skip', not {self.utf8_errors!r}")
         if self.on_bad_record not in ("fail", "skip"):
             raise ConfigError(f"on_bad_record must be 'fail' or 'skip', not {self.on_bad_record!r}")
+        if self.stats_column is not None and (not isinstance(self.stats_column, str) or not self.stats_column):
+            raise ConfigError(f"stats_column (--stats-column) must be a column name, not {self.stats_column!r}")
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
 

@@ -15,7 +15,9 @@ any published version (``shardflow validate REF``):
   right after EOS tokens with EOS placement (and every EOS is followed by one),
   at BOS tokens preceded by the EOS (inside the shard) with both;
 * per-split and overall totals add up;
-* the embeddings, if any (``shardflow.embedding_files.validate_embeddings``).
+* the embeddings, if any (``shardflow.embedding_files.validate_embeddings``);
+* the statistics, if any: ``stats.json`` and ``stats.vocab.npy`` of the manifest's
+  size and SHA-256, their counts those of the splits (``shardflow.stats.stats_problems``).
 
 Shards are scanned in bounded blocks, so memory does not grow with shard size.
 """
@@ -39,6 +41,7 @@ from .faults import fault
 from .formats import ShardFormat, bosidx, get_format
 from .manifest import Manifest, ShardEntry, read_manifest
 from .shardset import ShardSet
+from .stats import stats_problems
 
 # published_manifest_problems is the catalog's check (shardflow.catalog); it is
 # re-exported here, where it has always been importable from.
@@ -333,6 +336,7 @@ def validate_dir(
         report.documents += documents
     report.problems.extend(_rank_file_problems(directory, manifest))
     report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
+    report.problems.extend(stats_problems(directory, manifest, checksums=checksums))
     totals: dict[str, Any] = manifest.totals
     if totals.get("tokens") != report.tokens or totals.get("documents") != report.documents:
         report.problems.append(

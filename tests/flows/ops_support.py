@@ -87,4 +87,6 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 18
 
 def version_files(directory: Path) -> dict[str, bytes]:
     """The bytes of a version's data files (shards and indexes), not its manifest (which has timestamps)."""
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*")) if p.is_file() and p.name != "metadata.yaml"}
+    # card/ (the dataset card) is a view of stats.json, which is compared.
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*"))
+            if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] != "card"}

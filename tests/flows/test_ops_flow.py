@@ -101,7 +101,8 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
 
     # The artifacts, keyed per dataset.
     arts = _artifacts(server, run["id"])
-    assert set(arts) == {f"ops-flow-demo-{k}" for k in ("progress", "shards", "summary", "manifest")}
+    kinds = ("progress", "shards", "summary", "manifest", "card", "lengths", "sources", "shard-fill")
+    assert set(arts) == {f"ops-flow-demo-{k}" for k in kinds}  # a first version: no vs-parent plot
     assert arts["ops-flow-demo-progress"]["type"] == "progress" and arts["ops-flow-demo-progress"]["data"] == 100.0
     table = arts["ops-flow-demo-shards"]
     assert table["type"] == "table"
@@ -118,6 +119,16 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert ref in summary["description"]
     link = arts["ops-flow-demo-manifest"]
     assert (version / "metadata.yaml").resolve().as_uri() in link["data"]
+    # The card's plots: the PNGs of card/, byte for byte, inlined as data: URLs; the card as markdown.
+    import base64
+
+    for kind, png in (("lengths", "lengths.png"), ("sources", "tokens_by_source.png"), ("shard-fill", "shard_fill.png")):
+        image = arts[f"ops-flow-demo-{kind}"]
+        assert image["type"] == "image" and image["data"].startswith("data:image/png;base64,")
+        assert base64.b64decode(image["data"].split(",", 1)[1]) == (version / "card" / png).read_bytes()
+    card = arts["ops-flow-demo-card"]
+    assert card["type"] == "markdown" and "# Dataset card: " in card["data"]
+    assert card["data"].count("](data:image/png;base64,") == 3
 
     # The core library's log lines are in the run logs.
     logs = _logs(server, run["id"], "shardflow.build")

@@ -1,5 +1,5 @@
 """The Prefect UI, checked in a real browser: a build run against ``prefect server start`` shows its
-summary and its shard table.
+summary, its shard table and the dataset card's plots (image artifacts).
 
 Headless Chromium (Debian's ``chromium``) is driven over the DevTools protocol
 (``ops_browser.py``): it opens the flow run's page, waits for the app to render,
@@ -76,5 +76,41 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
         for s in shards:
             assert s.sha256[:16] in table, s.file
         b.screenshot(shots / "ui-shards.png")
-    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png"):
+
+        # The dataset card's plots: image artifacts that the page really draws (decoded, non-zero size).
+        b.evaluate("history.back()")
+        b.click_text("Artifacts")
+        b.wait_for_text(f"{name}-lengths", f"{name}-sources", f"{name}-shard-fill")
+        b.click_text(f"{name}-lengths")
+        b.wait_for_text(f"{ref}: document-length histogram per split")
+        size = _drawn_image(b)
+        assert size[0] > 200 and size[1] > 100, size
+        b.screenshot(shots / "ui-card-lengths.png")
+
+        # The whole card as markdown, its plots inlined: the markdown renderer draws them too.
+        b.evaluate("history.back()")
+        b.click_text("Artifacts")
+        b.click_text(f"{name}-card")
+        b.wait_for_text("Dataset card:", "Document lengths", "Tokens by input", "Shards", "Vocabulary")
+        size = _drawn_image(b)
+        assert size[0] > 200 and size[1] > 100, size
+        b.screenshot(shots / "ui-card.png")
+    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png", "ui-card.png"):
         assert (shots / png).stat().st_size > 10_000
+
+
+def _drawn_image(b: Browser, timeout: float = 30) -> tuple[int, int]:
+    """The natural size of the first decoded ``data:image/png`` image on the page (waits for one)."""
+    import time
+
+    script = (
+        "(() => { const img = [...document.images].find(i => i.src.startsWith('data:image/png') && i.complete"
+        " && i.naturalWidth > 0); return img ? [img.naturalWidth, img.naturalHeight, img.width, img.height] : null; })()"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = b.evaluate(script)
+        if found and found[2] > 0 and found[3] > 0:  # decoded, and laid out at a non-zero size
+            return int(found[0]), int(found[1])
+        time.sleep(0.25)
+    raise AssertionError(f"no rendered PNG image on the page; it shows:\n{b.text()[:3000]}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core_support import SAMPLE, TINY_IDS
+from core_support import SAMPLE, STATS_AND_CARD, TINY_IDS
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.formats import FORMATS, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, get_format
 
@@ -84,7 +84,8 @@ def _tokenizer(which: str, small_vocab: Path) -> str:
 def test_golden_bytes(built, tiny_parquet, small_vocab, fmt, which):
     b = built(tiny_parquet, name="tiny", format=fmt, tokenizer=_tokenizer(which, small_vocab))
     ext = FORMATS[fmt].extension
-    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*") if p.is_file()}
+    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*")
+             if p.is_file() and p.relative_to(b.directory).parts[0] not in STATS_AND_CARD}
     # A local rank file (the small vocabulary) is copied into the version, byte for byte.
     ranks = {small_vocab.name} if which == "small" else set()
     assert files == {"metadata.yaml", "train/tiny_train_000000.bos.idx", f"train/tiny_train_000000.{ext}"} | ranks
@@ -111,7 +112,8 @@ def test_golden_bytes_across_shards(built, tiny_parquet):
     for k, (tokens, index) in enumerate(expected):
         assert (b.directory / f"train/tiny_train_{k:06d}.bin").read_bytes() == nanogpt_header(len(tokens), 4) + pack(tokens, "I")
         assert (b.directory / f"train/tiny_train_{k:06d}.bos.idx").read_bytes() == index
-    assert len(list(b.directory.iterdir())) == 2  # metadata.yaml and train/ (manifest schema 2)
+    # metadata.yaml and train/ (manifest schema 2), besides the statistics and the card
+    assert len({p.name for p in b.directory.iterdir()} - STATS_AND_CARD) == 2
     assert len(list((b.directory / "train").iterdir())) == 6
 
 

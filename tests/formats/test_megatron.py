@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from core_support import SAMPLE, TINY_IDS, Built, make_builder
+from core_support import SAMPLE, STATS_AND_CARD, TINY_IDS, Built, make_builder
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.formats import FORMATS, MEGATRON
 from shardflow.formats.megatron import encode_idx, parse_idx
@@ -125,7 +125,8 @@ def test_hand_made_layout_is_what_it_claims():
 def test_golden_bytes_three_documents(built, tiny_parquet, small_vocab, which, eot, code, width, packcode):
     tok = "cl100k_base" if which == "cl100k" else str(small_vocab)
     b = built(tiny_parquet, name="tiny", format="megatron", tokenizer=tok)
-    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*") if p.is_file()} - {small_vocab.name}
+    files = {p.relative_to(b.directory).as_posix() for p in b.directory.rglob("*")
+             if p.is_file() and p.relative_to(b.directory).parts[0] not in STATS_AND_CARD} - {small_vocab.name}
     assert files == {"metadata.yaml", "train/tiny_train_000000.bin", "train/tiny_train_000000.bos.idx", "train/tiny_train_000000.idx"}
     # [E a b][E ok][E The end .]: three documents, three sequences of 3, 2 and 4 tokens.
     assert (b.directory / "train/tiny_train_000000.bin").read_bytes() == pack(stream(eot), packcode)

@@ -143,7 +143,9 @@ def versions(root: Path, name: str) -> list[str]:
 
 def version_files(directory: Path) -> dict[str, bytes]:
     """Every file of a version directory but the manifest, by name (hidden files included)."""
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*")) if p.is_file() and p.name != "metadata.yaml"}
+    # Not card/: it compares with the parent, which a full build has not (stats.json is compared).
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*"))
+            if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] != "card"}
 
 
 # What legitimately differs between two builds of the same inputs: when and

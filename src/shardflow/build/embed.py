@@ -12,11 +12,13 @@ version as its parent.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 from .._io import atomic_write_text
+from ..card import card_wanted, write_card
 from ..catalog import Catalog, default_catalog
 from ..config import EmbedOptions
 from ..embedding_files import embedding_key, validate_embeddings
@@ -29,6 +31,8 @@ from .model import BuildPlan, BuildResult, EmbedResult
 from .publish import publish_out, staged_manifest
 from .staging import Staging, as_plan
 from .write import write_tokenizer_files
+
+log = logging.getLogger("shardflow.build")
 
 __all__ = ["embed_staged", "embed_version"]
 
@@ -103,6 +107,8 @@ def embed_version(
     for field in ("rank_file", "tokenizer_file"):  # the tokenizer file's copy (tiktoken's key, the file families')
         if parent.tokenized_info.get(field):
             names.append(parent.tokenized_info[field])
+    # The statistics describe the same tokens: linked too, so the manifest's ``stats`` section stays true.
+    names += [f["file"] for f in parent.extra.get("stats", {}).get("files", [])]
     for name in names:
         (out / name).parent.mkdir(parents=True, exist_ok=True)  # a split directory (schema 2)
         try:
@@ -124,5 +130,10 @@ def embed_version(
         shutil.rmtree(staging, ignore_errors=True)
         raise ValidationError("\n  ".join([f"embeddings of {ref} failed validation:", *problems]))
     write_manifest(out, manifest)
+    if "stats" in manifest.extra and card_wanted():
+        try:  # the card of the same tokens, against REF; a view, never a reason to fail
+            write_card(out, manifest, parent=src_dir, parent_ref=ref)
+        except Exception as exc:
+            log.warning("%s: the dataset card could not be written (%s)", out / "card", exc)
     new_ref = publish_out(out, name=parent.name, build_key=key, data_root=root, catalog=cat.path, cleanup=staging)
     return BuildResult(ref=new_ref, manifest_path=str(cat.resolve(new_ref) / "metadata.yaml"), created=True)

@@ -4,8 +4,10 @@ Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
 bounded by the batch, not the unit), encodes each batch with the fast
 backend (one document per batch is re-encoded with the reference library, to
 guard exactness on live data), inserts the plan's boundary tokens before (BOS)
-and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. The unit's
-``.json`` is written last: it is the unit's commit point.
+and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. As the tokens pass, the unit's statistics
+are collected (``build/stats.py``: counts per token id, per ``--stats-column``
+value) and written beside them. The unit's ``.json`` is written last: it is the
+unit's commit point.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
+from .stats import UnitCollector, collecting, unit_stats_in_place
 
 __all__ = ["tokenize_unit", "with_boundaries", "check_unchanged"]
 
@@ -58,7 +61,7 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     tok_path, docs_path, done_path = staging.unit_files(unit)
     done = staging.unit_result(unit)
     if done is not None:
-        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize):
+        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize) and unit_stats_in_place(staging, unit):
             return done
         log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
     done_path.unlink(missing_ok=True)
@@ -69,11 +72,13 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
     extra: dict[str, str] = {}
+    collector = UnitCollector(tokenizer.vocab_size) if collecting() else None
     try:
         check_unchanged(inp)
         with hashing_reads(inp.path) as read:
             counts = _tokenize_into(
-                tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries
+                tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries,
+                collect=collector,
             )
         if not inp.sha256 and wu.start == 0 and wu.first_row == 0:
             # Planned from the storage's identity only: this worker hashes the object for the manifest,
@@ -88,6 +93,11 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     os.replace(tmp_tok, tok_path)
     os.replace(tmp_docs, docs_path)
     fault("tokenize-tokens", tok_path)
+    if collector is not None:
+        collector.commit(
+            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=np.load(docs_path),
+            batch_rows=_rows_per_batch(plan.config, wu),
+        )
     result = UnitResult(unit=unit, **counts, **extra)
     atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
     log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
@@ -104,6 +114,8 @@ def _tokenize_into(
     tokenizer: Tokenizer,
     dtype: np.dtype,
     boundaries: Boundaries,
+    *,
+    collect: UnitCollector | None = None,
 ) -> dict[str, int]:
     """Tokenize one unit into its temporary token file and document table; returns its counts."""
     limit = np.iinfo(dtype).max
@@ -136,6 +148,8 @@ def _tokenize_into(
                 counts["max_id"] = max(counts["max_id"], top)
             tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
             out.write(tokens_out.data)
+            if collect is not None:
+                collect.add_tokens(tokens_out, max_id=max(counts["max_id"], *boundaries.ids))
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
             docs["length"] = np.diff(offsets) + boundaries.per_document
             docs["row"] = batch.rows

@@ -1,0 +1,324 @@
+"""The dataset card: ``card/README.md`` and its plots, in every version directory that has statistics.
+
+The card is a view of ``stats.json`` (and of the parent version's, for the
+comparison), written at finalize beside the manifest, so it is published with
+the version. It reads well on GitHub and in a file browser: Markdown tables
+and PNGs linked by relative paths:
+
+    card/README.md             summary, splits, top sources, vocabulary, skipped documents, vs. the parent
+    card/lengths.png           the document-length histogram per split (log-log)
+    card/tokens_by_source.png  tokens by --stats-column value, else by input
+    card/shard_fill.png        tokens per shard against the shard size
+    card/parent.png            documents added/removed per input, and the length distributions overlaid
+
+The plots need matplotlib (``pip install 'shardflow[card]'``), drawn on an Agg
+canvas (no pyplot, no display) and without a timestamp in the PNG, so the same statistics give
+the same bytes. Without matplotlib the card is text only and says how to get
+the plots. ``SHARDFLOW_CARD=0`` writes no card at all (``stats.json`` still).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ._io import atomic_write_bytes, atomic_write_text
+from .diff import input_changes
+from .errors import ShardflowError
+from .manifest import Manifest, read_manifest
+from .stats import LENGTH_EDGES, STATS_NAME, pairs_to_hist
+
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted", "stamp_card"]
+
+log = logging.getLogger("shardflow.card")
+
+CARD_DIR = "card"
+CARD_NAME = "README.md"
+INSTALL_HINT = "pip install 'shardflow[card]'"
+PLOTS = ("lengths.png", "tokens_by_source.png", "shard_fill.png", "parent.png")
+_TOP = 15
+# Set to 0 to write no card (stats.json is still written): a build on a machine that never shows it.
+CARD_ENV = "SHARDFLOW_CARD"
+
+
+def card_wanted() -> bool:
+    return os.environ.get(CARD_ENV, "1") != "0"
+
+
+def card_path(directory: Path | str) -> Path:
+    return Path(directory) / CARD_DIR / CARD_NAME
+
+
+def plot_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _figure(width: float, height: float, *, cols: int = 1) -> tuple[Any, Any]:
+    """A figure and its axes, without pyplot: no global state, so a card can be drawn on any thread."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # the Agg canvas: PNGs, no display
+    return fig, fig.subplots(1, cols)
+
+
+def _count_format() -> Any:
+    """Axis labels as 250k, 1.5M, 2G rather than matplotlib's offset exponent (1e7)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(v: float, _pos: Any) -> str:
+        for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(v) >= div:
+                return f"{v / div:g}{unit}"
+        return f"{v:g}"
+
+    return FuncFormatter(label)
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    # No "Software" tag (it names the matplotlib version) and no date: the same statistics, the same bytes.
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _plot_lengths(stats: dict[str, Any]) -> bytes:
+    fig, ax = _figure(7, 3.6)
+    edges = np.append(LENGTH_EDGES, LENGTH_EDGES[-1] * 2).astype(float)
+    for split, s in stats["splits"].items():
+        hist = pairs_to_hist(s["histogram"])
+        nz = np.flatnonzero(hist)
+        if not len(nz):
+            continue
+        lo, hi = int(nz[0]), int(nz[-1]) + 1
+        ax.stairs(hist[lo:hi], edges[lo : hi + 1], fill=split == "train", alpha=0.55 if split == "train" else 1.0,
+                  label=f"{split} ({s['documents']:,} documents)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("document length (tokens, boundary included)")
+    ax.set_ylabel("documents per bin (4 bins per octave)")
+    ax.set_title("Document lengths")
+    ax.legend()
+    ax.grid(True, which="major", alpha=0.3)
+    return _png(fig)
+
+
+def _sources(stats: dict[str, Any]) -> tuple[str, list[tuple[str, int, int]]]:
+    """``(what, [(label, tokens, documents)])``: by the stats column when there is one, else by input."""
+    if stats.get("by_column"):
+        col = stats["by_column"]
+        return f"--stats-column {col['column']}", [(v["value"], v["tokens"], v["documents"]) for v in col["values"]]
+    rows = sorted(((i["relname"], i["tokens"], i["documents"]) for i in stats["inputs"]), key=lambda r: (-r[1], r[0]))
+    return "input", rows
+
+
+def _plot_sources(stats: dict[str, Any]) -> bytes:
+    what, rows = _sources(stats)
+    if len(rows) > _TOP:
+        rows = rows[: _TOP - 1] + [("(the other %d)" % (len(rows) - _TOP + 1), sum(r[1] for r in rows[_TOP - 1 :]), 0)]
+    fig, ax = _figure(7, 0.9 + 0.32 * max(1, len(rows)))
+    labels = [r[0] if len(r[0]) <= 40 else "..." + r[0][-37:] for r in rows]
+    ax.barh(range(len(rows)), [r[1] for r in rows], color="#4878d0")
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(_count_format())
+    ax.set_xlabel("tokens")
+    ax.set_title(f"Tokens by {what}")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _plot_fill(stats: dict[str, Any]) -> bytes:
+    fig, ax = _figure(7, 3.2)
+    cap = stats["shard_tokens"]
+    x = 0
+    for split, s in stats["splits"].items():
+        fills = np.array(s["shards"], dtype=float) / cap
+        ax.bar(np.arange(x, x + len(fills)), fills * 100, label=f"{split} ({len(fills)} shards)")
+        x += len(fills)
+    ax.axhline(100, color="gray", linestyle="--", linewidth=1)
+    ax.set_ylim(0, 110)
+    ax.set_xlabel("shard (in manifest order)")
+    ax.set_ylabel(f"% of {cap:,} tokens")
+    ax.set_title("Shard fill")
+    ax.legend(loc="lower left")
+    return _png(fig)
+
+
+def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, changes: list[Any], parent_ref: str) -> bytes:
+    fig, (left, right) = _figure(11, 3.8, cols=2)
+    moved = [c for c in changes if c.documents_delta] or changes
+    moved = moved[:_TOP]
+    labels = [c.relname if len(c.relname) <= 28 else "..." + c.relname[-25:] for c in moved]
+    deltas = [c.documents_delta for c in moved]
+    left.barh(range(len(moved)), deltas, color=["#6acc64" if d >= 0 else "#d65f5f" for d in deltas])
+    left.set_yticks(range(len(moved)), labels)
+    left.invert_yaxis()
+    left.axvline(0, color="gray", linewidth=1)
+    left.set_xlabel("documents added (+) / removed (-)")
+    left.set_title(f"Against {parent_ref}, per input")
+    edges = np.append(LENGTH_EDGES, LENGTH_EDGES[-1] * 2).astype(float)
+    for label, st, style in (("this version", stats, "-"), (parent_ref, parent_stats, "--")):
+        if st is None:
+            continue
+        hist = sum((pairs_to_hist(s["histogram"]) for s in st["splits"].values()), start=pairs_to_hist([]))
+        nz = np.flatnonzero(hist)
+        if len(nz):
+            lo, hi = int(nz[0]), int(nz[-1]) + 1
+            right.stairs(hist[lo:hi], edges[lo : hi + 1], linestyle=style, linewidth=1.6, label=label)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("document length (tokens)")
+    right.set_title("Length distributions")
+    right.legend()
+    return _png(fig)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(v: Any) -> str:
+        text = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        return text.replace("|", "\\|").replace("\n", "\\n")
+
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return out
+
+
+def _markdown(manifest: Manifest, stats: dict[str, Any], plots: dict[str, bool], parent: dict[str, Any] | None) -> str:
+    totals = stats["totals"]
+    title = manifest.ref if manifest.version else f"{manifest.name} (build {manifest.build_key[:12]})"
+    lines = [f"# Dataset card: {title}", ""]
+    if manifest.description:
+        lines += [manifest.description, ""]
+    lines += [
+        f"**{totals['documents']:,} documents, {totals['tokens']:,} tokens** from {totals['inputs']:,} input file{'s' * (totals['inputs'] != 1)}; "
+        f"tokenizer `{manifest.tokenized_info.get('tokenizer')}` ({manifest.dtype}), format `{manifest.format_name}`, "
+        f"boundary `{manifest.boundary_tokens.describe()}`."
+        + (f" Parent version: `{manifest.parent}`." if manifest.parent else ""),
+        "",
+        "Generated by shardflow from `stats.json` (beside `metadata.yaml`, which records its SHA-256).",
+        "",
+    ]
+    if not any(plots.values()):
+        lines += [f"> The plots need matplotlib: `{INSTALL_HINT}`, then build again.", ""]
+    lines += ["## Document lengths", ""]
+    if plots.get("lengths.png"):
+        lines += ["![Document-length histogram per split, log scale](lengths.png)", ""]
+    rows = [
+        [split, s["documents"], s["tokens"], s["min_length"], f"{s['mean_length']:,.1f}", s["p50_at_most"], s["p90_at_most"],
+         s["p99_at_most"], s["max_length"]]
+        for split, s in stats["splits"].items()
+    ]
+    lines += _table(["split", "documents", "tokens", "min", "mean", "p50 <=", "p90 <=", "p99 <=", "max"], rows)
+    lines += ["", "Lengths count the boundary tokens; percentiles are bounds within a quarter octave.", ""]
+    what, src = _sources(stats)
+    lines += [f"## Tokens by {what}", ""]
+    if plots.get("tokens_by_source.png"):
+        lines += [f"![Tokens by {what}](tokens_by_source.png)", ""]
+    total = max(1, totals["tokens"])
+    lines += _table([what.split()[-1], "tokens", "share", "documents"],
+                    [[label, t, f"{100 * t / total:.1f}%", d] for label, t, d in src[:_TOP]])
+    if len(src) > _TOP:
+        lines += ["", f"... and {len(src) - _TOP} more (see `stats.json`)."]
+    lines += ["", "## Shards", ""]
+    if plots.get("shard_fill.png"):
+        lines += ["![Tokens per shard against the shard size](shard_fill.png)", ""]
+    for split, s in stats["splits"].items():
+        n = len(s["shards"])
+        lines.append(f"- {split}: {n} shard{'s' * (n != 1)} of up to {stats['shard_tokens']:,} tokens")
+    voc = stats["vocabulary"]
+    lines += [
+        "",
+        "## Vocabulary",
+        "",
+        f"{voc['used']:,} of {voc['size']:,} ids used ({100 * voc['share_used']:.1f}%). The most frequent:",
+        "",
+    ]
+    lines += _table(["id", "text", "count", "share"],
+                    [[str(t["id"]), f"`{t['text']!r}`", t["count"], f"{100 * t['share']:.2f}%"] for t in voc["top"][:_TOP]])
+    sk = stats["documents_skipped"]
+    lines += [
+        "",
+        "## Skipped, replaced, truncated",
+        "",
+        f"- skipped: {sk['null_texts']:,} null, {sk['empty_texts']:,} empty, {sk['invalid_utf8']:,} invalid UTF-8, "
+        f"{sk['bad_records']:,} unreadable records",
+        f"- invalid UTF-8 replaced by U+FFFD: {stats['documents_replaced']:,} documents",
+        f"- truncated: {stats['documents_truncated']:,} (shardflow never truncates a document)",
+    ]
+    if not stats.get("complete", True):
+        lines += ["", "> Incomplete: the parent version this one reuses inputs from has no statistics."]
+    if manifest.parent:
+        lines += ["", f"## Against the parent, {manifest.parent}", ""]
+        if parent is None:
+            lines.append("The parent version is not available (or has no statistics).")
+        else:
+            if plots.get("parent.png"):
+                lines += ["![Documents added or removed per input; length distributions overlaid](parent.png)", ""]
+            changes = [c for c in parent["changes"] if c.status != "same"]
+            same = len(parent["changes"]) - len(changes)
+            lines += _table(["input", "status", "documents", "change"],
+                            [[c.relname, c.status, c.documents_b, f"{c.documents_delta:+,}"] for c in changes[:50]])
+            lines += ["", f"{same} input{'s' * (same != 1)} unchanged."]
+    return "\n".join(lines) + "\n"
+
+
+def _parent_info(parent: Path | None, manifest: Manifest) -> dict[str, Any] | None:
+    if parent is None:
+        return None
+    try:
+        pm = read_manifest(parent)
+    except (OSError, ShardflowError):
+        return None
+    pstats_path = Path(parent) / STATS_NAME
+    pstats = json.loads(pstats_path.read_text(encoding="utf-8")) if pstats_path.exists() else None
+    return {"manifest": pm, "stats": pstats, "changes": input_changes(pm, manifest)}
+
+
+def stamp_card(directory: Path | str, ref: str) -> None:
+    """Put the version's reference into the card's title when it is published (the card is drawn before)."""
+    path = card_path(directory)
+    if not path.is_file():
+        return
+    first, sep, rest = path.read_text(encoding="utf-8").partition("\n")
+    if first.startswith("# Dataset card: "):
+        atomic_write_text(path, f"# Dataset card: {ref}{sep}{rest}")
+
+
+def write_card(
+    directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
+) -> Path:
+    """Write ``card/`` into a version directory that has ``stats.json``; returns the card's path."""
+    directory = Path(directory)
+    stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
+    card_dir = directory / CARD_DIR
+    card_dir.mkdir(exist_ok=True)
+    pinfo = _parent_info(parent, manifest)
+    makers: dict[str, Callable[[], bytes]] = {
+        "lengths.png": lambda: _plot_lengths(stats),
+        "tokens_by_source.png": lambda: _plot_sources(stats),
+        "shard_fill.png": lambda: _plot_fill(stats),
+    }
+    if pinfo is not None:
+        makers["parent.png"] = lambda: _plot_parent(stats, pinfo["stats"], pinfo["changes"], parent_ref or str(manifest.parent))
+    plots = dict.fromkeys(makers, False)
+    if plot_available():
+        for name, make in makers.items():
+            atomic_write_bytes(card_dir / name, make())
+            plots[name] = True
+    else:
+        log.info("no matplotlib: the dataset card is text only (%s)", INSTALL_HINT)
+    path = card_dir / CARD_NAME
+    atomic_write_text(path, _markdown(manifest, stats, plots, pinfo))
+    return path
