@@ -160,7 +160,7 @@ def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes
     # Blank lines, CRLF, a line longer than many ranges, no newline after the last line.
     records = []
     for i, t in enumerate(docs[:16]):
-        records.append(json.dumps({"text": t}))
+        records.append(json.dumps({"text": t, "src": f"s{i % 3}"}))
         if i % 5 == 3:
             records += ["", "  \t"]
         if i == 8:
@@ -171,13 +171,19 @@ def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes
     local.parent.mkdir()
     local.write_bytes(data)
     s3.fs().pipe(f"{bucket}/cut/x.jsonl", data)
-    options = dict(name="cut", val_fraction=0.2, seed=5, shard_tokens=30_000)
+    options = dict(name="cut", val_fraction=0.2, seed=5, shard_tokens=30_000, stats_column="src")
     a = make_builder(tmp_path / "local")(local, **options)  # one unit
     b = make_builder(tmp_path / "s3")(f"s3://{bucket}/cut/x.jsonl", unit_bytes=unit_bytes, workers=2, **options)
     assert files_of(a.directory) == files_of(b.directory)
     ma, mb = read_manifest(a.directory), read_manifest(b.directory)
     assert mb.totals == ma.totals and ma.totals["input_rows"] == len(records) and ma.splits["val"].documents > 0
     assert mb.build_key == ma.build_key
+    # The statistics too, --stats-column values included: a range's rows count from its own first line.
+    assert (b.directory / "stats.json").read_bytes() == (a.directory / "stats.json").read_bytes()
+    (entry,) = json.loads((a.directory / "stats.json").read_text())["inputs"]
+    by_column = entry["by_column"]  # value -> [documents, tokens]
+    # the two records without "src" (the long one and the last) count as (null)
+    assert sorted(by_column) == ["(null)", "s0", "s1", "s2"] and by_column["(null)"][0] == 2 and sum(d for d, _ in by_column.values()) == entry["documents"]
 
 
 def test_a_bad_line_in_a_later_byte_range_is_named_by_its_byte_offset(tmp_path, s3, bucket, docs):
