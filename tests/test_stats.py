@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import MAKE_CORPUS, make_builder
+from core_support import MAKE_CORPUS, make_builder, write_parquet
 from flows.cli import main
 from shardflow.config import BuildConfig
 from shardflow.errors import InputError, ValidationError
@@ -329,3 +329,48 @@ def test_an_incremental_version_of_a_parent_without_statistics_says_they_are_inc
     assert stats["inputs"][0]["vocabulary_used"] == 0 and stats["inputs"][1]["vocabulary_used"] > 0
     assert "Incomplete: the parent version" in (v2.directory / "card" / "README.md").read_text()
     validate_dir(v2.directory)
+
+
+def _runs_of_one_token(tokens: np.ndarray, starts: np.ndarray, min_run: int) -> list[tuple[int, int]]:
+    """(length, id) of every run of one id repeated ``min_run``+ times inside a document: plain Python, per document."""
+    found = []
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(tokens)]):
+        doc = tokens[a:b].tolist()
+        k = 0
+        while k < len(doc):
+            j = k
+            while j + 1 < len(doc) and doc[j + 1] == doc[k]:
+                j += 1
+            if j - k + 1 >= min_run:
+                found.append((j - k + 1, doc[k]))
+            k = j + 1
+    return found
+
+
+def test_odd_documents_and_runs_of_one_token_are_counted_as_the_shards_hold_them(tmp_path, real_texts):
+    texts = list(real_texts[:40])
+    texts[3] = "Intro." + " the" * 300 + " end."  # a run of 300 ' the' tokens
+    texts[7] = "=" * 5000  # a line of '=': a run of one multi-character token
+    texts[11] = "a"  # near-empty: one token plus the boundary
+    texts[12] = " the" * 63  # 63 + nothing: just under the run threshold
+    corpus = write_parquet(tmp_path / "odd.parquet", texts, row_group_size=8)
+    b = make_builder(tmp_path / "b")(corpus, name="odd", workers=2, shard_tokens=5_000, unit_bytes=20_000,
+                                     val_fraction=0.2, seed=1)
+    stats = _stats(b.directory)
+    odd = stats["odd"]
+    runs = []
+    short = 0
+    for split in read_manifest(b.directory).splits:
+        tokens, starts = _raw_split(b.directory, split)
+        runs += _runs_of_one_token(tokens, starts, odd["repeated_token_runs"]["min_run"])
+        lengths = np.diff(np.append(starts, len(tokens)))
+        short += int(np.count_nonzero(lengths <= odd["short_documents"]["at_most_tokens"]))
+        assert stats["splits"][split]["short_documents"] == int(np.count_nonzero(lengths <= 3))
+    assert len(runs) >= 2 and odd["repeated_token_runs"]["runs"] == len(runs)
+    longest, token = min(runs, key=lambda r: (-r[0], r[1]))
+    assert (odd["repeated_token_runs"]["longest"], odd["repeated_token_runs"]["token_id"]) == (longest, token)
+    assert odd["short_documents"]["documents"] == short >= 1 and odd["long_documents"]["documents"] == 0
+    assert sum(i["repeated_token_runs"]["runs"] for i in stats["inputs"]) == len(runs)
+    # The card and `show` say so.
+    card = (b.directory / "card" / "README.md").read_text()
+    assert f"{len(runs):,} runs of one token repeated 64+ times" in card

@@ -32,7 +32,7 @@ from ._io import atomic_write_bytes, atomic_write_text
 from .diff import input_changes
 from .errors import ShardflowError
 from .manifest import Manifest, read_manifest
-from .stats import LENGTH_EDGES, STATS_NAME, pairs_to_hist
+from .stats import LENGTH_EDGES, STATS_NAME, odd_line, pairs_to_hist
 
 __all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted", "stamp_card"]
 
@@ -256,6 +256,7 @@ def _markdown(manifest: Manifest, stats: dict[str, Any], plots: dict[str, bool],
         f"{sk['bad_records']:,} unreadable records",
         f"- invalid UTF-8 replaced by U+FFFD: {stats['documents_replaced']:,} documents",
         f"- truncated: {stats['documents_truncated']:,} (shardflow never truncates a document)",
+        f"- anything odd: {odd_line(stats)}",
     ]
     if not stats.get("complete", True):
         lines += ["", "> Incomplete: the parent version this one reuses inputs from has no statistics."]

@@ -34,6 +34,8 @@ import numpy as np
 from .errors import ValidationError
 
 __all__ = [
+    "MIN_REPEAT_RUN",
+    "RepeatRuns",
     "STATS_NAME",
     "VOCAB_NAME",
     "STATS_VERSION",
@@ -52,6 +54,7 @@ __all__ = [
     "stats_problems",
     "text_histogram",
     "summary_lines",
+    "odd_line",
 ]
 
 STATS_NAME = "stats.json"
@@ -133,6 +136,57 @@ class ColumnCounts:
 
     def to_dict(self) -> dict[str, list[int]]:
         return {k: list(self.values[k]) for k in sorted(self.values)}
+
+
+MIN_REPEAT_RUN = 64
+"""Runs of one token this long or longer are counted in ``stats.json`` (``odd``)."""
+
+
+@dataclass
+class RepeatRuns:
+    """Runs of one token repeated at least ``MIN_REPEAT_RUN`` times in a row (``the the the ...``, a line of
+    ``=``): how many, and the longest (its length and token id; the smallest id among equally long ones), so
+    merges give the same answer in any order."""
+
+    runs: int = 0
+    longest: int = 0
+    token: int = -1
+
+    def add(self, tokens: np.ndarray) -> None:
+        same = np.flatnonzero(tokens[1:] == tokens[:-1])  # i: token i+1 repeats token i (rare in text)
+        if len(same) < MIN_REPEAT_RUN - 1:
+            return
+        # Consecutive positions in `same` make one run of (their number + 1) tokens.
+        first = np.concatenate([[0], np.flatnonzero(np.diff(same) != 1) + 1])
+        length = np.diff(np.concatenate([first, [len(same)]])) + 1
+        for k in np.flatnonzero(length >= MIN_REPEAT_RUN).tolist():
+            self._longest(int(length[k]), int(tokens[same[first[k]]]))
+            self.runs += 1
+
+    def _longest(self, length: int, token: int) -> None:
+        if length > self.longest or (length == self.longest and token < self.token):
+            self.longest, self.token = length, token
+
+    def merge(self, other: RepeatRuns) -> None:
+        self.runs += other.runs
+        if other.runs:
+            self._longest(other.longest, other.token)
+
+    def to_array(self) -> np.ndarray:
+        return np.array([self.runs, self.longest, self.token], dtype=np.int64)
+
+    @classmethod
+    def from_array(cls, a: np.ndarray) -> RepeatRuns:
+        return cls(runs=int(a[0]), longest=int(a[1]), token=int(a[2]))
+
+    def to_dict(self) -> dict[str, int]:
+        return {"min_run": MIN_REPEAT_RUN, "runs": self.runs, "longest": self.longest, "token_id": self.token}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> RepeatRuns:
+        if not d:
+            return cls()
+        return cls(runs=int(d["runs"]), longest=int(d["longest"]), token=int(d["token_id"]))
 
 
 def merge_columns(parts: Iterable[Mapping[str, Iterable[int]]]) -> dict[str, list[int]]:
@@ -263,4 +317,21 @@ def summary_lines(stats: dict[str, Any], *, top: int = 8) -> list[str]:
         f"  skipped: {sk['null_texts']:,} null, {sk['empty_texts']:,} empty, {sk['invalid_utf8']:,} invalid UTF-8, "
         f"{sk['bad_records']:,} bad records; {stats['documents_replaced']:,} with invalid UTF-8 replaced"
     )
+    lines.append(f"  odd: {odd_line(stats)}")
     return lines
+
+
+def odd_line(stats: dict[str, Any]) -> str:
+    """One line on what may have got in by mistake: near-empty and huge documents, runs of one token."""
+    odd = stats.get("odd")
+    if not odd:
+        return "not recorded (statistics from an earlier shardflow)"
+    short, long, runs = odd["short_documents"], odd["long_documents"], odd["repeated_token_runs"]
+    text = (
+        f"{short['documents']:,} documents of at most {short['at_most_tokens']} tokens, "
+        f"{long['documents']:,} of at least {long['at_least_tokens']:,}; "
+        f"{runs['runs']:,} runs of one token repeated {runs['min_run']}+ times"
+    )
+    if runs["runs"]:
+        text += f" (longest: {runs.get('token_text', '')!r} x {runs['longest']:,}, id {runs['token_id']})"
+    return text

@@ -4,7 +4,8 @@ Per work unit (``tokenize_unit``, as the tokens pass, no extra pass over them):
 
     parts/unit-N.stats.npz    ``vocab``: count per token id (``VOCAB_DTYPE`` rows, ids with a count
                               only); ``column``: documents and tokens per value of ``--stats-column``
-                              (JSON, as UTF-8 bytes)
+                              (JSON, as UTF-8 bytes); ``runs``: runs of one token repeated
+                              ``MIN_REPEAT_RUN``+ times (int64 count, longest, its id)
 
 written before the unit's marker (one file: each file written costs an fsync). At finalize, ``write_stats`` adds them
 up per input, takes the document lengths per split and per input from the
@@ -46,6 +47,7 @@ from ..stats import (
     VOCAB_DTYPE,
     VOCAB_NAME,
     ColumnCounts,
+    RepeatRuns,
     dense_vocab,
     hist_quantile,
     hist_to_pairs,
@@ -65,6 +67,10 @@ log = logging.getLogger("shardflow.build")
 
 TOP_IDS = 20
 """How many of the most frequent ids ``stats.json`` lists with their decoded text."""
+SHORT_DOCUMENT = 3
+"""A document of at most this many tokens (boundary tokens included) is counted as near-empty."""
+LONG_DOCUMENT = 1 << 17
+"""A document of at least this many tokens is counted as huge (a concatenated dump, a binary file)."""
 MAX_COLUMN_VALUES = 1000
 """Values of ``--stats-column`` listed by name in ``stats.json`` (the rest are summed as ``(other)``)."""
 
@@ -84,10 +90,12 @@ def unit_stats_in_place(staging: Staging, unit: int) -> bool:
 
 
 class UnitCollector:
-    """One unit's statistics while it is tokenized: token counts per id, then counts per column value."""
+    """One unit's statistics while it is tokenized: token counts per id, runs of one repeated token,
+    then counts per column value."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab = np.zeros(vocab_size, dtype=np.int64)
+        self.runs = RepeatRuns()
 
     def add_tokens(self, tokens: np.ndarray, *, max_id: int) -> None:
         """Count ``tokens`` (their largest id is ``max_id``, which the caller already knows)."""
@@ -96,13 +104,17 @@ class UnitCollector:
         # Unbuffered in-place adds on the tokens' own dtype: about twice as fast as np.bincount,
         # which first copies the ids to int64 and scans them for their range.
         np.add.at(self.vocab, tokens, 1)
+        # A batch ends at a document's end, and documents are separated by a boundary token that
+        # never occurs inside one, so no run spans two batches or two documents.
+        self.runs.add(tokens)
 
     def commit(self, staging: Staging, unit: int, *, column: str | None, inp: InputFile, wu: WorkUnit, docs: np.ndarray, batch_rows: int) -> None:
         """Write the unit's statistics file (before its marker)."""
         by_column = _column_counts(inp, wu, column, docs, batch_rows) if column else {}
         buf = io.BytesIO()
         np.savez(buf, vocab=sparse_vocab(self.vocab),
-                 column=np.frombuffer(json.dumps(by_column, sort_keys=True).encode("utf-8"), dtype=np.uint8))
+                 column=np.frombuffer(json.dumps(by_column, sort_keys=True).encode("utf-8"), dtype=np.uint8),
+                 runs=self.runs.to_array())
         atomic_write_bytes(_unit_path(staging, unit), buf.getvalue())
 
 
@@ -143,7 +155,7 @@ def _column_counts(inp: InputFile, wu: WorkUnit, column: str, docs: np.ndarray, 
     return {names[k]: [int(ndocs[k]), int(ntoks[k])] for k in range(len(names)) if ndocs[k]}
 
 
-def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list[int]]]:
+def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list[int]], RepeatRuns]:
     path = _unit_path(staging, unit)
     if not path.exists():
         raise ConfigError(
@@ -151,7 +163,8 @@ def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list
             f"delete {staging.root} and build again, or build with {COLLECT_ENV}=0"
         )
     with np.load(path) as z:
-        return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8"))
+        runs = RepeatRuns.from_array(z["runs"]) if "runs" in z.files else RepeatRuns()
+        return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8")), runs
 
 
 class _SplitLengths:
@@ -193,6 +206,8 @@ def _range_stats(lengths: np.ndarray) -> dict[str, Any]:
     return {
         "documents": int(len(lengths)),
         "tokens": int(lengths.sum()),
+        "short_documents": int(np.count_nonzero(lengths <= SHORT_DOCUMENT)),
+        "long_documents": int(np.count_nonzero(lengths >= LONG_DOCUMENT)),
         "min_length": int(lengths.min()) if len(lengths) else 0,
         "max_length": int(lengths.max()) if len(lengths) else 0,
         "histogram": hist_to_pairs(hist),
@@ -208,6 +223,8 @@ def _merge_ranges(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "documents": docs,
         "tokens": tokens,
+        "short_documents": sum(p.get("short_documents", 0) for p in parts),
+        "long_documents": sum(p.get("long_documents", 0) for p in parts),
         "min_length": min((p["min_length"] for p in nonempty), default=0),
         "max_length": top,
         "mean_length": round(tokens / docs, 3) if docs else 0.0,
@@ -216,6 +233,21 @@ def _merge_ranges(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "p90_at_most": min(hist_quantile(hist, 0.9), top),
         "p99_at_most": min(hist_quantile(hist, 0.99), top),
         "histogram": hist_to_pairs(hist),
+    }
+
+
+def _odd(splits: dict[str, Any], inputs: list[dict[str, Any]], tokenizer: Tokenizer) -> dict[str, Any]:
+    """What may have got in by mistake: near-empty and huge documents, long runs of one token."""
+    runs = RepeatRuns()
+    for inp in inputs:
+        runs.merge(RepeatRuns.from_dict(inp.get("repeated_token_runs")))
+    longest = runs.to_dict()
+    if runs.longest:
+        longest["token_text"] = _decoded(tokenizer, runs.token)
+    return {
+        "short_documents": {"at_most_tokens": SHORT_DOCUMENT, "documents": sum(s["short_documents"] for s in splits.values())},
+        "long_documents": {"at_least_tokens": LONG_DOCUMENT, "documents": sum(s["long_documents"] for s in splits.values())},
+        "repeated_token_runs": longest,
     }
 
 
@@ -263,14 +295,17 @@ def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Token
                 prow = parent[1][parent[1]["input"] == pn]
                 counts = dense_vocab(prow, vocab_size)
                 column = pentry.get("by_column", {})
+                runs = RepeatRuns.from_dict(pentry.get("repeated_token_runs"))
             else:  # the parent has no statistics (or none of this input): its counts are unknown here
-                counts, column = np.zeros(vocab_size, dtype=np.int64), {}
+                counts, column, runs = np.zeros(vocab_size, dtype=np.int64), {}, RepeatRuns()
                 complete = False
         else:
             counts = np.zeros(vocab_size, dtype=np.int64)
             col = ColumnCounts()
+            runs = RepeatRuns()
             for u in units_of.get(i, []):
-                rows, by_value = _unit_stats(staging, u)
+                rows, by_value, unit_runs = _unit_stats(staging, u)
+                runs.merge(unit_runs)
                 dense = dense_vocab(rows, vocab_size)
                 if len(dense) > len(counts):
                     counts = np.concatenate([counts, np.zeros(len(dense) - len(counts), dtype=np.int64)])
@@ -288,6 +323,7 @@ def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Token
             "tokens": sum(r["tokens"] for r in splits.values()),
             "splits": splits,
             "vocabulary_used": int(np.count_nonzero(counts)),
+            "repeated_token_runs": runs.to_dict(),
         }
         if cfg.stats_column:
             item["by_column"] = column
@@ -349,6 +385,7 @@ def _assemble(
         "documents_replaced": totals.get("invalid_utf8", 0) - totals.get("skipped_invalid_utf8", 0),
         # shardflow never truncates a document (a token that does not fit the dtype is refused).
         "documents_truncated": 0,
+        "odd": _odd(splits, inputs, tokenizer),
         "vocabulary": {
             "size": tokenizer.vocab_size,
             "used": used,
