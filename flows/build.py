@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -47,6 +47,7 @@ from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
 from flows.report import artifact_key, manifest_link, shard_rows, summary_description, summary_markdown
+from flows.task_tags import task_tags
 from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
@@ -272,7 +273,8 @@ def _build(
         # the next ones queued and ready, so no thread waits for the flow to submit after a result.
         task_runner, in_flight = ThreadPoolTaskRunner(max_workers=workers), 2 * workers
     _tag_flow_run([*TAGS, dataset_tag(name)])
-    with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
+    # Task runs carry the tags only where a concurrency limit names one (a server round trip per task run).
+    with task_tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
         # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
         plan = plan_task(config, data_root, catalog)
