@@ -322,12 +322,22 @@ def _build(
 
                     if stage.name in phases:
                         progress.step(phases[stage.name], 0, len(jobs), 0, t0)
-                    return run_windowed(
+                    # Jobs whose output is committed already (a resumed run; shards an incremental build
+                    # linked from its parent) cost no task run: a few stats here instead.
+                    results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+                    for p, result in zip(params, results):
+                        if result is not None:
+                            done(p, result)
+                    todo = [i for i, result in enumerate(results) if result is None]
+                    ran = run_windowed(
                         lambda p: tr.submit(task, parameters=p),
-                        params,
+                        [params[i] for i in todo],
                         workers=in_flight,
                         on_done=done,
                     )
+                    for i, result in zip(todo, ran):
+                        results[i] = result
+                    return results
                 except Exception as exc:
                     if stage.fan_out == "one":
                         _failure_summary(name, stage.name, exc)

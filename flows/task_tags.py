@@ -59,10 +59,13 @@ def task_tags(*tags: str) -> Iterator[list[str]]:
     The task runs then also carry the tags already in force (the command
     line's); yields the tags the task runs carry.
     """
-    from prefect.context import TagsContext
+    from prefect.context import FlowRunContext, TagsContext
     from prefect.context import tags as prefect_tags
 
     current = set(TagsContext.get().current_tags or ())
+    run = FlowRunContext.get()
+    if run is not None and run.flow_run is not None:  # a deployment's own tags (serve) count too
+        current |= set(run.flow_run.tags or ())
     every = sorted(current | set(tags))
     limited = limited_tags(every)
     if limited is None or limited:
