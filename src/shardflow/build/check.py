@@ -14,7 +14,12 @@ A shard that an incremental build hard-linked from its parent version, with
 its index and sidecars, is not read again either (``shard_checked``): every
 one of its files is the parent's own file (the same inode), with the size and
 SHA-256 that the parent's manifest records and that were validated when the
-parent was published. Only new and rewritten shards are read.
+parent was published, and not modified since (its mtime is not later than the
+parent's ``metadata.yaml``, written last): a parent file rewritten or replaced
+since is read and fails here, as before. (Damage that leaves the mtime alone,
+such as media errors, is what ``shardflow validate`` of the parent finds; the
+linked file is the parent's, so it is damaged in both.) Only new and
+rewritten shards are read.
 """
 
 from __future__ import annotations
@@ -100,12 +105,19 @@ def _parents_own(plan: BuildPlan, staging: Staging, entry: ShardEntry) -> bool:
         for shard in shards.shards:
             known[shard.file] = (shard.bytes, shard.sha256)
             known.update({f.file: (f.bytes, f.sha256) for f in shard.files})
+    directory = Path(plan.reuse.directory)
+    try:
+        published = (directory / "metadata.yaml").stat().st_mtime_ns
+    except OSError:
+        return False
     for name, size, sha in [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.files)]:
         if known.get(name) != (size, sha):
             return False
         try:
-            if not os.path.samefile(staging.out / name, Path(plan.reuse.directory) / name):
+            if not os.path.samefile(staging.out / name, directory / name):
                 return False  # a copy (another file system), or another file: read it
+            if (directory / name).stat().st_mtime_ns > published:
+                return False  # written to or replaced since the parent was published: read it
         except OSError:
             return False
     return True
