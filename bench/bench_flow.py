@@ -362,6 +362,8 @@ def main() -> None:
           f"against the core's stages in one process:\n")
     print("| segment | flow (s) | busy slots | core (s) |")
     print("|---|---:|---:|---:|")
+    # The flow's "validate" segment holds the validate-shard task runs and finalize (both named "validate ...").
+    core_stages["validate"] = core_stages.get("validate-shard", 0.0) + core_stages.get("validate", 0.0)
     core_of = {"plan": "plan", "tokenize": "tokenize-unit", "layout": "layout", "write": "write-shard",
                "validate": "validate", "publish": "publish"}
     for seg, secs in line["rows"].items():

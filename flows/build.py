@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -47,6 +47,7 @@ from shardflow.manifest import read_manifest
 
 from flows.progress import Progress, emit
 from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
+from flows.task_tags import task_tags
 from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
@@ -279,7 +280,8 @@ def _build(
         # the next ones queued and ready, so no thread waits for the flow to submit after a result.
         task_runner, in_flight = ThreadPoolTaskRunner(max_workers=workers), 2 * workers
     _tag_flow_run([*TAGS, dataset_tag(name)])
-    with tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
+    # Task runs carry the tags only where a concurrency limit names one (a server round trip per task run).
+    with task_tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
         # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
         plan = plan_task(config, data_root, catalog)
@@ -327,12 +329,22 @@ def _build(
 
                     if stage.name in phases:
                         progress.step(phases[stage.name], 0, len(jobs), 0, t0)
-                    return run_windowed(
+                    # Jobs whose output is committed already (a resumed run; shards an incremental build
+                    # linked from its parent) cost no task run: a few stats here instead.
+                    results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+                    for p, result in zip(params, results):
+                        if result is not None:
+                            done(p, result)
+                    todo = [i for i, result in enumerate(results) if result is None]
+                    ran = run_windowed(
                         lambda p: tr.submit(task, parameters=p),
-                        params,
+                        [params[i] for i in todo],
                         workers=in_flight,
                         on_done=done,
                     )
+                    for i, result in zip(todo, ran):
+                        results[i] = result
+                    return results
                 except Exception as exc:
                     if stage.fan_out == "one":
                         _failure_summary(name, stage.name, exc)

@@ -132,9 +132,10 @@ def _in_a_run(record: logging.LogRecord) -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-_COMMON: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, tags=list(TAGS))
+_COMMON: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False)
 # NO_CACHE: results are tiny and steps are idempotent on disk already; hashing
-# inputs for a cache key would only cost time.
+# inputs for a cache key would only cost time. No tags on the tasks themselves:
+# the flow decides which tags its task runs carry (flows/task_tags.py).
 _IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_condition_fn=is_transient)
 _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 

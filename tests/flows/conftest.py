@@ -86,6 +86,9 @@ def prefect_api(prefect_server: PrefectServer, tmp_path: Path) -> Iterator[Prefe
     """Point this process's Prefect client at the session's server (for flows called in-process)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    # Prefect keeps one events worker per process whatever the API URL: one left bound to an earlier
+    # test's server (tests/test_cli.py's temporary one) would drop this test's task runs.
+    drain_prefect_workers()
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}):
         try:
             yield prefect_server

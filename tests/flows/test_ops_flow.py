@@ -85,7 +85,8 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert run["state"]["type"] == "COMPLETED"
     assert {"shardflow", f"dataset:{name}"} <= set(run["tags"])
 
-    # Task runs say what they are, and carry the dataset's tags.
+    # Task runs say what they are; with no tag concurrency limit on the server they carry no tags
+    # (Prefect would ask the server for a slot before each one: tests/flows/test_task_tags.py).
     tasks = _task_runs(server, run["id"])
     names = {t["name"] for t in tasks}
     units = [f"tokenize {name} unit {i + 1}/4 part-{i}.parquet[0:" for i in range(4)]
@@ -96,7 +97,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert {f"write {name} val shard {k}" for k in range(n_val)} <= names
     assert {f"plan {name}", f"layout {name}", f"validate {name}", f"publish {name}"} <= names
     for t in tasks:
-        assert {"shardflow", f"dataset:{name}"} <= set(t["tags"]), t["name"]
+        assert t["tags"] == [], t["name"]
         assert t["state"]["type"] == "COMPLETED"
 
     # The artifacts, keyed per dataset.

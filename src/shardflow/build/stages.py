@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from .check import validate_staged_shard
+from .check import shard_checked, validate_staged_shard
 from .embed import embed_staged
 from .layout import make_layout
 from .model import BuildPlan, Layout
 from .publish import finalize, publish
-from .tokenize import tokenize_unit
-from .write import write_shard
+from .tokenize import tokenize_unit, unit_done
+from .write import shard_done, write_shard
 
 __all__ = ["Stage", "STAGES", "stage", "Job"]
 
@@ -65,6 +65,9 @@ class Stage:
     when: Callable[[BuildPlan], bool] = lambda plan: True
     label: Callable[[BuildPlan, Job], str]
     """How progress and the Prefect UI name one job."""
+    done: Callable[..., Any] | None = None
+    """``done(plan, *job)``: the job's result when it needs no work (committed already), else None; a few
+    stats. ``run`` checks it first anyway; the flow asks before it spends a task run on the job."""
 
     def jobs(self, plan: BuildPlan, done: dict[str, list[Any]]) -> Sequence[Job]:
         """This stage's jobs, given the results of the stages before it (by stage name)."""
@@ -78,6 +81,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="tokenize-unit",
         run=tokenize_unit,
+        done=unit_done,
         fan_out="units",
         retry="io",
         label=lambda plan, job: f"tokenize {plan.unit_label(job[0])}",
@@ -86,6 +90,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="write-shard",
         run=write_shard,
+        done=shard_done,
         fan_out="shards",
         retry="io",
         label=lambda plan, job: f"write {plan.config.name} {job[0]} shard {job[1]}",
@@ -93,6 +98,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="validate-shard",
         run=validate_staged_shard,
+        done=shard_checked,
         fan_out="shards",
         retry="never",
         label=lambda plan, job: f"validate {plan.config.name} {job[0]} shard {job[1]}",

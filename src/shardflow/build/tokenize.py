@@ -30,7 +30,7 @@ from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 from .stats import UnitCollector, collecting, unit_stats_in_place
 
-__all__ = ["tokenize_unit", "with_boundaries", "check_unchanged"]
+__all__ = ["tokenize_unit", "unit_done", "with_boundaries", "check_unchanged"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -54,15 +54,29 @@ def _rows_per_batch(cfg: BuildConfig, unit: WorkUnit) -> int:
     return max(1, min(cfg.batch_rows, cfg.batch_bytes * unit.rows // unit.text_bytes))
 
 
+def unit_done(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult | None:
+    """Unit ``unit``'s recorded result when it is committed with its files in place, else None (a few stats)."""
+    plan = as_plan(plan)
+    staging = Staging(plan.staging)
+    done = staging.unit_result(unit)
+    if (
+        done is not None
+        and staging.unit_in_place(done, np.dtype(plan.dtype).itemsize)
+        and unit_stats_in_place(staging, unit)
+    ):
+        return done
+    return None
+
+
 def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult:
     """Tokenize work unit ``unit`` into ``parts/``; a unit already done is not redone."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
     tok_path, docs_path, done_path = staging.unit_files(unit)
-    done = staging.unit_result(unit)
+    done = unit_done(plan, unit)
     if done is not None:
-        if staging.unit_in_place(done, np.dtype(plan.dtype).itemsize) and unit_stats_in_place(staging, unit):
-            return done
+        return done
+    if done_path.exists():
         log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
     done_path.unlink(missing_ok=True)
     wu = plan.units[unit]

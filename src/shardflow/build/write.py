@@ -31,7 +31,7 @@ from .layout import read_layout
 from .model import SPLITS, BuildPlan, ShardResult
 from .staging import Staging, as_plan
 
-__all__ = ["write_shard", "read_shard_results", "shard_file_name", "tokenizer_file_name", "write_tokenizer_files", "link_or_copy"]
+__all__ = ["write_shard", "shard_done", "read_shard_results", "shard_file_name", "tokenizer_file_name", "write_tokenizer_files", "link_or_copy"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -116,6 +116,13 @@ def _pieces(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, i
     return pieces
 
 
+def shard_done(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult | None:
+    """Shard ``k`` of ``split``'s recorded result when it is written with its files in place, else None."""
+    staging = Staging(as_plan(plan).staging)
+    done = _recorded(staging, split, k)
+    return done if done is not None and _in_place(staging.out, done) else None
+
+
 def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult:
     """Write shard ``k`` of ``split``, its ``.bos.idx`` and its format's sidecars into ``out/``; returns its result.
 
@@ -125,8 +132,8 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
     """
     plan = as_plan(plan)
     staging = Staging(plan.staging)
-    done = _recorded(staging, split, k)
-    if done is not None and _in_place(staging.out, done):
+    done = shard_done(plan, split, k)
+    if done is not None:
         return done
     cfg = plan.config
     fmt = get_format(cfg.format)

@@ -1,0 +1,100 @@
+"""Work already done costs no task run, and shards reused from the parent are not read again.
+
+Against the session's real Prefect server, on real Parquet inputs:
+
+* an incremental build through the flow (one file added to three) validates
+  only the shards it wrote: the ones hard-linked from the parent version have
+  no ``validate-shard`` task run and are not read (``shard_checked``), and the
+  published version still passes a full ``shardflow validate``;
+* a build resumed after its work units were tokenized (a crash, a cancelled
+  run) spends no task run on those units.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardflow.build.check as check_mod
+from flows.build import build_dataset
+from shardflow.build import build_lock, plan_build, tokenize_unit
+from shardflow.config import BuildConfig
+from shardflow.manifest import read_manifest
+from shardflow.validation import validate_dir
+
+from ops_support import PrefectServer
+
+
+def _task_names(server: PrefectServer, name: str, timeout: float = 20) -> list[str]:
+    """The task run names of the latest flow run ``build NAME``, once all are final."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = server.flow_runs(f"build {name}")[0]
+        tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}, "limit": 200})
+        final = bool(tasks) and all(t["state"] and t["state"]["type"] == "COMPLETED" for t in tasks)
+        if (final and run["state"]["type"] == "COMPLETED") or time.monotonic() > deadline:
+            return sorted(t["name"] for t in tasks)
+        time.sleep(0.2)
+
+
+def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
+    prefect_api: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        shutil.copy(corpus / f"part-{i}.parquet", src)
+    name = "done-incr"
+    config = BuildConfig(name=name, sources=(str(src),), shard_tokens=100_000, val_fraction=0.0)
+    where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    assert build_dataset(config=config, workers=2, **where) == f"{name}@v1"
+
+    read: list[str] = []
+    real = check_mod.validate_shard
+
+    def counting(directory: Path, manifest: Any, split: str, k: int, entry: Any, **kw: Any) -> list[str]:
+        read.append(entry.file)
+        return real(directory, manifest, split, k, entry, **kw)
+
+    monkeypatch.setattr(check_mod, "validate_shard", counting)
+    shutil.copy(corpus / "part-3.parquet", src)
+    assert build_dataset(config=config, workers=2, **where) == f"{name}@v2"
+
+    v1 = read_manifest(tmp_path / "data" / name / "v1")
+    v2 = read_manifest(tmp_path / "data" / name / "v2")
+    shards = v2.splits["train"].shards
+    linked = [s.file for s in shards if (tmp_path / "data" / name / "v2" / s.file).stat().st_nlink > 1]
+    assert len(shards) >= 3 and len(linked) >= 2, (len(shards), linked)  # the parent's full shards were linked
+    assert {s.file: s.sha256 for s in v1.splits["train"].shards if s.file in linked} == {
+        s.file: s.sha256 for s in shards if s.file in linked
+    }
+    written = [s.file for s in shards if s.file not in linked]
+    assert sorted(read) == sorted(written)  # only the written shards were read to validate them
+
+    names = _task_names(prefect_api, name)
+    validated = [n for n in names if n.startswith(f"validate {name} train shard ")]
+    assert len(validated) == len(written), names
+    assert len([n for n in names if n.startswith(f"write {name} train shard ")]) == len(shards)
+    validate_dir(tmp_path / "data" / name / "v2", checksums=True)  # raises on any problem
+
+
+def test_a_resumed_flow_build_spends_no_task_run_on_units_already_tokenized(
+    prefect_api: PrefectServer, corpus: Path, tmp_path: Path
+) -> None:
+    name = "done-resume"
+    config = BuildConfig(name=name, sources=(str(corpus),), shard_tokens=200_000)
+    where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    # An earlier run tokenized units 0 and 2, then stopped (its staging directory stays).
+    plan = plan_build(config, **where)
+    with build_lock(plan) as locked:
+        tokenize_unit(locked, 0)
+        tokenize_unit(locked, 2)
+    assert build_dataset(config=config, workers=2, **where) == f"{name}@v1"
+    names = _task_names(prefect_api, name)
+    tokenized = [n for n in names if n.startswith(f"tokenize {name} unit ")]
+    assert [n.split(" unit ")[1][:3] for n in tokenized] == ["2/4", "4/4"], names
+    validate_dir(tmp_path / "data" / name / "v1", checksums=True)
