@@ -45,6 +45,7 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
+from flows import heartbeats
 from flows.progress import Progress, emit
 from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
 from flows.task_tags import task_tags
@@ -54,6 +55,10 @@ __all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "
 
 RUNNERS = ("threads", "dask")
 log = logging.getLogger("shardflow.flows")
+
+# Every process that can run the build flow imports this module first (the command line, serve's runs,
+# the deployments' entrypoint), so the run's end never waits on the heartbeat thread (flows/heartbeats.py).
+heartbeats.patch()
 
 
 def dataset_tag(name: str) -> str:

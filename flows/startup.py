@@ -25,6 +25,12 @@ off).
 and fingerprints the inputs on a thread while Prefect is imported (both are
 cached), so the flow's plan task finds them done.
 
+**Imports done while waiting.** The temporary server takes about 3 s to
+answer, and this process is ready before it. Whatever the run would import
+later (the flow engine's FastAPI and graphviz, pandas for pyarrow, matplotlib
+for the dataset card: about 0.5 s) is imported during that wait
+(:func:`preload`) instead of on the run's own path.
+
 **A quick exit.** Once the flow has run, tearing down the interpreter (Prefect's
 thousands of objects) takes about a second; :func:`exit_now` runs the exit
 handlers (Prefect's drain its logs and events) and ends the process.
@@ -48,7 +54,7 @@ from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -159,6 +165,7 @@ class EarlyServer:
                     _drain_prefect_workers()
             return
         try:
+            preload()  # the server is still starting: this process would only wait
             self._wait_healthy(settings.server.ephemeral.startup_timeout_seconds)
             # Prefect's words, once the port is final (a taken port means another launch).
             log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
@@ -209,6 +216,24 @@ class EarlyServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+# Imported by a run only once it is under way: by Prefect's flow engine (its parameter validation imports
+# FastAPI, its flows module graphviz), by pyarrow (pandas, at the first pa.array) and by the dataset card.
+_LATER = ("fastapi", "prefect.utilities.visualization", "pandas")
+_CARD = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
+
+
+def preload() -> None:
+    """Import the modules a build imports later on its way, now, while this process would wait for the server."""
+    import importlib
+
+    from shardflow.card import card_wanted
+
+    names = _LATER + (_CARD if card_wanted() else ())
+    for name in names:
+        with contextlib.suppress(ImportError):  # an optional one (matplotlib) missing: the run does without it
+            importlib.import_module(name)
 
 
 def _has_fileno(stream: object) -> bool:
