@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
@@ -46,6 +47,7 @@ from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from flows import heartbeats
+from flows.artifact_sender import LatestOnly, send_all
 from flows.progress import Progress, emit
 from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
 from flows.task_tags import task_tags
@@ -163,25 +165,33 @@ class _RunProgress:
     TOKENIZE, WRITE = 85.0, 12.0
 
     def __init__(self, name: str) -> None:
-        from prefect.artifacts import create_progress_artifact
-
         self.name = name
-        self.artifact_id = create_progress_artifact(
-            0.0, key=artifact_key(name, "progress"), description=f"{name}: planning"
-        )
+        self.artifact_id: Any = None
         self._last = 0.0
+        # Made and updated from a thread of its own, the latest state only: the flow never waits on the UI's bar.
+        self._sender = LatestOnly(self._send)
+        self._sender.put(0.0, f"{name}: planning")
+
+    def _send(self, percent: float, description: str) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        if self.artifact_id is None:
+            self.artifact_id = create_progress_artifact(
+                percent, key=artifact_key(self.name, "progress"), description=description
+            )
+        else:
+            update_progress_artifact(self.artifact_id, progress=percent, description=description)
 
     def update(self, percent: float, description: str, *, force: bool = False) -> None:
-        from prefect.artifacts import update_progress_artifact
-
         now = time.monotonic()
         if not force and now - self._last < 1.0:
             return
         self._last = now
-        try:
-            update_progress_artifact(self.artifact_id, progress=min(100.0, percent), description=description)
-        except Exception:  # the UI's bar is a convenience; never fail a build for it
-            log.debug("could not update the progress artifact", exc_info=True)
+        self._sender.put(min(100.0, percent), description)
+
+    def close(self) -> None:
+        """Send the last update; the run is about to end."""
+        self._sender.close()
 
     def step(self, phase: str, done: int, total: int, tokens: int, started: float, ref: str | None = None) -> None:
         elapsed = time.monotonic() - started
@@ -205,32 +215,39 @@ def _publish_artifacts(
 ) -> None:
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+    from prefect.artifacts import create_image_artifact
+
     directory = Catalog(catalog).resolve(ref)
     manifest = read_manifest(directory)
     manifest_path = directory / "metadata.yaml"
-    create_table_artifact(
-        shard_rows(manifest),
-        key=artifact_key(name, "shards"),
-        description=f"Shards of {ref}: {manifest.totals['shards']} files, {manifest.totals['tokens']:,} tokens",
-    )
-    create_markdown_artifact(
-        summary_markdown(manifest, manifest_path=manifest_path, created=created, **stats),
-        key=artifact_key(name, "summary"),
-        description=summary_description(manifest, created=created),
-    )
-    create_link_artifact(
-        manifest_link(manifest_path),
-        link_text=f"{ref} metadata.yaml",
-        key=artifact_key(name, "manifest"),
-        description=f"Manifest of {ref}: {manifest_path}",
-    )
-    from prefect.artifacts import create_image_artifact
-
+    calls = [
+        partial(
+            create_table_artifact,
+            shard_rows(manifest),
+            key=artifact_key(name, "shards"),
+            description=f"Shards of {ref}: {manifest.totals['shards']} files, {manifest.totals['tokens']:,} tokens",
+        ),
+        partial(
+            create_markdown_artifact,
+            summary_markdown(manifest, manifest_path=manifest_path, created=created, **stats),
+            key=artifact_key(name, "summary"),
+            description=summary_description(manifest, created=created),
+        ),
+        partial(
+            create_link_artifact,
+            manifest_link(manifest_path),
+            link_text=f"{ref} metadata.yaml",
+            key=artifact_key(name, "manifest"),
+            description=f"Manifest of {ref}: {manifest_path}",
+        ),
+    ]
     for kind, uri, description in card_images(directory, ref):
-        create_image_artifact(uri, key=artifact_key(name, kind), description=description)
+        calls.append(partial(create_image_artifact, uri, key=artifact_key(name, kind), description=description))
     card = card_markdown(directory)
     if card is not None:
-        create_markdown_artifact(card, key=artifact_key(name, "card"), description=f"Dataset card of {ref}")
+        calls.append(partial(create_markdown_artifact, card, key=artifact_key(name, "card"),
+                             description=f"Dataset card of {ref}"))
+    send_all(calls)  # at once: each is a round trip to the server, and none depends on another
 
 
 def _failure_summary(name: str, step: str, exc: BaseException) -> None:
@@ -288,6 +305,7 @@ def _build(
     # Task runs carry the tags only where a concurrency limit names one (a server round trip per task run).
     with task_tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
         progress = _RunProgress(name)
+        held.callback(progress.close)  # its last update reaches the server before the run ends
         # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
         plan = plan_task(config, data_root, catalog)
         if plan.existing:
