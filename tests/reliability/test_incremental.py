@@ -244,6 +244,34 @@ def test_a_damaged_parent_shard_is_never_copied_into_a_new_version(tmp_path):
     assert_same_version(Path(v2.manifest_path).parent, Path(full.manifest_path).parent)
 
 
+def test_a_parent_shard_copied_from_is_read_again_only_if_modified_since_its_publish(tmp_path, monkeypatch):
+    """Its bytes were validated when the parent was published: unmodified since (mtime), it is not hashed again."""
+    import hashlib
+
+    from shardflow.build import incremental
+
+    hashed: list[str] = []
+    real = hashlib.file_digest
+
+    def file_digest(f, name):  # noqa: ANN001, ANN202
+        hashed.append(Path(f.name).name)
+        return real(f, name)
+
+    monkeypatch.setattr(incremental.hashlib, "file_digest", file_digest)
+    monkeypatch.setattr(incremental, "_verified", set())  # nothing checked yet in this process
+    for touched in (False, True):
+        src, root, v1 = _grown(tmp_path / str(touched))
+        tail = Path(read_manifest(v1).splits["train"].shards[-1].file)  # partial: copied into the new last shard
+        published = (v1 / "metadata.yaml").stat().st_mtime_ns
+        assert (v1 / tail).stat().st_mtime_ns <= published
+        if touched:  # content unchanged, but written to (as far as its mtime says) after the publish
+            later = published + 5 * 10**9
+            os.utime(v1 / tail, ns=(later, later))
+        hashed.clear()
+        assert build_in(root, src, "dmg", dict(shard_tokens=30_000)).ref == "dmg@v2"
+        assert hashed.count(tail.name) == (1 if touched else 0)
+
+
 def test_a_damaged_parent_shard_that_would_be_linked_fails_validation(tmp_path):
     src, root, v1 = _grown(tmp_path)
     first = read_manifest(v1).splits["train"].shards[0]  # complete: it would be hard-linked

@@ -106,17 +106,13 @@ def _parents_own(plan: BuildPlan, staging: Staging, entry: ShardEntry) -> bool:
             known[shard.file] = (shard.bytes, shard.sha256)
             known.update({f.file: (f.bytes, f.sha256) for f in shard.files})
     directory = Path(plan.reuse.directory)
-    try:
-        published = (directory / "metadata.yaml").stat().st_mtime_ns
-    except OSError:
-        return False
     for name, size, sha in [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.files)]:
         if known.get(name) != (size, sha):
             return False
         try:
             if not os.path.samefile(staging.out / name, directory / name):
                 return False  # a copy (another file system), or another file: read it
-            if (directory / name).stat().st_mtime_ns > published:
+            if not parent.untouched_since_publish((directory / name).stat()):
                 return False  # written to or replaced since the parent was published: read it
         except OSError:
             return False

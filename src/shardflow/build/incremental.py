@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import threading
 from pathlib import Path
 import numpy as np
@@ -23,7 +24,7 @@ from ..catalog import Catalog
 from ..config import BuildConfig
 from ..errors import ShardflowError, ValidationError
 from ..formats.writer import ShardWriter
-from ..manifest import Manifest, ShardEntry, read_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from ..shardset import ShardSet
 from ..sources import InputFile
 from ..tokenizers import Tokenizer
@@ -188,11 +189,30 @@ class ParentVersion:
             k += 1
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
 
+    def published_ns(self) -> int | None:
+        """When the parent was published (the mtime of its ``metadata.yaml``, written last); None if unreadable."""
+        try:
+            return (self.directory / MANIFEST_NAME).stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def untouched_since_publish(self, st: os.stat_result) -> bool:
+        """Whether a parent file with stat ``st`` was not written to or replaced since the parent was published.
+
+        Its bytes were validated then (size and SHA-256 against the manifest);
+        the same rule lets a hard-linked parent shard go unread (``check.py``).
+        """
+        published = self.published_ns()
+        return published is not None and st.st_mtime_ns <= published
+
     def _verified_shard(self, path: Path, shard: ShardEntry, itemsize: int) -> int:
         """Check a parent shard against its manifest entry (size, and SHA-256 once per process); its header size.
 
         Tokens copied from the parent into a new shard are hashed as part of the new
         shard, so a damaged parent must be caught here, before its bytes are copied.
+        A shard not modified since the parent was published is not read again
+        (:meth:`untouched_since_publish`): that saved reading the parent's last
+        shard in full on every incremental build that appends to it.
         """
         try:
             st = path.stat()
@@ -203,7 +223,7 @@ class ParentVersion:
         key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
         with _verified_lock:
             known = key in _verified
-        if not known:
+        if not known and not self.untouched_since_publish(st):
             with open(path, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
             if digest != shard.sha256:
