@@ -352,3 +352,32 @@ def test_disputed_characters_are_cached_on_disk(tmp_path, monkeypatch):
     calls.clear()
     assert routing.find_disputed(Fast(), reference, cache_key="k") == (0x0C5C,)
     assert calls == []  # read from the cache
+
+
+def test_the_probe_check_is_answered_once_per_vocabulary_and_kept_on_disk(tmp_path, monkeypatch):
+    """The fast backend's agreement on the probe strings is computed once, then read by every later process."""
+    from shardflow.tokenizers import routing, tiktoken_family
+    from shardflow.tokenizers.base import TokenizerSpec
+
+    monkeypatch.setenv(routing.CACHE_ENV, str(tmp_path))
+    answers = iter([True, False])
+    calls = []
+
+    def probe(fast, encoding):
+        calls.append(fast)
+        return next(answers)
+
+    monkeypatch.setattr(tiktoken_family, "_fast_agrees", probe)
+    spec = TokenizerSpec(name="v", rank_file="/x/v.tiktoken", rank_file_sha256="ab" * 32, pretokenizer="gpt4")
+    assert tiktoken_family._fast_agrees_cached("fast", "enc", spec) is True
+    assert tiktoken_family._fast_agrees_cached("fast", "enc", spec) is True  # from the file, not asked again
+    assert calls == ["fast"] and len(list(tmp_path.glob("probe-*.json"))) == 1
+    other = TokenizerSpec(name="w", rank_file="/x/w.tiktoken", rank_file_sha256="cd" * 32, pretokenizer="gpt4")
+    assert tiktoken_family._fast_agrees_cached("fast2", "enc", other) is False  # another vocabulary: asked
+    assert calls == ["fast", "fast2"]
+    for f in tmp_path.glob("probe-*.json"):
+        f.write_text("{not json")
+    calls.clear()
+    answers = iter([True, True])
+    assert tiktoken_family._fast_agrees_cached("fast", "enc", spec) is True  # a damaged file: asked again
+    assert calls == ["fast"]

@@ -18,6 +18,10 @@ Python's Unicode version: each process and worker after the first reads it.
 Finding the documents is one vectorized pass over each batch's UTF-8 bytes
 (``Disputed.hits``): only the lead bytes of the disputed characters are
 looked at, which costs a few milliseconds per 10 MB of text.
+
+The families' probe checks (does the fast backend agree with the reference
+on the probe strings) are kept the same way (:func:`cached_answer`): a few
+tenths of a second at every process's start otherwise.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import pyarrow as pa
 
 from .base import _encode_gigatoken
 
-__all__ = ["Disputed", "find_disputed", "disputed_pattern", "encode_routed"]
+__all__ = ["Disputed", "find_disputed", "disputed_pattern", "encode_routed", "cached_answer"]
 
 CACHE_ENV = "SHARDFLOW_CACHE_DIR"
 
@@ -63,14 +67,37 @@ def _differing(fast: Any, reference: ReferenceBatch, texts: list[str]) -> list[i
     return [i for i, (a, b) in enumerate(zip(got, expected)) if list(a) != list(b)]
 
 
-def _cache_file(key: str) -> Path:
+def _cache_file(key: str, kind: str = "disputed") -> Path:
     try:
         giga = importlib.metadata.version("gigatoken")
     except importlib.metadata.PackageNotFoundError:
         giga = None
     full = json.dumps([key, giga, unicodedata.unidata_version, 1])
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "shardflow")
-    return root / f"disputed-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
+    return root / f"{kind}-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
+
+
+def cached_answer(kind: str, key: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``'s answer (JSON), kept on disk by ``kind`` and ``key`` with gigatoken's and Unicode's versions.
+
+    The key must name everything else the answer depends on (the vocabulary
+    file's SHA-256, the reference library's version). A missing or unreadable
+    file is computed again; a read-only cache directory only costs the time.
+    """
+    path = _cache_file(key, kind)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass  # not computed yet, or unreadable: compute it
+    answer = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: computed again next time
+    return answer
 
 
 def find_disputed(fast: Any, reference: ReferenceBatch, *, cache_key: str | None = None) -> tuple[int, ...]:
@@ -82,22 +109,13 @@ def find_disputed(fast: Any, reference: ReferenceBatch, *, cache_key: str | None
     ``cache_key`` (the vocabulary file's SHA-256 and the reference library's
     version, say) keeps the answer on disk for the next process.
     """
-    path = _cache_file(cache_key) if cache_key else None
-    if path is not None:
-        try:
-            return tuple(int(c) for c in json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # not computed yet, or unreadable: compute it
-    found = _find_disputed(fast, reference)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(list(found)))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home: computed again next time
-    return found
+    if not cache_key:
+        return _find_disputed(fast, reference)
+    found = cached_answer("disputed", cache_key, lambda: list(_find_disputed(fast, reference)))
+    try:
+        return tuple(int(c) for c in found)
+    except (TypeError, ValueError):  # a damaged file: compute again
+        return _find_disputed(fast, reference)
 
 
 def _find_disputed(fast: Any, reference: ReferenceBatch) -> tuple[int, ...]:

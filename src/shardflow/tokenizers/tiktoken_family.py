@@ -30,6 +30,7 @@ importing the package stays cheap.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import threading
@@ -50,7 +51,7 @@ from .base import (
     _sha256,
     unknown_tokenizer_error,
 )
-from .routing import Disputed, disputed_pattern, encode_routed, find_disputed
+from .routing import Disputed, cached_answer, disputed_pattern, encode_routed, find_disputed
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT"]
 
@@ -200,7 +201,7 @@ class TiktokenFamily(TokenizerFamily):
             except Exception as exc:  # e.g. rank files gigatoken's loader rejects
                 reason = f"gigatoken cannot load this encoding ({exc})"
             else:
-                if not _fast_agrees(fast, encoding):
+                if not _fast_agrees_cached(fast, encoding, spec):
                     reason = "gigatoken disagrees with tiktoken on the probe strings"
                     fast = None
         if fast is None:
@@ -325,6 +326,13 @@ def _load_fast(rank_file: str, pretokenizer: str) -> Any:
     # special_tokens={}: gigatoken always recognises its specials while encoding,
     # whereas encode_ordinary treats "<|endoftext|>" in a document as plain text.
     return gigatoken.Tokenizer.from_tiktoken(rank_file, pretokenizer=pretokenizer, special_tokens={})
+
+
+def _fast_agrees_cached(fast: Any, encoding: Any, spec: TokenizerSpec) -> bool:
+    """:func:`_fast_agrees`, answered once per vocabulary, probe set and library versions (``routing.cached_answer``)."""
+    probes = hashlib.sha256("\0".join(PROBE_STRINGS).encode()).hexdigest()[:16]
+    key = f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {_dist_version('tiktoken')} {probes}"
+    return bool(cached_answer("probe", key, lambda: _fast_agrees(fast, encoding)))
 
 
 def _fast_agrees(fast: Any, encoding: Any) -> bool:
