@@ -1,17 +1,19 @@
 """Work units cut finer when few are left to do (``shardflow.build.units``), and the output unchanged by it.
 
-A 10 MB real-text Parquet file (``make_corpus.py``, row groups of 256 rows,
-about 1 MB of text each) is one unit at the default size; beside two small
-files it is cut into units of about ``FLOOR_BYTES`` (several row groups each).
-What must hold: such a build publishes the bytes of one cut at the default
-(shards, ``.bos.idx``, the manifest, ``stats.json`` with its ``--stats-column``
-counts), for 1 worker as for 2; an incremental build that adds the big file
-plans several units for it and none for the unchanged files; a build killed
-after its first unit resumes without tokenizing that unit again.
+A 4 MB real-text Parquet file (``make_corpus.py``, row groups of 64 rows,
+about 0.25 MB of text each) is one unit at the default size; beside two small
+files it is cut into units of about the floor (several row groups each). The
+floor is lowered to 1 MiB for these builds (``small_floor``: the real 16 MiB
+would need a corpus four times this size for the same cut; the rule and every
+code path are the same). What must hold: such a build publishes the bytes of
+one cut at the default (shards, ``.bos.idx``, the manifest, ``stats.json`` with
+its ``--stats-column`` counts), for 1 worker as for 2; an incremental build that
+adds the big file plans several units for it and none for the unchanged files;
+a build killed after its first unit resumes without tokenizing that unit again.
 
 "Cut at the default" is the same build with the rule turned off
 (``MIN_UNITS`` set to 1 for that in-process build): nothing on the data path
-is replaced, only the planner's threshold.
+is replaced, only the planner's thresholds.
 """
 
 from __future__ import annotations
@@ -55,12 +57,22 @@ def _corpus(out: Path, mb: float, files: int, seed: int, rows_per_group: int) ->
     return sorted(out.glob("*.parquet"))
 
 
+SMALL_FLOOR = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def small_floor():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(units_mod, "FLOOR_BYTES", SMALL_FLOOR)
+        yield SMALL_FLOOR
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two small files (``src``), and the same plus a 10 MB file named to sort last (``grown``)."""
+    """Two small files (``src``), and the same plus a 4 MB file named to sort last (``grown``)."""
     base = tmp_path_factory.mktemp("fine-units")
     small = _corpus(base / "small", mb=1.2, files=2, seed=0, rows_per_group=64)
-    (big,) = _corpus(base / "big", mb=10, files=1, seed=17, rows_per_group=256)
+    (big,) = _corpus(base / "big", mb=4, files=1, seed=17, rows_per_group=64)
     src, grown = base / "src", base / "grown"
     for d in (src, grown):
         d.mkdir()
@@ -104,7 +116,7 @@ def assert_same_version(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def default_cut(corpus, tmp_path_factory) -> Path:
+def default_cut(corpus, small_floor, tmp_path_factory) -> Path:
     """The grown corpus built with the rule off: the big file is one unit."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(units_mod, "MIN_UNITS", 1)
@@ -121,16 +133,20 @@ def _units(*sizes: int) -> list[WorkUnit]:
 
 
 def test_the_rule_cuts_finer_only_when_fewer_than_min_units_are_left_and_never_below_the_floor():
-    big = 64 << 20
-    assert finer_unit_bytes(_units(*[60 << 20] * MIN_UNITS), big) is None  # enough units: kept
-    assert finer_unit_bytes(_units(), big) is None  # nothing to do
-    # One 62 MB unit: eighths of it.
-    assert finer_unit_bytes(_units(62_000_000), big) == -(-62_000_000 // MIN_UNITS)
-    # Little to do: the floor.
-    assert finer_unit_bytes(_units(10_000_000, 300_000), big) == FLOOR_BYTES
+    def finer(units, unit_bytes=64 << 20):
+        return finer_unit_bytes(units, unit_bytes, min_units=MIN_UNITS, floor=FLOOR_BYTES)
+
+    assert finer(_units(*[60 << 20] * MIN_UNITS)) is None  # enough units: kept
+    assert finer(_units()) is None  # nothing to do
+    # A 62 MB file left: cut into units of the floor (62 MB / 8 is below it).
+    assert finer(_units(62_000_000)) == FLOOR_BYTES
+    # Several big files left, still fewer than MIN_UNITS units: an eighth of the bytes left.
+    assert finer(_units(*[60 << 20] * 4)) == (4 * (60 << 20)) // MIN_UNITS
     # A unit size already at or below what the rule would choose is kept (--unit-bytes small on purpose).
-    assert finer_unit_bytes(_units(10_000_000), FLOOR_BYTES) is None
-    assert finer_unit_bytes(_units(500_000_000), 50 << 20) is None
+    assert finer(_units(100_000_000), FLOOR_BYTES) is None
+    assert finer(_units(*[60 << 20] * 7), 50 << 20) is None
+    # The bundled sample (0.6 MB) is one unit, and stays one: under the floor.
+    assert finer(_units(600_000)) == FLOOR_BYTES > 600_000
 
 
 def test_compressed_json_lines_and_arrow_objects_are_not_planned_twice():
@@ -148,7 +164,7 @@ def test_compressed_json_lines_and_arrow_objects_are_not_planned_twice():
 # --- same bytes, however cut ---
 
 
-def test_a_finer_cut_publishes_the_bytes_of_the_default_cut_for_1_or_2_workers(corpus, default_cut, tmp_path):
+def test_a_finer_cut_publishes_the_bytes_of_the_default_cut_for_1_or_2_workers(corpus, small_floor, default_cut, tmp_path):
     plan = _plan(tmp_path / "p", corpus["grown"])
     big = [u for u in plan.units if u.input == 2]
     rows = pq.ParquetFile(corpus["big"]).metadata.num_rows
@@ -157,14 +173,14 @@ def test_a_finer_cut_publishes_the_bytes_of_the_default_cut_for_1_or_2_workers(c
     assert [u.first_row for u in big] == [sum(v.rows for v in big[:k]) for k in range(len(big))]
     assert sum(u.rows for u in big) == rows and big[0].start == 0
     assert all(a.stop == b.start for a, b in zip(big, big[1:]))
-    assert all(u.text_bytes <= FLOOR_BYTES for u in big)
+    assert all(u.text_bytes <= small_floor for u in big)
     one = _build(tmp_path / "w1", corpus["grown"], workers=1)
     two = _build(tmp_path / "w2", corpus["grown"], workers=2)
     assert_same_version(one, default_cut)
     assert_same_version(two, default_cut)
 
 
-def test_the_statistics_of_a_finer_cut_count_each_source_value_at_its_rows(corpus, tmp_path):
+def test_the_statistics_of_a_finer_cut_count_each_source_value_at_its_rows(corpus, small_floor, tmp_path):
     """Documents per ``--stats-column`` value of the cut file, counted from the Parquet file itself."""
     version = _build(tmp_path / "b", corpus["grown"])
     stats = json.loads((version / "stats.json").read_text())
@@ -178,7 +194,7 @@ def test_the_statistics_of_a_finer_cut_count_each_source_value_at_its_rows(corpu
 # --- incremental: the added file cut finer, nothing else planned ---
 
 
-def test_an_incremental_build_cuts_only_the_added_file_into_several_units(corpus, default_cut, tmp_path):
+def test_an_incremental_build_cuts_only_the_added_file_into_several_units(corpus, small_floor, default_cut, tmp_path):
     root = tmp_path / "sched"
     src = tmp_path / "src"
     shutil.copytree(corpus["src"], src)
@@ -205,13 +221,15 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it_again(corpus, default_cut, tmp_path):
+def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it_again(corpus, small_floor, default_cut, tmp_path):
     root = tmp_path / "crash"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
     env["SHARDFLOW_FAULT"] = "tokenize-done:1"
     flags = ["--stats-column", "source", "--val-fraction", "0.15", "--seed", "3", "--shard-tokens", "700000"]
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "build", str(corpus["grown"]), "--name", NAME, "--no-prefect",
+        # The command line, with the planner's floor lowered as in this process (see small_floor).
+        [sys.executable, "-c", f"import sys; from shardflow.build import units; units.FLOOR_BYTES = {small_floor}; "
+         "from flows.cli import main; sys.exit(main(sys.argv[1:]))", "build", str(corpus["grown"]), "--name", NAME, "--no-prefect",
          "--data-root", str(root / "data"), "--catalog", str(root / "catalog"), "--workers", "1", *flags],
         env=env, capture_output=True, text=True, timeout=300,
     )

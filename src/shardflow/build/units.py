@@ -23,8 +23,15 @@ units' documents in input and row order, the statistics are merged per input,
 and neither ``unit_bytes`` nor the units appear in the build key, the
 manifest's bytes, ``stats.json`` or the card (``BuildConfig.to_dict`` records
 the option as given, not the size chosen here). The floor keeps a unit worth
-a fraction of a second of a core, so a tiny corpus (the bundled sample) stays
+about 0.1 s of a core, so a tiny corpus (the bundled sample) stays
 one unit and a task run's fixed cost stays small beside its work.
+
+What it buys depends on the runner. Worker processes (``--runner dask``)
+tokenize the pieces of one file side by side. Worker threads (the default
+runner) overlap only what releases the GIL (Parquet decoding, the part
+files): gigatoken's ``encode_batch`` ran on one core at a time here (two
+objects in two threads took as long as one object encoding both halves in
+turn), and ``tokenizers/base.py`` serializes it per tokenizer anyway.
 """
 
 from __future__ import annotations
@@ -36,22 +43,25 @@ from ..sources import InputFile, WorkUnit, input_kind, plan_units
 
 __all__ = ["MIN_UNITS", "FLOOR_BYTES", "finer_unit_bytes", "cut_for_cores"]
 
-# Fewer units than this left to do: cut finer. Eight keeps 2 to 8 cores busy with a balanced tail
-# (measured: an incremental +1 file of 16, README "The Prefect flow"); the rule must not read the
-# worker count, so it is a constant, not "2 x workers".
+# Fewer units than this left to do: cut finer. Eight gives 2 to 8 workers a share each; the rule must
+# not read the worker count (the plan would then depend on it), so it is a constant, not "2 x workers".
 MIN_UNITS = 8
 
-# Never cut below this much text per unit (about 0.1 s of a core for the fast tokenizer): below it a
-# task run's fixed cost (a Prefect task run, a part file and its fsync) is no longer small beside it.
-FLOOR_BYTES = 4 << 20
+# Never cut below this much text per unit: about 0.1 s of one core (decode + encode + part files), a
+# few times a Prefect task run's own cost. Measured on the 2-core machine, incremental +1 file (62 MB)
+# through the flow against a running server: 4 MiB units (12 of them) made the tokenize phase slower
+# (0.78 s against 0.59 s uncut); 16 MiB (4 units) cost nothing measurable (0.56 s against 0.57 s).
+FLOOR_BYTES = 16 << 20
 
 
-def finer_unit_bytes(units: list[WorkUnit] | tuple[WorkUnit, ...], unit_bytes: int) -> int | None:
+def finer_unit_bytes(
+    units: list[WorkUnit] | tuple[WorkUnit, ...], unit_bytes: int, *, min_units: int, floor: int
+) -> int | None:
     """The smaller unit size to cut ``units`` (the units left to do) with, or None to keep them as they are."""
-    if not units or len(units) >= MIN_UNITS:
+    if not units or len(units) >= min_units:
         return None
     left = sum(max(u.text_bytes, 0) for u in units)
-    finer = max(FLOOR_BYTES, -(-left // MIN_UNITS))
+    finer = max(floor, -(-left // min_units))
     return finer if finer < unit_bytes else None
 
 
@@ -62,7 +72,7 @@ def cut_for_cores(units: list[WorkUnit], inputs: list[InputFile], config: BuildC
     them, are planned again; the others keep their units (a greedy cut of whole
     pieces gives a unit no bigger than the finer size back unchanged anyway).
     """
-    finer = finer_unit_bytes(units, config.unit_bytes)
+    finer = finer_unit_bytes(units, config.unit_bytes, min_units=MIN_UNITS, floor=FLOOR_BYTES)
     if finer is None:
         return units
     recut = {
