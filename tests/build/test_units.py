@@ -253,3 +253,25 @@ def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it
     assert redone == set(range(1, len(planned)))  # the same plan resumed: unit 0 is not tokenized again
     assert_same_version(version, default_cut)
     assert not (root / "data" / NAME / ".staging").exists() or not any((root / "data" / NAME / ".staging").iterdir())
+
+
+# --- Arrow IPC: record batches are the pieces ---
+
+
+def test_an_arrow_file_is_cut_at_record_batches_and_publishes_the_default_cuts_bytes(corpus, small_floor, tmp_path):
+    import pyarrow as pa
+
+    table = pq.read_table(corpus["big"], columns=["text", "source"])
+    path = tmp_path / "corpus" / "big.arrow"
+    path.parent.mkdir()
+    with pa.ipc.new_file(str(path), table.schema) as w:
+        w.write_table(table, max_chunksize=64)
+    plan = _plan(tmp_path / "p", path)
+    assert len(plan.units) >= 3 and sum(u.rows for u in plan.units) == table.num_rows
+    assert all(a.stop == b.start for a, b in zip(plan.units, plan.units[1:]))  # whole record batches, in order
+    fine = _build(tmp_path / "fine", path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(units_mod, "MIN_UNITS", 1)
+        assert len(_plan(tmp_path / "p1", path).units) == 1
+        default = _build(tmp_path / "default", path)
+    assert_same_version(fine, default)

@@ -36,7 +36,8 @@ does not decide; ``plan_units``, which checks the schema with ``check_schema``
 and cuts units, with ``cut_units`` when the file is made of indivisible
 pieces; ``iter_batches``, which yields the unit's raw text column in slices of
 at most ``batch_rows`` rows, or ``ParsedColumn`` slices when it parses records
-that can be bad; ``locate_damage`` optionally), and add its
+that can be bad; ``locate_damage`` optionally; ``divisible`` when some of its
+files are one unit whatever the unit size), and add its
 instance to ``INPUT_KINDS`` below. Discovery, the "unsupported file type"
 message, cleaning, row numbering and read-error messages then cover it.
 """
