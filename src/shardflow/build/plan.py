@@ -192,7 +192,7 @@ def plan_build(
             units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
             # The version whose tokens this build takes is the one it succeeds.
             plan = dataclasses.replace(plan, units=tuple(units), reuse=chosen, parent=chosen.parent)
-    # Few units left to do (a file added, a small corpus): cut finer so that every core has work (units.py).
+    # Few units left to do (a file added, a small corpus): cut finer so that more workers get a share (units.py).
     plan = dataclasses.replace(plan, units=tuple(cut_for_cores(list(plan.units), inputs, config)))
     staging.root.mkdir(parents=True, exist_ok=True)
     with staging_lock(staging, config.name, lock_timeout):

@@ -1,10 +1,10 @@
-"""Work units sized so that every core has work, however little is left to do.
+"""Work units sized so that every worker gets a share, however little is left to do.
 
 The default unit (``BuildConfig.unit_bytes``, 64 MiB of text) suits a big
 build: thousands of units, each worth seconds of a core, so per-task overhead
 stays small. But when only a few units are left to do, after an incremental
-build reused its unchanged inputs, or for a small corpus, the default leaves
-cores idle: one new 62 MB file is one unit, tokenized on one core while the
+build reused its unchanged inputs, or for a small corpus, the default can
+leave workers idle: one new 62 MB file is one unit, on one worker while the
 others wait. So the planner cuts finer when there is little to do:
 
     if fewer than ``MIN_UNITS`` units are left to do, the inputs that need work
