@@ -17,7 +17,8 @@ so that noise from a shared machine hits them alike (medians):
   tests/assets/sample.parquet --name sample``, fresh data root), warm and with a
   never-used ``PREFECT_HOME``;
 * an incremental build: the corpus plus one more file (+1 of 16), against the
-  first build, both through the flow against the running server;
+  first build, both through the flow against the running server, with the
+  incremental run's tokenize phase and task runs from the server (each round);
 * ``--runner dask`` on a local ``distributed`` cluster (2 worker processes x 1
   thread) against the threads runner, same corpus, same run (skipped without
   the ``dask`` extra);
@@ -273,6 +274,7 @@ def main() -> None:
 
         sides = [("core", env_srv, ["--no-prefect"]), ("server", env_srv, []), ("temp", env_tmp, [])]
         base_tmp: dict[str, str] = {}
+        tree: dict[str, str] = {}
         if args.baseline:
             # The same measurements of another checkout's command line, in the same rounds.
             tree = {"PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"}
@@ -309,16 +311,28 @@ def main() -> None:
         fresh = Run([str(SAMPLE), "--name", "sample"], {**env_tmp, "PREFECT_HOME": str(cwd / "home")}, cwd)
         bad += fresh.bad_lines
 
-        # Incremental: first build of the 16 files, then the same dataset with the 17th file added.
-        inc_root = work / "incremental"
-        shutil.rmtree(inc_root, ignore_errors=True)
-        for f in grown.glob("*-extra.parquet"):
-            f.unlink()
-        first = build(grown, "inc", inc_root, env_srv)
-        os.symlink(next(extra.glob("*.parquet")).resolve(), grown / f"part-{n_files:05d}-extra.parquet")
-        second = build(grown, "inc", inc_root, env_srv)
-        (grown / f"part-{n_files:05d}-extra.parquet").unlink()
-        bad += first.bad_lines + second.bad_lines
+        # Incremental: first build of the 16 files, then the same dataset with the 17th file added; with
+        # --baseline, the baseline's command line too, alternating, each in its own data root.
+        extra_file = grown / f"part-{n_files:05d}-extra.parquet"
+        incs: dict[str, list[dict[str, Any]]] = {"inc": [], "base-inc": []}
+        for i in range(args.rounds):
+            for label, env in [("inc", env_srv)] + ([("base-inc", {**env_srv, **tree})] if args.baseline else []):
+                inc_root = work / f"{label}-{i}"
+                shutil.rmtree(inc_root, ignore_errors=True)
+                extra_file.unlink(missing_ok=True)
+                first = build(grown, label, inc_root, env)
+                os.symlink(next(extra.glob("*.parquet")).resolve(), extra_file)
+                t_start = time.time()
+                second = build(grown, label, inc_root, env)
+                line = timeline(server, label, t_start, time.time())
+                extra_file.unlink()
+                bad += first.bad_lines + second.bad_lines
+                incs[label].append({"first": first.wall, "second": second.wall, "line": line})
+                shutil.rmtree(inc_root, ignore_errors=True)
+            print(f"incremental round {i + 1}: "
+                  + "; ".join(f"{k}: {v[-1]['second']:.2f} s vs first {v[-1]['first']:.2f} s, tokenize "
+                              f"{v[-1]['line']['rows'].get('tokenize', float('nan')):.2f} s "
+                              f"({v[-1]['line']['tasks']} task runs)" for k, v in incs.items() if v), flush=True)
 
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
@@ -379,8 +393,10 @@ def main() -> None:
     print(f"| flow with the temporary server ÷ core, wall time | ≥ 0.75 | {core / tmp:.2f} ({tmp:.2f} s) |")
     print(f"| the README's first command on the bundled sample (fresh data root) | ≤ 3.5 s wall | "
           f"{median(t['sample']):.2f} s ({fresh.wall:.2f} s with a never-used PREFECT_HOME) |")
+    inc = incs["inc"]
+    inc_first, inc_second = median([r["first"] for r in inc]), median([r["second"] for r in inc])
     print(f"| incremental (+1 file of {n_files}) ÷ first build, through the flow against a running server | ≤ 0.25 | "
-          f"{second.wall / first.wall:.2f} ({second.wall:.2f} s vs {first.wall:.2f} s) |")
+          f"{median([r['second'] / r['first'] for r in inc]):.2f} ({inc_second:.2f} s vs {inc_first:.2f} s) |")
     if dask_t:
         print(f"| Dask runner (2 workers × 1 thread) ÷ threads runner | ≥ 0.80 | "
               f"{median(threads_t) / median(dask_t):.2f} ({median(dask_t):.2f} s vs {median(threads_t):.2f} s) |")
@@ -395,6 +411,15 @@ def main() -> None:
             b, n = median(t[f"base-{side}"]), median(t[side])
             print(f"| {label} | {b:.2f} s ({core / b:.2f} of core) | {n:.2f} s ({core / n:.2f} of core) | {n / b:.2f} |"
                   if side != "sample" else f"| {label} | {b:.2f} s | {n:.2f} s | {n / b:.2f} |")
+    print("\nthe incremental build (+1 file), through the flow against the running server, medians:\n")
+    print("| checkout | first build | incremental | ratio | its tokenize phase | its task runs |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, runs in incs.items():
+        if runs:
+            print(f"| {'baseline' if label == 'base-inc' else 'this checkout'} | {median([r['first'] for r in runs]):.2f} s | "
+                  f"{median([r['second'] for r in runs]):.2f} s | {median([r['second'] / r['first'] for r in runs]):.2f} | "
+                  f"{median([r['line']['rows'].get('tokenize', 0.0) for r in runs]):.2f} s | "
+                  f"{median([r['line']['tasks'] for r in runs]):.0f} |")
     print(f"\nERROR or traceback lines in the output of successful builds: {len(bad)}")
     for l in bad[:10]:
         print(f"  {l}")

@@ -371,3 +371,45 @@ def test_planning_reads_a_bounded_amount_per_object_whatever_the_object_sizes(tm
     # Six times the bytes in the same number of objects: planning reads about the same, a sliver of the corpus.
     assert large < 1.5 * small + 64_000, (small, large, sizes)
     assert large < sizes[6] / 10, (large, sizes[6])
+
+
+def test_a_json_lines_object_cut_finer_when_it_is_all_there_is_to_do_plans_and_builds_as_a_local_copy(
+    tmp_path, s3, bucket, docs, monkeypatch
+):
+    """Few units left (``build/units.py``): an object is cut blind into more byte ranges, a local file at its lines.
+
+    The floor is lowered so that this small object is cut (the rule is the same at any size); a local copy built
+    with the rule off (one unit) is the reference: shards, indexes, stats.json with its --stats-column counts.
+    """
+    from shardflow.build import units
+
+    records = [json.dumps({"text": t, "src": f"s{i % 3}"}) for i, t in enumerate(docs[:120])]
+    data = ("\n".join(records) + "\n").encode()
+    local = tmp_path / "corpus" / "x.jsonl"
+    local.parent.mkdir()
+    local.write_bytes(data)
+    s3.fs().pipe(f"{bucket}/fine/x.jsonl", data)
+    options = dict(name="fine", val_fraction=0.2, seed=5, shard_tokens=30_000, stats_column="src")
+    monkeypatch.setattr(units, "MIN_UNITS", 1)
+    one = make_builder(tmp_path / "one")(local, **options)
+    monkeypatch.setattr(units, "MIN_UNITS", 8)
+    monkeypatch.setattr(units, "FLOOR_BYTES", len(data) // 10)
+    url = f"s3://{bucket}/fine/x.jsonl"
+    plan = plan_build(BuildConfig(sources=(url,), **options), data_root=tmp_path / "p" / "data", catalog=tmp_path / "p" / "catalog")
+    # Byte ranges of about an eighth, covering the object; rows counted by their workers (-1), numbered by the layout.
+    assert len(plan.units) == 8 and [u.first_row for u in plan.units] == [0] + [-1] * 7
+    assert plan.units[0].start == 0 and plan.units[-1].stop == len(data)
+    assert all(a.stop == b.start for a, b in zip(plan.units, plan.units[1:]))
+    assert all(u.rows == -1 for u in plan.units)
+    # A local file: at line boundaries, rows counted while planning.
+    lplan = plan_build(BuildConfig(sources=(str(local),), **options), data_root=tmp_path / "lp" / "data",
+                       catalog=tmp_path / "lp" / "catalog")
+    assert len(lplan.units) >= 7 and sum(u.rows for u in lplan.units) == len(records)
+    local_fine = make_builder(tmp_path / "local")(local, workers=2, **options)
+    remote = make_builder(tmp_path / "s3")(url, workers=2, **options)
+    for built in (local_fine, remote):
+        assert files_of(built.directory) == files_of(one.directory)
+        assert (built.directory / "stats.json").read_bytes() == (one.directory / "stats.json").read_bytes()
+        assert read_manifest(built.directory).build_key == read_manifest(one.directory).build_key
+    (entry,) = json.loads((one.directory / "stats.json").read_text())["inputs"]
+    assert sorted(entry["by_column"]) == ["s0", "s1", "s2"] and entry["documents"] == len(records)

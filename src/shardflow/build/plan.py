@@ -28,6 +28,7 @@ from ..targets import get_target
 from .incremental import NO_REUSE_ENV, plan_reuse, recorded_hashes
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
 from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
+from .units import cut_for_cores
 
 __all__ = ["plan_build", "token_dtype", "build_key", "resolve_boundaries"]
 
@@ -191,6 +192,8 @@ def plan_build(
             units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
             # The version whose tokens this build takes is the one it succeeds.
             plan = dataclasses.replace(plan, units=tuple(units), reuse=chosen, parent=chosen.parent)
+    # Few units left to do (a file added, a small corpus): cut finer so that more workers get a share (units.py).
+    plan = dataclasses.replace(plan, units=tuple(cut_for_cores(list(plan.units), inputs, config)))
     staging.root.mkdir(parents=True, exist_ok=True)
     with staging_lock(staging, config.name, lock_timeout):
         found = cat.find_build(config.name, key)

@@ -36,7 +36,8 @@ does not decide; ``plan_units``, which checks the schema with ``check_schema``
 and cuts units, with ``cut_units`` when the file is made of indivisible
 pieces; ``iter_batches``, which yields the unit's raw text column in slices of
 at most ``batch_rows`` rows, or ``ParsedColumn`` slices when it parses records
-that can be bad; ``locate_damage`` optionally), and add its
+that can be bad; ``locate_damage`` optionally; ``divisible`` when some of its
+files are one unit whatever the unit size), and add its
 instance to ``INPUT_KINDS`` below. Discovery, the "unsupported file type"
 message, cleaning, row numbering and read-error messages then cover it.
 """
@@ -44,7 +45,7 @@ message, cleaning, row numbering and read-error messages then cover it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from ..errors import InputError
@@ -127,9 +128,17 @@ def discover_inputs(specs: tuple[str, ...] | list[str]) -> list[InputFile]:
 
 
 def plan_units(
-    inputs: list[InputFile], *, text_column: str, id_column: str | None, unit_bytes: int
+    inputs: list[InputFile],
+    *,
+    text_column: str,
+    id_column: str | None,
+    unit_bytes: int,
+    only: Collection[int] | None = None,
 ) -> list[WorkUnit]:
     """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each.
+
+    ``only``: cut just these inputs (by index in ``inputs``, which their units
+    still carry as ``input``); None: all of them. Units are numbered from 0.
 
     Objects on object storage are planned on a pool of threads: each costs a
     round trip or two (a footer, a head), so thousands of them in sequence
@@ -142,13 +151,14 @@ def plan_units(
             inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=0
         )
 
-    if any(is_remote(inp.path) for inp in inputs) and len(inputs) > 1:
+    chosen = range(len(inputs)) if only is None else sorted(only)
+    if any(is_remote(inputs[i].path) for i in chosen) and len(chosen) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(_PLAN_THREADS, len(inputs))) as pool:
-            per_input = list(pool.map(one, range(len(inputs))))  # in order; the first error is raised
+        with ThreadPoolExecutor(max_workers=min(_PLAN_THREADS, len(chosen))) as pool:
+            per_input = list(pool.map(one, chosen))  # in order; the first error is raised
     else:
-        per_input = [one(i) for i in range(len(inputs))]
+        per_input = [one(i) for i in chosen]
     units: list[WorkUnit] = []
     for cut in per_input:
         units += [dataclasses.replace(u, index=len(units) + k) for k, u in enumerate(cut)]

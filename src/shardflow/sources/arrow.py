@@ -72,6 +72,9 @@ class _ArrowIPCKind(InputKind):
         except READ_ERRORS as exc:
             raise InputError(f"{inp.path}: reading failed ({exc}); the file is corrupt or truncated") from None
 
+    def divisible(self, inp: InputFile) -> bool:
+        return not is_remote(inp.path)  # an object on object storage is one unit (see plan_units)
+
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:

@@ -191,6 +191,15 @@ class InputKind(ABC):
         them into one ``InputError`` naming the file and the place.
         """
 
+    def divisible(self, inp: InputFile) -> bool:
+        """Whether a smaller ``unit_bytes`` may cut ``inp`` into more units (False: always one unit).
+
+        The planner cuts finer when little is left to do (``build/units.py``) and
+        plans again only the files this allows, so a file that is one unit
+        whatever the size (a compressed stream) is not read twice for nothing.
+        """
+        return True
+
     def locate_damage(self, inp: InputFile, unit: WorkUnit, *, text_column: str) -> str | None:
         """Where in ``unit`` reading failed, e.g. ``"in row group 2 (rows 32 to 47)"``; None: unknown.
 

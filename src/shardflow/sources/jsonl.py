@@ -308,6 +308,9 @@ class JsonLinesKind(InputKind):
     def detect(self, path: Path | str) -> str | None:
         return self.name if has_suffix(file_name(path), self.suffixes + _NAMED_ONLY) else None
 
+    def divisible(self, inp: InputFile) -> bool:
+        return _codec(inp.path) is None  # a gzip or Zstandard stream is one unit
+
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
     ) -> list[WorkUnit]:
