@@ -80,6 +80,35 @@ def test_the_early_temporary_server_runs_the_build_and_is_gone_after(tmp_path: P
         assert s.connect_ex(("127.0.0.1", port)) != 0
     # Its database (in PREFECT_HOME, as Prefect's own temporary server's) holds the run.
     assert (tmp_path / "home" / "prefect.db").exists()
+    # The next build's server finds the block types registered by this one, and skips registering them.
+    with pytest.MonkeyPatch.context() as mp:
+        _no_prefect_env(mp, tmp_path / "home")
+        assert startup._blocks_already_registered()
+    again = run_cli(["build", str(SAMPLE), "--name", "early2"], env, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ERROR" not in again.stdout + again.stderr and "Traceback" not in again.stdout + again.stderr
+
+
+def test_block_types_are_registered_only_where_the_database_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    _no_prefect_env(monkeypatch, tmp_path / "home")
+    assert not startup._blocks_already_registered()  # no database yet: Prefect creates it and registers them
+    (tmp_path / "home").mkdir()
+    db = sqlite3.connect(tmp_path / "home" / "prefect.db")
+    db.execute("CREATE TABLE block_type (id TEXT)")
+    db.commit()
+    assert not startup._blocks_already_registered()  # created, none registered yet
+    db.execute("INSERT INTO block_type VALUES ('x')")
+    db.commit()
+    db.close()
+    assert startup._blocks_already_registered()
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://elsewhere/prefect")
+    assert not startup._blocks_already_registered()  # another database: left to Prefect
+    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL")
+    (tmp_path / "home" / "profiles.toml").write_text(
+        'active = "pg"\n[profiles.pg]\nPREFECT_SERVER_DATABASE_CONNECTION_URL = "postgresql+asyncpg://x/y"\n')
+    assert not startup._blocks_already_registered()
 
 
 def test_a_server_already_running_at_the_default_address_is_used(
