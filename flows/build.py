@@ -352,7 +352,29 @@ def _build(
                 finally:
                     seconds[stage.name] = time.monotonic() - t0
 
-            done = run_stages(plan, run_jobs)
+            def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+                # A background stage (the card): submitted to the flow's own task runner, so it runs beside
+                # the shard tasks without taking one of their `workers` slots, and shows as a task run.
+                task = STAGE_TASKS[stage.name]
+                results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+                futures = {
+                    i: task.submit(plan=handle, job=job, label=stage.label(plan, job))
+                    for i, (job, result) in enumerate(zip(jobs, results))
+                    if result is None
+                }
+
+                def wait() -> list[Any]:
+                    try:
+                        for i, fut in futures.items():
+                            results[i] = fut.result()
+                    except Exception as exc:
+                        _failure_summary(name, stage.name, exc)
+                        raise
+                    return results
+
+                return wait
+
+            done = run_stages(plan, run_jobs, start_jobs)
         ref = done["publish"][0]
         tokenize_seconds = seconds["tokenize-unit"]
         _publish_artifacts(
