@@ -17,7 +17,9 @@ so that noise from a shared machine hits them alike (medians):
   tests/assets/sample.parquet --name sample``, fresh data root), warm and with a
   never-used ``PREFECT_HOME``;
 * an incremental build: the corpus plus one more file (+1 of 16), against the
-  first build, both through the flow against the running server;
+  first build, both through the flow against the running server; and the end of
+  the incremental run from the server's task runs: from the last shard check to
+  the end of finalize (any wait for the dataset card), the ``stats-card`` task;
 * ``--runner dask`` on a local ``distributed`` cluster (2 worker processes x 1
   thread) against the threads runner, same corpus, same run (skipped without
   the ``dask`` extra);
@@ -26,7 +28,8 @@ so that noise from a shared machine hits them alike (medians):
   slots were), against the core's own stages timed in one process.
 
 With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), that
-checkout's command line is timed in the same rounds too, for a before/after on one loaded machine.
+checkout's command line is timed in the same rounds too, for a before/after on one loaded machine
+(the incremental pair too, interleaved with this checkout's).
 
 Ratios are speeds (core time / flow time: 1.0 means the flow costs nothing on
 top of the core), except incremental / first build, a ratio of times. The end
@@ -201,6 +204,35 @@ def timeline(server: Server, name: str, wall_start: float, wall_end: float) -> d
     return {"rows": rows, "busy": busy, "tasks": len(tasks)}
 
 
+def tail(server: Server, name: str) -> dict[str, float]:
+    """Of the latest ``build NAME`` flow run: from the last validate-shard task run's end to finalize's
+    (the ``validate NAME`` task run) end, which holds any wait for the card; finalize itself; the
+    ``stats-card`` task run (none in a checkout without the stage) and how much of it ran after the shards."""
+    runs = server.request("POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": [f"build {name}"]}},
+                                                        "sort": "START_TIME_DESC", "limit": 1})
+    tasks: list[dict[str, Any]] = []
+    for _ in range(40):
+        tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [runs[0]["id"]]}}, "limit": 200})
+        if tasks and all(t.get("end_time") for t in tasks):
+            break
+        time.sleep(0.25)
+    by_name = {t["name"]: (_ts(t["start_time"]), _ts(t["end_time"])) for t in tasks}
+    checks = [e for n, (_, e) in by_name.items() if n.startswith(f"validate {name} ") and " shard " in n]
+    last_check = max(checks) if checks else by_name[f"layout {name}"][1]
+    f0, f1 = by_name[f"validate {name}"]
+    out = {"after_shards": f1 - last_check, "finalize": f1 - f0}
+    if f"stats-card {name}" in by_name:
+        c0, c1 = by_name[f"stats-card {name}"]
+        out["stats_card"], out["stats_card_after_shards"] = c1 - c0, max(0.0, c1 - last_check)
+    return out
+
+
+def _tail_text(t: dict[str, float]) -> str:
+    card = (f"; stats-card task {t['stats_card']:.2f} s, {t['stats_card_after_shards']:.2f} s of it after the shards"
+            if "stats_card" in t else "")
+    return f"last shard check to finalize's end {t['after_shards']:.2f} s (finalize {t['finalize']:.2f} s){card}"
+
+
 def _stage_of(task_run_name: str) -> str:
     return task_run_name.split(" ")[0]
 
@@ -314,11 +346,23 @@ def main() -> None:
         shutil.rmtree(inc_root, ignore_errors=True)
         for f in grown.glob("*-extra.parquet"):
             f.unlink()
-        first = build(grown, "inc", inc_root, env_srv)
+        # With --baseline, the baseline's pair too, interleaved (first, first, second, second).
+        inc_sides = [("inc", env_srv, inc_root)]
+        if args.baseline:
+            inc_sides.append(("inc-base", {**env_srv, "PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"},
+                              work / "incremental-base"))
+        firsts, seconds, tails = {}, {}, {}
+        for label, env, root in inc_sides:
+            shutil.rmtree(root, ignore_errors=True)
+            firsts[label] = build(grown, label, root, env)
         os.symlink(next(extra.glob("*.parquet")).resolve(), grown / f"part-{n_files:05d}-extra.parquet")
-        second = build(grown, "inc", inc_root, env_srv)
+        for label, env, root in inc_sides:
+            seconds[label] = build(grown, label, root, env)
+            tails[label] = tail(server, label)
         (grown / f"part-{n_files:05d}-extra.parquet").unlink()
-        bad += first.bad_lines + second.bad_lines
+        first, second = firsts["inc"], seconds["inc"]
+        for label in firsts:
+            bad += firsts[label].bad_lines + seconds[label].bad_lines
 
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
@@ -386,6 +430,11 @@ def main() -> None:
               f"{median(threads_t) / median(dask_t):.2f} ({median(dask_t):.2f} s vs {median(threads_t):.2f} s) |")
     else:
         print("| Dask runner ÷ threads runner | ≥ 0.80 | not measured |")
+    print(f"\nincremental build, the end of the run: {_tail_text(tails['inc'])}")
+    if args.baseline:
+        b1, b2 = firsts["inc-base"], seconds["inc-base"]
+        print(f"baseline {args.baseline}: incremental ÷ first build {b2.wall / b1.wall:.2f} ({b2.wall:.2f} s vs "
+              f"{b1.wall:.2f} s); {_tail_text(tails['inc-base'])}")
     if args.baseline:
         print(f"\nthis checkout against {args.baseline} (same rounds, medians; ratio below 1: faster):\n")
         print("| measure | baseline | this checkout | ratio |")
