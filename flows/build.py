@@ -13,7 +13,8 @@ Where the work units run (``runner``):
 * ``dask``: an existing Dask cluster (``address="tcp://HOST:8786"``), through
   prefect-dask's ``DaskTaskRunner`` (``pip install 'shardflow[dask]'``). The
   tokenize and write-shard tasks run on the workers; plan, layout, validate and
-  publish run in the flow's process. The workers report their task runs to the
+  publish run in the flow's process, and so does the stats-card task (the card),
+  on the flow's own task runner beside the shard tasks. The workers report their task runs to the
   Prefect API, so it must be a real server they can reach
   (``PREFECT_API_URL=http://HOST:4200/api``), not the temporary one, and
   ``data_root`` must be storage that the flow process and every worker see at

@@ -1,8 +1,10 @@
 """Finalizing and publishing a staged build: write the manifest, validate everything, then make it a version.
 
-``finalize`` assembles the manifest from the stages' recorded results, writes
-it into ``out/`` and validates every file against it (shards, indexes,
-tokenizer file, embeddings); shards that the validate-shard stage
+``finalize`` assembles the manifest from the stages' recorded results, adds
+the statistics that the stats-card stage merged (``build/card_stage.py``;
+merged and drawn here if that stage's record does not match ``out/``), writes
+the card's Markdown and the manifest into ``out/`` and validates every file
+against it (shards, indexes, tokenizer file, embeddings); shards that the validate-shard stage
 (``build/check.py``) already validated, one job each, are not read again. ``publish`` then gives the validated directory
 its identity under the dataset's catalog lock: it picks the version name,
 stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
@@ -93,7 +95,8 @@ def write_card_text_quietly(plan: BuildPlan, manifest: Manifest, out: Path, card
 
 
 def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
-    """Copy the tokenizer file into ``out/``, write the manifest there, and validate the staged files against it."""
+    """Copy the tokenizer file into ``out/``, write the card's text and the manifest there, and validate the
+    staged files against it."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
     tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
