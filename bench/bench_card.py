@@ -14,7 +14,8 @@ rotating every round), each build in a fresh process, fresh directories:
 
 Inside every build, each stage's function is timed (wrapped in the stage
 table, which both checkouts have): when it first started and last ended,
-from the process start. Reported (medians): the wall time; ``finalize``
+from the process start. Reported (medians): the wall time, the CPU time (the
+build process and the children it waited for); ``finalize``
 (the ``validate`` stage: the manifest, the card and, in the baseline, the
 wait for the card's thread); and the tail after the shards, from the last
 validate-shard job's end to the end of ``finalize``, which holds any wait
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,17 +73,20 @@ def env_for(tree: Path, home: Path) -> dict[str, str]:
 
 def run(tree: Path, home: Path, cwd: Path, source: Path, name: str, extra: list[str]) -> dict:
     cwd.mkdir(parents=True, exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", TIMED_CLI, "build", str(source), "--name", name, "--progress", "none", *extra],
                           env=env_for(tree, home), cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if proc.returncode != 0:
         sys.exit(f"build failed ({tree}):\n{proc.stderr[-3000:]}")
     line = next(l for l in proc.stderr.splitlines() if l.startswith("STAGE-TIMES "))
     spans = json.loads(line.split(" ", 1)[1])
     fin = spans["validate"]
     shards_end = spans["validate-shard"][1]
-    out = {"wall": wall, "finalize": fin[2], "tail": fin[1] - shards_end}
+    out = {"wall": wall, "cpu": cpu, "finalize": fin[2], "tail": fin[1] - shards_end}
     if "stats-card" in spans:
         out["stats_card"] = spans["stats-card"][2]
         out["stats_card_after_shards"] = max(0.0, spans["stats-card"][1] - shards_end)
@@ -115,17 +120,19 @@ def main() -> None:
             f"{m} {s} {res[(m, s)][-1]['wall']:.2f} s (finalize {res[(m, s)][-1]['finalize']:.2f}, "
             f"tail {res[(m, s)][-1]['tail']:.2f})" for m in modes for s in trees), flush=True)
     print(f"\nmedians over {args.rounds} rounds; load average now {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
-    print("| build | checkout | wall (s) | finalize (s) | after the last shard check to the end of finalize (s) | stats-card stage (s) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| build | checkout | wall (s) | CPU (s) | finalize (s) | after the last shard check to the end of finalize (s) | stats-card stage (s) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for mode in modes:
         for side in trees:
             rs = res[(mode, side)]
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             card = f"{med['stats_card']:.2f} ({med['stats_card_after_shards']:.2f} after the shards)" if "stats_card" in med else "—"
-            print(f"| {mode} | {side} | {med['wall']:.2f} | {med['finalize']:.2f} | {med['tail']:.2f} | {card} |")
+            print(f"| {mode} | {side} | {med['wall']:.2f} | {med['cpu']:.2f} | {med['finalize']:.2f} | {med['tail']:.2f} | {card} |")
         b = statistics.median(r["wall"] for r in res[(mode, "base")])
         n = statistics.median(r["wall"] for r in res[(mode, "this")])
-        print(f"| {mode} | this ÷ base | {n / b:.2f} | | | |")
+        bc = statistics.median(r["cpu"] for r in res[(mode, "base")])
+        nc = statistics.median(r["cpu"] for r in res[(mode, "this")])
+        print(f"| {mode} | this ÷ base | {n / b:.2f} | {nc / bc:.2f} | | | |")
     print("\nall walls: " + "; ".join(f"{m} {s}: " + ", ".join(f"{r['wall']:.2f}" for r in res[(m, s)]) for m in modes for s in trees))
 
 
