@@ -58,7 +58,7 @@ def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own
         while not list(tmp_path.glob("release.reached-*")) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert list(tmp_path.glob("release.reached-*")), "the stats-card task never reached its first plot"
-        staging = Staging(next((tmp_path / "data" / name / ".staging").iterdir()))
+        staging = Staging(next(p for p in (tmp_path / "data" / name / ".staging").iterdir() if p.is_dir()))
         nshards = sum(s["shards"] for s in json.loads(staging.layout_file.read_text())["splits"].values())
         while len(list(staging.layout_dir.glob("*.valid.json"))) < nshards and time.monotonic() < deadline:
             time.sleep(0.05)

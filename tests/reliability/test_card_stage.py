@@ -79,7 +79,7 @@ def test_the_card_is_drawn_while_the_shards_are_written_and_without_a_worker_slo
         while not list(tmp_path.glob("release.reached-*")) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert list(tmp_path.glob("release.reached-*")), "the card's first plot was never reached"
-        staging = Staging(next((tmp_path / "data" / NAME / ".staging").iterdir()))
+        staging = Staging(next(p for p in (tmp_path / "data" / NAME / ".staging").iterdir() if p.is_dir()))
         layout = json.loads(staging.layout_file.read_text())
         nshards = sum(s["shards"] for s in layout["splits"].values())
         # The one worker slot is free: the shards get written and validated while the card waits.
@@ -106,7 +106,7 @@ def test_a_build_killed_while_drawing_the_card_resumes_to_the_same_card(corpus, 
     src, options = corpus
     proc = build_cli(src, tmp_path, NAME, options, fault="card-plot:2")
     assert killed(proc), proc.stderr[-2000:]
-    staging = Staging(next((tmp_path / "data" / NAME / ".staging").iterdir()))
+    staging = Staging(next(p for p in (tmp_path / "data" / NAME / ".staging").iterdir() if p.is_dir()))
     # Killed after the second plot: no marker, nothing finalized or published.
     assert sorted(p.name for p in (staging.out / "card").glob("*.png")) == ["lengths.png", "tokens_by_source.png"]
     assert not staging.card_file.exists() and not (staging.out / "metadata.yaml").exists()
