@@ -29,7 +29,8 @@ so that noise from a shared machine hits them alike (medians):
 
 With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), that
 checkout's command line is timed in the same rounds too, for a before/after on one loaded machine
-(the incremental pair too, interleaved with this checkout's).
+(the incremental pair too, interleaved with this checkout's; ``--inc-rounds N`` repeats the
+incremental pairs N times, the sides' order rotating, and reports the median round).
 
 Ratios are speeds (core time / flow time: 1.0 means the flow costs nothing on
 top of the core), except incremental / first build, a ratio of times. The end
@@ -275,6 +276,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of core / flow / temporary server")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--inc-rounds", type=int, default=1, help="rounds of the incremental pair (first build, +1 file)")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (e.g. git worktree add --detach DIR main) timed in the same rounds")
     args = ap.parse_args()
@@ -346,23 +348,33 @@ def main() -> None:
         shutil.rmtree(inc_root, ignore_errors=True)
         for f in grown.glob("*-extra.parquet"):
             f.unlink()
-        # With --baseline, the baseline's pair too, interleaved (first, first, second, second).
+        # With --baseline, the baseline's pair too, interleaved (first, first, second, second);
+        # --inc-rounds such rounds, the order of the sides rotating, medians reported.
         inc_sides = [("inc", env_srv, inc_root)]
         if args.baseline:
             inc_sides.append(("inc-base", {**env_srv, "PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"},
                               work / "incremental-base"))
-        firsts, seconds, tails = {}, {}, {}
-        for label, env, root in inc_sides:
-            shutil.rmtree(root, ignore_errors=True)
-            firsts[label] = build(grown, label, root, env)
-        os.symlink(next(extra.glob("*.parquet")).resolve(), grown / f"part-{n_files:05d}-extra.parquet")
-        for label, env, root in inc_sides:
-            seconds[label] = build(grown, label, root, env)
-            tails[label] = tail(server, label)
-        (grown / f"part-{n_files:05d}-extra.parquet").unlink()
+        inc_runs: dict[str, list[tuple[Run, Run, dict[str, float]]]] = {label: [] for label, _, _ in inc_sides}
+        extra_file = grown / f"part-{n_files:05d}-extra.parquet"
+        for i in range(args.inc_rounds):
+            order = inc_sides if i % 2 == 0 else inc_sides[::-1]
+            firsts = {}
+            for label, env, root in order:
+                shutil.rmtree(root, ignore_errors=True)
+                firsts[label] = build(grown, label, root, env)
+            os.symlink(next(extra.glob("*.parquet")).resolve(), extra_file)
+            for label, env, root in order:
+                second_run = build(grown, label, root, env)
+                inc_runs[label].append((firsts[label], second_run, tail(server, label)))
+                bad += firsts[label].bad_lines + second_run.bad_lines
+            extra_file.unlink()
+        # The median round by the ratio (for an even count, the lower middle).
+        mid = {label: sorted(runs, key=lambda r: r[1].wall / r[0].wall)[(len(runs) - 1) // 2] for label, runs in inc_runs.items()}
+        firsts = {label: m[0] for label, m in mid.items()}
+        seconds = {label: m[1] for label, m in mid.items()}
+        tails = {label: {k: statistics.median(r[2][k] for r in inc_runs[label]) for k in inc_runs[label][0][2]}
+                 for label in inc_runs}
         first, second = firsts["inc"], seconds["inc"]
-        for label in firsts:
-            bad += firsts[label].bad_lines + seconds[label].bad_lines
 
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
@@ -430,7 +442,10 @@ def main() -> None:
               f"{median(threads_t) / median(dask_t):.2f} ({median(dask_t):.2f} s vs {median(threads_t):.2f} s) |")
     else:
         print("| Dask runner ÷ threads runner | ≥ 0.80 | not measured |")
-    print(f"\nincremental build, the end of the run: {_tail_text(tails['inc'])}")
+    if args.inc_rounds > 1:
+        for label, runs in inc_runs.items():
+            print(f"incremental rounds ({label}): " + ", ".join(f"{b.wall:.2f}/{a.wall:.2f} s" for a, b, _ in runs))
+    print(f"\nincremental build, the end of the run (medians): {_tail_text(tails['inc'])}")
     if args.baseline:
         b1, b2 = firsts["inc-base"], seconds["inc-base"]
         print(f"baseline {args.baseline}: incremental ÷ first build {b2.wall / b1.wall:.2f} ({b2.wall:.2f} s vs "
