@@ -356,6 +356,7 @@ def main() -> None:
                               work / "incremental-base"))
         inc_runs: dict[str, list[tuple[Run, Run, dict[str, float]]]] = {label: [] for label, _, _ in inc_sides}
         extra_file = grown / f"part-{n_files:05d}-extra.parquet"
+        inc_lines: dict[str, list[dict[str, Any]]] = {}
         for i in range(args.inc_rounds):
             order = inc_sides if i % 2 == 0 else inc_sides[::-1]
             firsts = {}
@@ -364,8 +365,11 @@ def main() -> None:
                 firsts[label] = build(grown, label, root, env)
             os.symlink(next(extra.glob("*.parquet")).resolve(), extra_file)
             for label, env, root in order:
+                t_start = time.time()
                 second_run = build(grown, label, root, env)
-                inc_runs[label].append((firsts[label], second_run, tail(server, label)))
+                ends = tail(server, label)
+                inc_lines.setdefault(label, []).append(timeline(server, label, t_start, time.time()))
+                inc_runs[label].append((firsts[label], second_run, ends))
                 bad += firsts[label].bad_lines + second_run.bad_lines
             extra_file.unlink()
         # The median round by the ratio (for an even count, the lower middle).
@@ -446,6 +450,13 @@ def main() -> None:
         for label, runs in inc_runs.items():
             print(f"incremental rounds ({label}): " + ", ".join(f"{b.wall:.2f}/{a.wall:.2f} s" for a, b, _ in runs))
     print(f"\nincremental build, the end of the run (medians): {_tail_text(tails['inc'])}")
+    # Where the incremental run's time goes, per side: each segment's median over the rounds.
+    print("\n| incremental run, segment | " + " | ".join(f"{label} (s)" for label in inc_lines) + " |")
+    print("|---|" + "---:|" * len(inc_lines))
+    segs = list(dict.fromkeys(k for ls in inc_lines.values() for l in ls for k in l["rows"]))
+    for seg in segs:
+        cells = [f"{statistics.median(l['rows'].get(seg, 0.0) for l in ls):.2f}" for ls in inc_lines.values()]
+        print(f"| {seg} | " + " | ".join(cells) + " |")
     if args.baseline:
         b1, b2 = firsts["inc-base"], seconds["inc-base"]
         print(f"baseline {args.baseline}: incremental ÷ first build {b2.wall / b1.wall:.2f} ({b2.wall:.2f} s vs "
