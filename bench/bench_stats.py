@@ -15,9 +15,8 @@ Reported: per round and as medians, each side's wall and CPU seconds; the
 cost of collecting the statistics, ``median(stats) / median(off) - 1``
 (target: under 5%), and with the card; inside the builds, the time
 the stats-card stage spends merging the statistics into stats.json and drawing the
-card (three PNGs: a fixed cost, whatever the corpus size, beside the shard
-jobs; matplotlib's import is warmed up from the build's start), plus finalize's
-card text; and that the builds wrote
+card (matplotlib's import and three PNGs: a fixed cost, whatever the corpus
+size, beside the shard jobs), plus finalize's card text; and that the builds wrote
 stats.json and the card's PNGs. On a shared machine wall times are
 noisy: use several rounds.
 """

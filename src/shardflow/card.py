@@ -35,7 +35,7 @@ from .faults import fault
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, odd_line, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card", "warm_up"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card"]
 
 log = logging.getLogger("shardflow.card")
 
@@ -63,22 +63,6 @@ def plot_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def warm_up() -> None:
-    """Import matplotlib and load its font on this thread, so that the card's drawing later starts at once.
-
-    About 0.3 s of imports, paid where a core would otherwise idle (the build's
-    start); nothing without matplotlib or with ``SHARDFLOW_CARD=0``, and never an error.
-    """
-    if not card_wanted():
-        return
-    try:
-        fig, ax = _figure(1, 1)
-        ax.set_title("warm-up")
-        fig.canvas.draw()
-    except Exception:  # no matplotlib, or a broken one: the card says so when it is drawn
-        log.debug("the card's warm-up failed", exc_info=True)
 
 
 def _figure(width: float, height: float, *, cols: int = 1, labels: list[str] | None = None, bottom: float = 0.6,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text, sha256_file
-from ..card import CARD_DIR, card_wanted, draw_plots, warm_up
+from ..card import CARD_DIR, card_wanted, draw_plots
 from ..catalog import Catalog
 from ..manifest import Manifest
 from ..tokenizers import load_tokenizer
@@ -47,7 +47,7 @@ from .staging import Staging, as_plan
 from .stats import collecting, write_stats
 from .write import tokenizer_file_name
 
-__all__ = ["CardResult", "draw_card", "card_done", "parent_dir", "shard_tokens", "prepare_card"]
+__all__ = ["CardResult", "draw_card", "card_done", "parent_dir", "shard_tokens"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -131,13 +131,6 @@ def card_done(plan: BuildPlan | str | os.PathLike[str]) -> CardResult | None:
     if (result.stats is not None) != collecting() or result.card != card_wanted():
         return None  # drawn under other settings (SHARDFLOW_STATS, SHARDFLOW_CARD): drawn again
     return result if _matches(staging.out, result) else None
-
-
-def prepare_card(plan: BuildPlan) -> None:
-    """What the stage can do before its inputs exist, on a thread from the build's start: matplotlib's
-    import and font (``card.warm_up``), a third of the card's time, off the end of the build."""
-    if collecting() and card_done(plan) is None:
-        warm_up()
 
 
 def draw_card(plan: BuildPlan | str | os.PathLike[str]) -> CardResult:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
@@ -65,11 +64,7 @@ def run_stages(
     and returns their results in job order; the next stage starts after it returns.
     ``start_jobs(stage, jobs)`` starts a background stage's jobs (``Stage.joins``) and
     returns the call that waits for their results; without it they run in place, by ``run_jobs``.
-    A stage's ``prepare`` starts first, on a thread of its own.
     """
-    for stage in STAGES:
-        if stage.prepare is not None and stage.when(plan):
-            threading.Thread(target=stage.prepare, args=(plan,), name=f"prepare-{stage.name}", daemon=True).start()
     done: dict[str, list[Any]] = {}
     waiting: dict[str, tuple[Stage, Callable[[], list[Any]]]] = {}
     try:

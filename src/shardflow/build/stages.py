@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from .card_stage import card_done, draw_card, prepare_card
+from .card_stage import card_done, draw_card
 from .check import shard_checked, validate_staged_shard
 from .embed import embed_staged
 from .layout import make_layout
@@ -77,9 +77,6 @@ class Stage:
     """A background stage: started in its place in the table, run beside the stages after it (on a thread of
     its own, not a worker slot: a runner that has no background runs it in place), and waited for before
     the stage named here starts. Its result is that stage's to read, not the ones in between."""
-    prepare: Callable[[BuildPlan], None] | None = None
-    """``prepare(plan)``: work the stage can do before its inputs exist (imports), started on a thread of its own
-    when the stages start; best effort, never an error, never waited for."""
 
     def jobs(self, plan: BuildPlan, done: dict[str, list[Any]]) -> Sequence[Job]:
         """This stage's jobs, given the results of the stages before it (by stage name)."""
@@ -109,7 +106,6 @@ STAGES: tuple[Stage, ...] = (
         retry="never",
         when=lambda plan: collecting(),
         joins="validate",
-        prepare=prepare_card,
         label=lambda plan, job: f"stats-card {plan.config.name}",
     ),
     Stage(
