@@ -17,8 +17,9 @@ so that noise from a shared machine hits them alike (medians):
   tests/assets/sample.parquet --name sample``, fresh data root), warm and with a
   never-used ``PREFECT_HOME``;
 * an incremental build: the corpus plus one more file (+1 of 16), against the
-  first build, both through the flow against the running server, with the
-  incremental run's tokenize phase and task runs from the server (each round);
+  first build, both through the flow against the running server; and the end of
+  the incremental run from the server's task runs: from the last shard check to
+  the end of finalize (any wait for the dataset card), the ``stats-card`` task;
 * ``--runner dask`` on a local ``distributed`` cluster (2 worker processes x 1
   thread) against the threads runner, same corpus, same run (skipped without
   the ``dask`` extra);
@@ -27,7 +28,9 @@ so that noise from a shared machine hits them alike (medians):
   slots were), against the core's own stages timed in one process.
 
 With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), that
-checkout's command line is timed in the same rounds too, for a before/after on one loaded machine.
+checkout's command line is timed in the same rounds too, for a before/after on one loaded machine
+(the incremental pair too, interleaved with this checkout's; ``--inc-rounds N`` repeats the
+incremental pairs N times, the sides' order rotating, and reports the median round).
 
 Ratios are speeds (core time / flow time: 1.0 means the flow costs nothing on
 top of the core), except incremental / first build, a ratio of times. The end
@@ -202,6 +205,35 @@ def timeline(server: Server, name: str, wall_start: float, wall_end: float) -> d
     return {"rows": rows, "busy": busy, "tasks": len(tasks)}
 
 
+def tail(server: Server, name: str) -> dict[str, float]:
+    """Of the latest ``build NAME`` flow run: from the last validate-shard task run's end to finalize's
+    (the ``validate NAME`` task run) end, which holds any wait for the card; finalize itself; the
+    ``stats-card`` task run (none in a checkout without the stage) and how much of it ran after the shards."""
+    runs = server.request("POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": [f"build {name}"]}},
+                                                        "sort": "START_TIME_DESC", "limit": 1})
+    tasks: list[dict[str, Any]] = []
+    for _ in range(40):
+        tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [runs[0]["id"]]}}, "limit": 200})
+        if tasks and all(t.get("end_time") for t in tasks):
+            break
+        time.sleep(0.25)
+    by_name = {t["name"]: (_ts(t["start_time"]), _ts(t["end_time"])) for t in tasks}
+    checks = [e for n, (_, e) in by_name.items() if n.startswith(f"validate {name} ") and " shard " in n]
+    last_check = max(checks) if checks else by_name[f"layout {name}"][1]
+    f0, f1 = by_name[f"validate {name}"]
+    out = {"after_shards": f1 - last_check, "finalize": f1 - f0}
+    if f"stats-card {name}" in by_name:
+        c0, c1 = by_name[f"stats-card {name}"]
+        out["stats_card"], out["stats_card_after_shards"] = c1 - c0, max(0.0, c1 - last_check)
+    return out
+
+
+def _tail_text(t: dict[str, float]) -> str:
+    card = (f"; stats-card task {t['stats_card']:.2f} s, {t['stats_card_after_shards']:.2f} s of it after the shards"
+            if "stats_card" in t else "")
+    return f"last shard check to finalize's end {t['after_shards']:.2f} s (finalize {t['finalize']:.2f} s){card}"
+
+
 def _stage_of(task_run_name: str) -> str:
     return task_run_name.split(" ")[0]
 
@@ -244,6 +276,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of core / flow / temporary server")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--inc-rounds", type=int, default=1, help="rounds of the incremental pair (first build, +1 file)")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (e.g. git worktree add --detach DIR main) timed in the same rounds")
     args = ap.parse_args()
@@ -311,28 +344,41 @@ def main() -> None:
         fresh = Run([str(SAMPLE), "--name", "sample"], {**env_tmp, "PREFECT_HOME": str(cwd / "home")}, cwd)
         bad += fresh.bad_lines
 
-        # Incremental: first build of the 16 files, then the same dataset with the 17th file added; with
-        # --baseline, the baseline's command line too, alternating, each in its own data root.
+        # Incremental: first build of the 16 files, then the same dataset with the 17th file added.
+        inc_root = work / "incremental"
+        shutil.rmtree(inc_root, ignore_errors=True)
+        for f in grown.glob("*-extra.parquet"):
+            f.unlink()
+        # With --baseline, the baseline's pair too, interleaved (first, first, second, second);
+        # --inc-rounds such rounds, the order of the sides rotating, medians reported.
+        inc_sides = [("inc", env_srv, inc_root)]
+        if args.baseline:
+            inc_sides.append(("inc-base", {**env_srv, "PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"},
+                              work / "incremental-base"))
+        inc_runs: dict[str, list[tuple[Run, Run, dict[str, float]]]] = {label: [] for label, _, _ in inc_sides}
         extra_file = grown / f"part-{n_files:05d}-extra.parquet"
-        incs: dict[str, list[dict[str, Any]]] = {"inc": [], "base-inc": []}
-        for i in range(args.rounds):
-            for label, env in [("inc", env_srv)] + ([("base-inc", {**env_srv, **tree})] if args.baseline else []):
-                inc_root = work / f"{label}-{i}"
-                shutil.rmtree(inc_root, ignore_errors=True)
-                extra_file.unlink(missing_ok=True)
-                first = build(grown, label, inc_root, env)
-                os.symlink(next(extra.glob("*.parquet")).resolve(), extra_file)
+        inc_lines: dict[str, list[dict[str, Any]]] = {}
+        for i in range(args.inc_rounds):
+            order = inc_sides if i % 2 == 0 else inc_sides[::-1]
+            firsts = {}
+            for label, env, root in order:
+                shutil.rmtree(root, ignore_errors=True)
+                firsts[label] = build(grown, label, root, env)
+            os.symlink(next(extra.glob("*.parquet")).resolve(), extra_file)
+            for label, env, root in order:
                 t_start = time.time()
-                second = build(grown, label, inc_root, env)
-                line = timeline(server, label, t_start, time.time())
-                extra_file.unlink()
-                bad += first.bad_lines + second.bad_lines
-                incs[label].append({"first": first.wall, "second": second.wall, "line": line})
-                shutil.rmtree(inc_root, ignore_errors=True)
-            print(f"incremental round {i + 1}: "
-                  + "; ".join(f"{k}: {v[-1]['second']:.2f} s vs first {v[-1]['first']:.2f} s, tokenize "
-                              f"{v[-1]['line']['rows'].get('tokenize', float('nan')):.2f} s "
-                              f"({v[-1]['line']['tasks']} task runs)" for k, v in incs.items() if v), flush=True)
+                second_run = build(grown, label, root, env)
+                ends = tail(server, label)
+                inc_lines.setdefault(label, []).append(timeline(server, label, t_start, time.time()))
+                inc_runs[label].append((firsts[label], second_run, ends))
+                bad += firsts[label].bad_lines + second_run.bad_lines
+            extra_file.unlink()
+        # The median round by the ratio (for an even count, the lower middle).
+        mid = {label: sorted(runs, key=lambda r: r[1].wall / r[0].wall)[(len(runs) - 1) // 2] for label, runs in inc_runs.items()}
+        firsts = {label: m[0] for label, m in mid.items()}
+        seconds = {label: m[1] for label, m in mid.items()}
+        tails = {label: {k: statistics.median(r[2][k] for r in inc_runs[label]) for k in inc_runs[label][0][2]}
+                 for label in inc_runs}
 
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
@@ -393,15 +439,30 @@ def main() -> None:
     print(f"| flow with the temporary server ÷ core, wall time | ≥ 0.75 | {core / tmp:.2f} ({tmp:.2f} s) |")
     print(f"| the README's first command on the bundled sample (fresh data root) | ≤ 3.5 s wall | "
           f"{median(t['sample']):.2f} s ({fresh.wall:.2f} s with a never-used PREFECT_HOME) |")
-    inc = incs["inc"]
-    inc_first, inc_second = median([r["first"] for r in inc]), median([r["second"] for r in inc])
+    inc = inc_runs["inc"]
+    inc_first, inc_second = median([a.wall for a, _, _ in inc]), median([b.wall for _, b, _ in inc])
     print(f"| incremental (+1 file of {n_files}) ÷ first build, through the flow against a running server | ≤ 0.25 | "
-          f"{median([r['second'] / r['first'] for r in inc]):.2f} ({inc_second:.2f} s vs {inc_first:.2f} s) |")
+          f"{median([b.wall / a.wall for a, b, _ in inc]):.2f} ({inc_second:.2f} s vs {inc_first:.2f} s) |")
     if dask_t:
         print(f"| Dask runner (2 workers × 1 thread) ÷ threads runner | ≥ 0.80 | "
               f"{median(threads_t) / median(dask_t):.2f} ({median(dask_t):.2f} s vs {median(threads_t):.2f} s) |")
     else:
         print("| Dask runner ÷ threads runner | ≥ 0.80 | not measured |")
+    if args.inc_rounds > 1:
+        for label, runs in inc_runs.items():
+            print(f"incremental rounds ({label}): " + ", ".join(f"{b.wall:.2f}/{a.wall:.2f} s" for a, b, _ in runs))
+    print(f"\nincremental build, the end of the run (medians): {_tail_text(tails['inc'])}")
+    # Where the incremental run's time goes, per side: each segment's median over the rounds.
+    print("\n| incremental run, segment | " + " | ".join(f"{label} (s)" for label in inc_lines) + " |")
+    print("|---|" + "---:|" * len(inc_lines))
+    segs = list(dict.fromkeys(k for ls in inc_lines.values() for l in ls for k in l["rows"]))
+    for seg in segs:
+        cells = [f"{statistics.median(l['rows'].get(seg, 0.0) for l in ls):.2f}" for ls in inc_lines.values()]
+        print(f"| {seg} | " + " | ".join(cells) + " |")
+    if args.baseline:
+        b1, b2 = firsts["inc-base"], seconds["inc-base"]
+        print(f"baseline {args.baseline}: incremental ÷ first build {b2.wall / b1.wall:.2f} ({b2.wall:.2f} s vs "
+              f"{b1.wall:.2f} s); {_tail_text(tails['inc-base'])}")
     if args.baseline:
         print(f"\nthis checkout against {args.baseline} (same rounds, medians; ratio below 1: faster):\n")
         print("| measure | baseline | this checkout | ratio |")
@@ -414,12 +475,12 @@ def main() -> None:
     print("\nthe incremental build (+1 file), through the flow against the running server, medians:\n")
     print("| checkout | first build | incremental | ratio | its tokenize phase | its task runs |")
     print("|---|---:|---:|---:|---:|---:|")
-    for label, runs in incs.items():
-        if runs:
-            print(f"| {'baseline' if label == 'base-inc' else 'this checkout'} | {median([r['first'] for r in runs]):.2f} s | "
-                  f"{median([r['second'] for r in runs]):.2f} s | {median([r['second'] / r['first'] for r in runs]):.2f} | "
-                  f"{median([r['line']['rows'].get('tokenize', 0.0) for r in runs]):.2f} s | "
-                  f"{median([r['line']['tasks'] for r in runs]):.0f} |")
+    for label, runs in inc_runs.items():
+        lines = inc_lines.get(label, [])
+        print(f"| {'baseline' if label == 'inc-base' else 'this checkout'} | {median([a.wall for a, _, _ in runs]):.2f} s | "
+              f"{median([b.wall for _, b, _ in runs]):.2f} s | {median([b.wall / a.wall for a, b, _ in runs]):.2f} | "
+              f"{median([l['rows'].get('tokenize', 0.0) for l in lines]):.2f} s | "
+              f"{median([l.get('tasks', 0) for l in lines]):.0f} |")
     print(f"\nERROR or traceback lines in the output of successful builds: {len(bad)}")
     for l in bad[:10]:
         print(f"  {l}")

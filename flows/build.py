@@ -13,7 +13,8 @@ Where the work units run (``runner``):
 * ``dask``: an existing Dask cluster (``address="tcp://HOST:8786"``), through
   prefect-dask's ``DaskTaskRunner`` (``pip install 'shardflow[dask]'``). The
   tokenize and write-shard tasks run on the workers; plan, layout, validate and
-  publish run in the flow's process. The workers report their task runs to the
+  publish run in the flow's process, and so does the stats-card task (the card),
+  on the flow's own task runner beside the shard tasks. The workers report their task runs to the
   Prefect API, so it must be a real server they can reach
   (``PREFECT_API_URL=http://HOST:4200/api``), not the temporary one, and
   ``data_root`` must be storage that the flow process and every worker see at
@@ -375,7 +376,29 @@ def _build(
                 finally:
                     seconds[stage.name] = time.monotonic() - t0
 
-            done = run_stages(plan, run_jobs)
+            def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+                # A background stage (the card): submitted to the flow's own task runner, so it runs beside
+                # the shard tasks without taking one of their `workers` slots, and shows as a task run.
+                task = STAGE_TASKS[stage.name]
+                results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+                futures = {
+                    i: task.submit(plan=handle, job=job, label=stage.label(plan, job))
+                    for i, (job, result) in enumerate(zip(jobs, results))
+                    if result is None
+                }
+
+                def wait() -> list[Any]:
+                    try:
+                        for i, fut in futures.items():
+                            results[i] = fut.result()
+                    except Exception as exc:
+                        _failure_summary(name, stage.name, exc)
+                        raise
+                    return results
+
+                return wait
+
+            done = run_stages(plan, run_jobs, start_jobs)
         ref = done["publish"][0]
         tokenize_seconds = seconds["tokenize-unit"]
         _publish_artifacts(

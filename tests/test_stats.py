@@ -163,6 +163,15 @@ def test_one_and_two_workers_give_identical_statistics(one_worker, two_workers):
     assert read_manifest(a).extra["stats"] == read_manifest(b).extra["stats"]
 
 
+def test_one_and_two_workers_draw_the_same_card(one_worker, two_workers):
+    a, b = one_worker.directory / "card", two_workers.directory / "card"
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["README.md", "lengths.png", "shard_fill.png", "tokens_by_source.png"]
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:  # drawn from the same statistics (beside the shard jobs): the same bytes
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
 def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker):
     src = tmp_path / "src"
     src.mkdir()

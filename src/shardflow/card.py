@@ -31,10 +31,11 @@ import numpy as np
 from ._io import atomic_write_bytes, atomic_write_text
 from .diff import input_changes
 from .errors import ShardflowError
+from .faults import fault
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, odd_line, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "card_path", "plot_available", "card_wanted", "stamp_card"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card"]
 
 log = logging.getLogger("shardflow.card")
 
@@ -43,6 +44,7 @@ CARD_NAME = "README.md"
 INSTALL_HINT = "pip install 'shardflow[card]'"
 PLOTS = ("lengths.png", "tokens_by_source.png", "shard_fill.png", "parent.png")
 _TOP = 15
+_DPI = 100
 # Set to 0 to write no card (stats.json is still written): a build on a machine that never shows it.
 CARD_ENV = "SHARDFLOW_CARD"
 
@@ -63,13 +65,34 @@ def plot_available() -> bool:
     return True
 
 
-def _figure(width: float, height: float, *, cols: int = 1) -> tuple[Any, Any]:
-    """A figure and its axes, without pyplot: no global state, so a card can be drawn on any thread."""
+def _figure(width: float, height: float, *, cols: int = 1, labels: list[str] | None = None, bottom: float = 0.6,
+            top: float = 0.35, gap: float = 0.0) -> tuple[Any, Any]:
+    """A figure and its axes, without pyplot: no global state, so a card can be drawn on any thread.
+
+    The margins are fixed, in inches (tick labels, axis labels, title): matplotlib's
+    ``layout="constrained"`` measured every text several times per draw, half the
+    card's drawing time. ``labels``: the first axes' y tick labels (a bar chart's
+    names), measured once, so the left margin fits the widest; ``gap``: inches
+    between two axes side by side.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)  # the Agg canvas: PNGs, no display
+    fig = Figure(figsize=(width, height), dpi=_DPI)
+    canvas = FigureCanvasAgg(fig)  # the Agg canvas: PNGs, no display
+    left = 0.85  # numeric tick labels and the axis label
+    if labels:
+        from matplotlib import rcParams
+        from matplotlib.font_manager import FontProperties
+
+        renderer = canvas.get_renderer()
+        font = FontProperties(size=rcParams["ytick.labelsize"])
+        widest = max(renderer.get_text_width_height_descent(label, font, ismath=False)[0] for label in labels)
+        left = 0.2 + widest / _DPI
+    right = 0.25
+    axes_width = (width - left - right - gap) / cols
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        wspace=gap / axes_width)
     return fig, fig.subplots(1, cols)
 
 
@@ -86,10 +109,34 @@ def _count_format() -> Any:
     return FuncFormatter(label)
 
 
+def _log_axes(ax: Any) -> None:
+    """Both axes logarithmic, labelled 100, 1k, 10k: plain text, not the default 10^k, whose
+    mathtext parsing was a fifth of the card's drawing time. As matplotlib's own, an axis that
+    spans little more than a decade also labels its minor ticks at 2 and 5 (a tiny version's counts)."""
+    import math
+
+    from matplotlib.ticker import Formatter
+
+    major = _count_format()
+
+    class MinorCounts(Formatter):  # type: ignore[misc]
+        def __call__(self, x: float, pos: Any = None) -> str:
+            lo, hi = sorted(self.axis.get_view_interval()) if self.axis is not None else (0.0, 0.0)
+            if x <= 0 or lo <= 0 or hi / lo > 30:
+                return ""
+            lead = round(x / 10 ** math.floor(math.log10(x) + 1e-9))
+            return major(x, pos) if lead in (2, 5) else ""
+
+    for axis, scale in ((ax.xaxis, ax.set_xscale), (ax.yaxis, ax.set_yscale)):
+        scale("log")
+        axis.set_major_formatter(major)
+        axis.set_minor_formatter(MinorCounts())
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     # No "Software" tag (it names the matplotlib version) and no date: the same statistics, the same bytes.
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
     return buf.getvalue()
 
 
@@ -104,8 +151,7 @@ def _plot_lengths(stats: dict[str, Any]) -> bytes:
         lo, hi = int(nz[0]), int(nz[-1]) + 1
         ax.stairs(hist[lo:hi], edges[lo : hi + 1], fill=split == "train", alpha=0.55 if split == "train" else 1.0,
                   label=f"{split} ({s['documents']:,} documents)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log_axes(ax)
     ax.set_xlabel("document length (tokens, boundary included)")
     ax.set_ylabel("documents per bin (4 bins per octave)")
     ax.set_title("Document lengths")
@@ -127,8 +173,8 @@ def _plot_sources(stats: dict[str, Any]) -> bytes:
     what, rows = _sources(stats)
     if len(rows) > _TOP:
         rows = rows[: _TOP - 1] + [("(the other %d)" % (len(rows) - _TOP + 1), sum(r[1] for r in rows[_TOP - 1 :]), 0)]
-    fig, ax = _figure(7, 0.9 + 0.32 * max(1, len(rows)))
     labels = [r[0] if len(r[0]) <= 40 else "..." + r[0][-37:] for r in rows]
+    fig, ax = _figure(7, 0.9 + 0.32 * max(1, len(rows)), labels=labels, bottom=0.5, top=0.3)
     ax.barh(range(len(rows)), [r[1] for r in rows], color="#4878d0")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
@@ -157,10 +203,10 @@ def _plot_fill(stats: dict[str, Any]) -> bytes:
 
 
 def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, changes: list[Any], parent_ref: str) -> bytes:
-    fig, (left, right) = _figure(11, 3.8, cols=2)
     moved = [c for c in changes if c.documents_delta] or changes
     moved = moved[:_TOP]
     labels = [c.relname if len(c.relname) <= 28 else "..." + c.relname[-25:] for c in moved]
+    fig, (left, right) = _figure(11, 3.8, cols=2, labels=labels, gap=0.8)
     deltas = [c.documents_delta for c in moved]
     left.barh(range(len(moved)), deltas, color=["#6acc64" if d >= 0 else "#d65f5f" for d in deltas])
     left.set_yticks(range(len(moved)), labels)
@@ -177,11 +223,10 @@ def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, cha
         if len(nz):
             lo, hi = int(nz[0]), int(nz[-1]) + 1
             right.stairs(hist[lo:hi], edges[lo : hi + 1], linestyle=style, linewidth=1.6, label=label)
-    right.set_xscale("log")
-    right.set_yscale("log")
+    _log_axes(right)
     right.set_xlabel("document length (tokens)")
     right.set_title("Length distributions")
-    right.legend()
+    right.legend(loc="upper right")
     return _png(fig)
 
 
@@ -297,10 +342,15 @@ def stamp_card(directory: Path | str, ref: str) -> None:
         atomic_write_text(path, f"# Dataset card: {ref}{sep}{rest}")
 
 
-def write_card(
+def draw_plots(
     directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
-) -> Path:
-    """Write ``card/`` into a version directory that has ``stats.json``; returns the card's path."""
+) -> dict[str, bool]:
+    """Draw the card's PNGs into ``card/`` of a directory that has ``stats.json``; which plots the card shows.
+
+    Every PNG is written under a temporary name and renamed. Without matplotlib
+    none is drawn (every value False). ``write_card_text`` then writes the
+    Markdown that links them.
+    """
     directory = Path(directory)
     stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
     card_dir = directory / CARD_DIR
@@ -318,8 +368,25 @@ def write_card(
         for name, make in makers.items():
             atomic_write_bytes(card_dir / name, make())
             plots[name] = True
+            fault("card-plot", card_dir / name)
     else:
         log.info("no matplotlib: the dataset card is text only (%s)", INSTALL_HINT)
-    path = card_dir / CARD_NAME
-    atomic_write_text(path, _markdown(manifest, stats, plots, pinfo))
+    return plots
+
+
+def write_card_text(directory: Path | str, manifest: Manifest, plots: dict[str, bool], *, parent: Path | None = None) -> Path:
+    """Write ``card/README.md`` (``plots``: the PNGs ``draw_plots`` drew); returns its path."""
+    directory = Path(directory)
+    stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
+    (directory / CARD_DIR).mkdir(exist_ok=True)
+    path = card_path(directory)
+    atomic_write_text(path, _markdown(manifest, stats, plots, _parent_info(parent, manifest)))
     return path
+
+
+def write_card(
+    directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
+) -> Path:
+    """Write ``card/`` (plots and Markdown) into a version directory that has ``stats.json``; returns the card's path."""
+    plots = draw_plots(directory, manifest, parent=parent, parent_ref=parent_ref)
+    return write_card_text(directory, manifest, plots, parent=parent)

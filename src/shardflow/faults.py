@@ -43,6 +43,7 @@ POINTS: dict[str, str] = {
     "shard-written": "write_shard: after the shard file is in place, before its .bos.idx",
     "shard-indexed": "write_shard: after the .bos.idx, before the shard's .json",
     "shard-linked": "write_shard: after a shard is hard-linked from the parent version, before its .bos.idx",
+    "card-plot": "draw_plots: after each PNG of the dataset card is in place (the stats-card stage, or finalize)",
     "finalize-manifest": "finalize: after the staged manifest is written, before validation",
     "validate": "validation: at the start of every shard's check",
     "finalize-done": "finalize: after validation passed",

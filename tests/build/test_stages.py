@@ -19,6 +19,7 @@ def test_the_stages_their_order_fan_out_and_retry_classes():
     assert table == [
         ("tokenize-unit", "units", "io"),
         ("layout", "one", "never"),
+        ("stats-card", "one", "never"),
         ("write-shard", "shards", "io"),
         ("validate-shard", "shards", "never"),
         ("embed", "one", "never"),
@@ -42,7 +43,8 @@ def test_run_stages_hands_typed_results_from_stage_to_stage(tmp_path):
         done = run_stages(plan, run_jobs)
     assert "embed" not in done  # no --embed: the stage does not apply
     nshards = len(done["write-shard"])
-    assert [c[0] for c in calls] == ["tokenize-unit"] * 4 + ["layout"] + ["write-shard"] * nshards + [
+    # No background runner given: the stats-card stage runs in its place, after the layout.
+    assert [c[0] for c in calls] == ["tokenize-unit"] * 4 + ["layout", "stats-card"] + ["write-shard"] * nshards + [
         "validate-shard"
     ] * nshards + ["validate", "publish"]
     assert all(isinstance(r, UnitResult) for r in done["tokenize-unit"])

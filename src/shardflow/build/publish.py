@@ -1,8 +1,10 @@
 """Finalizing and publishing a staged build: write the manifest, validate everything, then make it a version.
 
-``finalize`` assembles the manifest from the stages' recorded results, writes
-it into ``out/`` and validates every file against it (shards, indexes,
-tokenizer file, embeddings); shards that the validate-shard stage
+``finalize`` assembles the manifest from the stages' recorded results, adds
+the statistics that the stats-card stage merged (``build/card_stage.py``;
+merged and drawn here if that stage's record does not match ``out/``), writes
+the card's Markdown and the manifest into ``out/`` and validates every file
+against it (shards, indexes, tokenizer file, embeddings); shards that the validate-shard stage
 (``build/check.py``) already validated, one job each, are not read again. ``publish`` then gives the validated directory
 its identity under the dataset's catalog lock: it picks the version name,
 stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
@@ -17,23 +19,23 @@ import json
 import logging
 import os
 import shutil
-import threading
 from pathlib import Path
 
 from .._io import fsync_dir, sha256_file
-from ..card import CARD_DIR, card_wanted, stamp_card, write_card
+from ..card import CARD_DIR, stamp_card, write_card_text
 from ..catalog import Catalog, VersionEntry
 from ..errors import ValidationError
 from ..faults import fault
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from ..tokenizers import load_tokenizer
 from ..validation import validate_dir
+from .card_stage import CardResult, card_done, draw_card, parent_dir
 from .layout import read_layout, unit_results
 from .manifest import TokenizerInfo, assemble_manifest, hashed_inputs, now
 from .model import BuildPlan, EmbedResult, UnitResult
 from .plan import build_key
 from .staging import Staging, as_plan
-from .stats import write_stats
+from .stats import collecting
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
 __all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result", "content_key"]
@@ -84,54 +86,43 @@ def staged_manifest(plan: BuildPlan | str | os.PathLike[str], *, embeddings: boo
     )
 
 
-def write_card_quietly(plan: BuildPlan, manifest: Manifest, out: Path) -> None:
-    """Write ``card/`` into the staged version; a card that cannot be drawn is a warning, never a failed build."""
-    parent_dir = None
-    if plan.parent:
-        try:
-            parent_dir = Catalog(plan.catalog).resolve(plan.parent)
-        except Exception:  # a parent that went away: the card just has no comparison
-            parent_dir = None
+def write_card_text_quietly(plan: BuildPlan, manifest: Manifest, out: Path, card: CardResult) -> None:
+    """Write ``card/README.md`` beside the plots the stats-card stage drew; a failure is a warning, never a failed build."""
     try:
-        write_card(out, manifest, parent=parent_dir, parent_ref=plan.parent)
+        write_card_text(out, manifest, card.drawn(), parent=parent_dir(plan))
     except Exception as exc:  # the card is a view of stats.json; the data is fine without it
         log.warning("%s: the dataset card could not be written (%s)", out / CARD_DIR, exc)
 
 
 def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
-    """Copy the tokenizer file into ``out/``, write the manifest there, and validate the staged files against it."""
+    """Copy the tokenizer file into ``out/``, write the card's text and the manifest there, and validate the
+    staged files against it."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
     tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
     write_tokenizer_files(tokenizer, staging.out)
     manifest = staged_manifest(plan)
-    # The statistics (stats.json, named in the manifest with its SHA-256), then the card that shows them.
-    stats = write_stats(plan, manifest, staging.out, tokenizer)
-    card = None
-    if stats is not None:
-        manifest = manifest.replace(extra={**manifest.extra, "stats": stats})
-        # Drawn while the files are validated (the checksums leave a core idle for matplotlib).
-        if card_wanted():
-            card = threading.Thread(target=write_card_quietly, args=(plan, manifest, staging.out), name="dataset-card")
-            card.start()
+    # The statistics (stats.json, named in the manifest with its SHA-256) and the card's plots: the
+    # stats-card stage's, drawn beside the shard jobs; drawn here if that stage did not finish.
+    card = (card_done(plan) or draw_card(plan)) if collecting() else None
+    if card is not None and card.stats is not None:
+        manifest = manifest.replace(extra={**manifest.extra, "stats": card.stats})
+        if card.card:
+            write_card_text_quietly(plan, manifest, staging.out, card)
     # A writer killed mid-file (an earlier, interrupted run) leaves its temporary
     # file behind; it must not be published with the version.
     for stray in staging.out.rglob(".*.tmp-*"):  # the split directories too
         stray.unlink(missing_ok=True)
-    try:
-        write_manifest(staging.out, manifest)
-        fault("finalize-manifest", staging.out)
-        # Shards validated by their own jobs (the validate-shard stage) are not read again here;
-        # if any is not (a caller that ran the stages by hand), every shard is validated here, as before.
-        each_checked = all(
-            staging.shard_checked(split, k, entry)
-            for split, s in manifest.splits.items()
-            for k, entry in enumerate(s.shards)
-        )
-        validate_dir(staging.out, manifest, checksums=True, shards=not each_checked)
-    finally:
-        if card is not None:
-            card.join()  # out/ is complete before it can be published
+    write_manifest(staging.out, manifest)
+    fault("finalize-manifest", staging.out)
+    # Shards validated by their own jobs (the validate-shard stage) are not read again here;
+    # if any is not (a caller that ran the stages by hand), every shard is validated here, as before.
+    each_checked = all(
+        staging.shard_checked(split, k, entry)
+        for split, s in manifest.splits.items()
+        for k, entry in enumerate(s.shards)
+    )
+    validate_dir(staging.out, manifest, checksums=True, shards=not each_checked)
     fault("finalize-done", staging.out)
     return manifest
 

@@ -53,16 +53,41 @@ def retrying(step: Callable[..., _T], *args: Any, retries: int | None = None, **
     raise AssertionError("unreachable")
 
 
-def run_stages(plan: Any, run_jobs: Callable[[Stage, Sequence[Job]], list[Any]]) -> dict[str, list[Any]]:
+def run_stages(
+    plan: Any,
+    run_jobs: Callable[[Stage, Sequence[Job]], list[Any]],
+    start_jobs: Callable[[Stage, Sequence[Job]], Callable[[], list[Any]]] | None = None,
+) -> dict[str, list[Any]]:
     """Run every stage of ``STAGES`` that applies to ``plan``, in order; results by stage name.
 
     ``run_jobs(stage, jobs)`` runs one stage's jobs (in parallel where it can)
     and returns their results in job order; the next stage starts after it returns.
+    ``start_jobs(stage, jobs)`` starts a background stage's jobs (``Stage.joins``) and
+    returns the call that waits for their results; without it they run in place, by ``run_jobs``.
     """
     done: dict[str, list[Any]] = {}
-    for stage in STAGES:
-        if stage.when(plan):
-            done[stage.name] = run_jobs(stage, stage.jobs(plan, done))
+    waiting: dict[str, tuple[Stage, Callable[[], list[Any]]]] = {}
+    try:
+        for stage in STAGES:
+            for name, (bg, wait) in list(waiting.items()):
+                if bg.joins == stage.name:
+                    del waiting[name]
+                    done[name] = wait()
+            if not stage.when(plan):
+                continue
+            jobs = stage.jobs(plan, done)
+            if stage.joins is not None and start_jobs is not None:
+                waiting[stage.name] = (stage, start_jobs(stage, jobs))
+            else:
+                done[stage.name] = run_jobs(stage, jobs)
+    finally:
+        # A stage failed before the join: the background job is still waited for (its error, if any,
+        # is not the one to report), so nothing writes into the staging directory after this returns.
+        for _, wait in waiting.values():
+            try:
+                wait()
+            except Exception:
+                log.debug("a background stage failed too", exc_info=True)
     return done
 
 
@@ -98,6 +123,8 @@ def build(
         if plan.existing:
             return BuildResult(ref=plan.existing, manifest_path=str(cat.resolve(plan.existing) / "metadata.yaml"), created=False)
         pool = ThreadPoolExecutor(max_workers=workers)
+        # Background stages (Stage.joins) run on a thread of their own, not a worker's.
+        beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-beside")
 
         def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
             retries = None if stage.retry == "io" else 0
@@ -114,10 +141,16 @@ def build(
                 results.append(result)
             return results
 
+        def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+            futures = [beside.submit(retrying, stage, plan, *job, retries=0 if stage.retry == "never" else None)
+                       for job in jobs]
+            return lambda: [f.result() for f in futures]
+
         try:
-            done = run_stages(plan, run_jobs)
+            done = run_stages(plan, run_jobs, start_jobs)
         finally:
             # On the first error, queued work is dropped (what finished is kept for the rerun).
             pool.shutdown(wait=True, cancel_futures=True)
+            beside.shutdown(wait=True, cancel_futures=True)
     ref = done["publish"][0]
     return BuildResult(ref=ref, manifest_path=str(cat.resolve(ref) / "metadata.yaml"), created=True)

@@ -7,6 +7,7 @@ sequence exists in one place::
 
     tokenize-unit  one job per work unit     ->  UnitResult     retried on transient I/O errors
     layout         one job                   ->  Layout         never retried (pure compute)
+    stats-card     one job, beside the next  ->  CardResult     never retried (stats.json, the card's plots)
     write-shard    one job per shard         ->  ShardResult    retried
     validate-shard one job per shard         ->  ShardCheck     never retried (reads, checks)
     embed          one job, with --embed     ->  EmbedResult    never retried
@@ -15,7 +16,9 @@ sequence exists in one place::
 
 A stage's function takes the plan and one job's arguments, is idempotent on
 disk (it first looks for its own committed output), and returns small typed
-metadata, never token arrays.
+metadata, never token arrays. A stage with ``joins`` runs in the background:
+started in its place, beside the stages after it, without taking a worker slot,
+and waited for before the stage it names.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
+from .card_stage import card_done, draw_card
 from .check import shard_checked, validate_staged_shard
 from .embed import embed_staged
 from .layout import make_layout
 from .model import BuildPlan, Layout
 from .publish import finalize, publish
+from .stats import collecting
 from .tokenize import tokenize_unit, unit_done
 from .write import shard_done, write_shard
 
@@ -68,6 +73,10 @@ class Stage:
     done: Callable[..., Any] | None = None
     """``done(plan, *job)``: the job's result when it needs no work (committed already), else None; a few
     stats. ``run`` checks it first anyway; the flow asks before it spends a task run on the job."""
+    joins: str | None = None
+    """A background stage: started in its place in the table, run beside the stages after it (on a thread of
+    its own, not a worker slot: a runner that has no background runs it in place), and waited for before
+    the stage named here starts. Its result is that stage's to read, not the ones in between."""
 
     def jobs(self, plan: BuildPlan, done: dict[str, list[Any]]) -> Sequence[Job]:
         """This stage's jobs, given the results of the stages before it (by stage name)."""
@@ -87,6 +96,18 @@ STAGES: tuple[Stage, ...] = (
         label=lambda plan, job: f"tokenize {plan.unit_label(job[0])}",
     ),
     Stage(name="layout", run=make_layout, fan_out="one", retry="never", label=lambda plan, job: f"layout {plan.config.name}"),
+    # Everything the statistics and the card's plots show is known from the layout on: drawn while the
+    # shards are written and validated (those jobs mostly release the GIL), not in finalize.
+    Stage(
+        name="stats-card",
+        run=draw_card,
+        done=card_done,
+        fan_out="one",
+        retry="never",
+        when=lambda plan: collecting(),
+        joins="validate",
+        label=lambda plan, job: f"stats-card {plan.config.name}",
+    ),
     Stage(
         name="write-shard",
         run=write_shard,

@@ -95,6 +95,11 @@ class Staging:
         return self.root / "out"
 
     @property
+    def card_file(self) -> Path:
+        """The stats-card stage's marker (``build/card_stage.py``)."""
+        return self.layout_dir / "card.json"
+
+    @property
     def embed_file(self) -> Path:
         return self.root / "embed.json"
 

@@ -259,10 +259,14 @@ def _decoded(tokenizer: Tokenizer, token_id: int) -> str:
         return text if text is not None else f"<id {token_id}>"
 
 
-def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Tokenizer) -> dict[str, Any] | None:
+def write_stats(
+    plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Tokenizer, *, shard_tokens: dict[str, list[int]] | None = None
+) -> dict[str, Any] | None:
     """Merge the units' statistics into ``out/stats.json`` and ``out/stats.vocab.npy``; the manifest's section.
 
-    None (and nothing written) when collection is off.
+    None (and nothing written) when collection is off. ``shard_tokens``: the tokens
+    of each split's shards, when ``manifest`` has no shard entries yet (the layout
+    fixes them: ``build/card_stage.py`` merges the statistics before the shards are written).
     """
     if not collecting():
         return None
@@ -328,7 +332,7 @@ def write_stats(plan: BuildPlan, manifest: Manifest, out: Path, tokenizer: Token
         if cfg.stats_column:
             item["by_column"] = column
         inputs.append(item)
-    stats = _assemble(plan, manifest, inputs, total_vocab, tokenizer, complete=complete)
+    stats = _assemble(plan, manifest, inputs, total_vocab, tokenizer, complete=complete, shard_tokens=shard_tokens)
     vocab = np.concatenate(vocab_rows) if vocab_rows else np.empty(0, dtype=VOCAB_DTYPE)
     atomic_write_bytes(out / VOCAB_NAME, _npy_bytes(vocab))
     atomic_write_text(out / STATS_NAME, _dumps(stats))
@@ -349,14 +353,21 @@ def _dumps(stats: dict[str, Any]) -> str:
 
 
 def _assemble(
-    plan: BuildPlan, manifest: Manifest, inputs: list[dict[str, Any]], vocab: np.ndarray, tokenizer: Tokenizer, *, complete: bool
+    plan: BuildPlan,
+    manifest: Manifest,
+    inputs: list[dict[str, Any]],
+    vocab: np.ndarray,
+    tokenizer: Tokenizer,
+    *,
+    complete: bool,
+    shard_tokens: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     cfg = plan.config
     totals = manifest.totals
     splits = {}
     for s, entry in manifest.splits.items():
         merged = _merge_ranges([inp["splits"][s] for inp in inputs if s in inp["splits"]])
-        merged["shards"] = [sh.tokens for sh in entry.shards]
+        merged["shards"] = list(shard_tokens[s]) if shard_tokens is not None else [sh.tokens for sh in entry.shards]
         splits[s] = merged
     used = int(np.count_nonzero(vocab))
     order = np.lexsort((np.arange(len(vocab)), -vocab))[:TOP_IDS]
