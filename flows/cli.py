@@ -200,10 +200,12 @@ def cmd_build(args: argparse.Namespace) -> int:
                 raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
             require_real_api(args.runner, args.address)
         _quiet_prefect_tracebacks()
+        if early is not None and early.process is not None and warming is not None:
+            warming.join()  # a temporary server is still starting: this costs nothing, and no import runs beside preload's
         with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
                 tags(*TAGS, dataset_tag(config.name)):
             if warming is not None:
-                warming.join()
+                warming.wait()
             ref = build_dataset(
                 config=config,
                 workers=args.workers,

@@ -22,9 +22,10 @@ all, and its UI shows the run (``SHARDFLOW_REUSE_LOCAL_SERVER=0`` turns this
 off).
 
 **The plan's slow parts, done meanwhile.** :func:`warm_up` loads the tokenizer
-(and encodes one word: a process's first encode sets the backend up) and
-fingerprints the inputs on a thread while Prefect is imported (both are
-cached), so the flow's plan task and first work unit find them done.
+and fingerprints the inputs on a thread while Prefect is imported (both are
+cached), so the flow's plan task finds them done; then, while the flow run is
+created, it does the tokenizer backend's one-time set-up, which the first work
+unit would otherwise pay.
 
 **Imports done while waiting.** The temporary server takes about 3 s to
 answer, and this process is ready before it. Whatever the run would import
@@ -55,7 +56,7 @@ from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -326,34 +327,57 @@ A server already running on this machine at the default address
         return None  # Prefect will start its own, as before
 
 
-def warm_up(config: Any, data_root: str | None) -> threading.Thread:
-    """Load ``config``'s tokenizer and fingerprint its inputs on a thread; join it before the flow plans.
+class WarmUp:
+    """What :func:`warm_up` started: :meth:`wait` for the tokenizer and the fingerprints; the backend's set-up may still run."""
+
+    def __init__(self, thread: threading.Thread, ready: threading.Event) -> None:
+        self.thread = thread
+        self._ready = ready
+
+    def wait(self) -> None:
+        """Block until the tokenizer is loaded and the inputs fingerprinted (or that failed: the plan task says why)."""
+        self._ready.wait()
+
+    def join(self) -> None:
+        """Block until everything is done, the backend's set-up included."""
+        self.thread.join()
+
+
+def warm_up(config: Any, data_root: str | None) -> WarmUp:
+    """Load ``config``'s tokenizer and fingerprint its inputs on a thread; wait for it before the flow plans.
 
     Both are what the plan task does first, and both are cached per process
     (the tokenizer) or on disk (the inputs' SHA-256, keyed by their stat), so
     the plan task then finds them done. Nothing else of the plan (catalog,
     staging, lock) is touched before the flow run starts. Errors are left for
-    the plan task to report, with its own message.
+    the plan task to report, with its own message. After that, the same thread
+    does the tokenizer backend's one-time set-up (``Tokenizer.warm``), while
+    the flow run is being created over HTTP, rather than in the first work unit.
     """
     # Imported here, not on the thread: two threads importing the same modules at once can deadlock.
     from shardflow.catalog import default_data_root
     from shardflow.sources import discover_inputs, fingerprint_inputs
     from shardflow.tokenizers import load_tokenizer
 
+    ready = threading.Event()
+
     def load() -> None:
-        with contextlib.suppress(Exception):
-            tokenizer = load_tokenizer(config.tokenizer, backend=config.backend)
-            # A process's first encode sets up gigatoken (about 0.13 s) and makes pyarrow import pandas
-            # (0.15 s): done here, not in the first work unit's task.
-            tokenizer.encode_batch(["shardflow"])
-        if any("://" in s for s in config.sources):
-            return  # URL sources are staged by the flow first
-        with contextlib.suppress(Exception):
-            fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
+        tokenizer = None
+        try:
+            with contextlib.suppress(Exception):
+                tokenizer = load_tokenizer(config.tokenizer, backend=config.backend)
+            if not any("://" in s for s in config.sources):  # URL sources are planned by the flow
+                with contextlib.suppress(Exception):
+                    fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
+        finally:
+            ready.set()
+        if tokenizer is not None:
+            with contextlib.suppress(Exception):
+                tokenizer.warm()
 
     thread = threading.Thread(target=load, name="shardflow-warm-up", daemon=True)
     thread.start()
-    return thread
+    return WarmUp(thread, ready)
 
 
 def exit_now(code: int) -> None:

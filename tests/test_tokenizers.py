@@ -381,3 +381,15 @@ def test_the_probe_check_is_answered_once_per_vocabulary_and_kept_on_disk(tmp_pa
     answers = iter([True, True])
     assert tiktoken_family._fast_agrees_cached("fast", "enc", spec) is True  # a damaged file: asked again
     assert calls == ["fast"]
+
+
+def test_warm_does_the_backends_set_up_and_changes_no_encoding():
+    from shardflow.tokenizers import load_tokenizer
+
+    fast = load_tokenizer("cl100k_base", backend="gigatoken")
+    reference = load_tokenizer("cl100k_base", backend="tiktoken")
+    for tok in (fast, reference):
+        tok.warm()  # the reference has no fast backend: nothing to do
+        tokens, offsets = tok.encode_batch(["Hello, world!", "shardflow"])
+        assert tokens.tolist() == reference.encode_ordinary("Hello, world!") + reference.encode_ordinary("shardflow")
+        assert offsets.tolist() == [0, 4, 4 + len(reference.encode_ordinary("shardflow"))]
