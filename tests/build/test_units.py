@@ -212,16 +212,9 @@ def test_an_incremental_build_cuts_only_the_added_file_into_several_units(corpus
 # --- resume after a kill ---
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it_again(corpus, small_floor, default_cut, tmp_path):
+def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it_again(
+    corpus, small_floor, default_cut, tmp_path, caplog
+):
     root = tmp_path / "crash"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
     env["SHARDFLOW_FAULT"] = "tokenize-done:1"
@@ -239,17 +232,9 @@ def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it
     assert len(planned) >= 5  # the two small files and the big one cut finer
     committed = {int(p.stem.split("-")[1]) for p in (staging / "parts").glob("unit-*.json")}
     assert committed == {0}
-    handler = _Collect()
-    logger = logging.getLogger("shardflow.build")
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
+    with caplog.at_level(logging.INFO, logger="shardflow.build"):
         version = _build(root, corpus["grown"])
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-    redone = {int(m.group(1)) for line in handler.lines if (m := re.match(r"tokenized unit (\d+) of", line))}
+    redone = {int(m.group(1)) for line in caplog.messages if (m := re.match(r"tokenized unit (\d+) of", line))}
     assert redone == set(range(1, len(planned)))  # the same plan resumed: unit 0 is not tokenized again
     assert_same_version(version, default_cut)
     assert not (root / "data" / NAME / ".staging").exists() or not any((root / "data" / NAME / ".staging").iterdir())
