@@ -166,27 +166,28 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def cmd_build(args: argparse.Namespace) -> int:
+def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
+    """``shardflow build``; ``early``: the temporary server :func:`main` launched before parsing, if any."""
+    try:
+        config = _checked_build_config(args)
+    except BaseException:
+        if early is not None:
+            early.stop(quiet=True)  # an invalid option: nothing is left running
+        raise
+    threads = args.runner == "threads" and not args.no_prefect
+
     from shardflow.catalog import Catalog
 
     from flows.progress import ProgressDisplay, listening
 
-    config = _config(args)
-    if args.workers < 1:
-        raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
-    _check_runner(args)
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
         with display:
             ref = _build_without_prefect(args, config, display)
     else:
-        _prefect_defaults()
-        from flows.startup import start_early, warm_up
+        from flows.startup import warm_up
 
-        # Both start before Prefect is imported, and run while it is (flows/startup.py). Not for
-        # --runner dask, which may still refuse to run (and must then leave nothing behind).
-        threads = args.runner == "threads"
-        early = start_early() if threads else None
+        # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
         warming = warm_up(config, args.data_root) if threads else None
         from prefect import tags
 
@@ -222,6 +223,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"published {ref}")
     print(str(directory / "metadata.yaml"))
     return 0
+
+
+def _checked_build_config(args: argparse.Namespace) -> Any:
+    if args.workers < 1:
+        raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
+    _check_runner(args)
+    if not args.no_prefect:
+        _prefect_defaults()
+    return _config(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -433,10 +443,37 @@ COMMANDS = {
 }
 
 
+def _start_server_first(argv: Sequence[str]) -> Any:
+    """Prefect's temporary server for a ``build`` that will run its flow on this machine, launched first.
+
+    Launched before the parser is built (its choices import numpy and the
+    trainer targets), from the words alone: ``build`` without ``--no-prefect``,
+    ``--runner dask`` or ``--help``. A wrong guess (the options fail to parse,
+    or Prefect has a server configured) only stops the extra process again.
+    """
+    words = list(argv)
+    if not words or words[0] != "build" or {"--no-prefect", "-h", "--help"} & set(words):
+        return None
+    if "--runner=dask" in words or any(a == "--runner" and b == "dask" for a, b in zip(words, words[1:])):
+        return None
+    _prefect_defaults()
+    from flows.startup import start_early
+
+    return start_early()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    early = _start_server_first(sys.argv[1:] if argv is None else argv)
     try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        if early is not None:
+            early.stop(quiet=True)
+        raise
+    try:
+        if args.command == "build":
+            return cmd_build(args, early=early)
         return COMMANDS[args.command](args)
     except ShardflowError as exc:
         print(f"shardflow: error: {exc}", file=sys.stderr)

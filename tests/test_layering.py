@@ -271,3 +271,20 @@ def test_shardflow_modules_form_no_import_cycle():
     assert not cycles, "import cycles among shardflow modules (function-level imports count):\n" + "\n".join(
         " -> ".join(chain) for chain in cycles
     )
+
+
+def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow():
+    """``shardflow``'s names load on first use: the command line launches Prefect's temporary server
+    (flows/startup.py, which needs only ``shardflow.errors``) before numpy and pyarrow are imported."""
+    code = (
+        "import sys, shardflow, shardflow.errors, flows.cli, flows.startup\n"
+        "heavy = sorted(m for m in ('numpy', 'pyarrow', 'prefect') if m in sys.modules)\n"
+        "from shardflow import BuildConfig, open_version, Split, Version, ShardflowError\n"
+        "assert BuildConfig.__module__ == 'shardflow.config' and ShardflowError is shardflow.errors.ShardflowError\n"
+        "assert 'open_version' in dir(shardflow)\n"
+        "try:\n    shardflow.nothing\nexcept AttributeError as e:\n    assert 'nothing' in str(e)\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=SRC.parent.parent).stdout.strip()
+    assert out == "[]"

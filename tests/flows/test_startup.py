@@ -160,3 +160,49 @@ def test_a_wrong_guess_only_stops_the_extra_server(tmp_path: Path, monkeypatch: 
         with early.serve() as used:
             assert not used
     assert early.process is None and process.poll() is not None
+
+
+def test_the_server_is_launched_before_parsing_only_for_a_build_that_runs_its_flow_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``main`` launches it from the words alone, before the parser's imports (numpy, the targets)."""
+    from flows import cli
+
+    launched: list[bool] = []
+    monkeypatch.setattr(startup, "start_early", lambda: launched.append(True) or "server")
+    build = ["build", "corpus/", "--name", "x"]
+    assert cli._start_server_first(build) == "server"
+    assert cli._start_server_first([*build, "--runner", "threads"]) == "server"
+    for words in ([*build, "--no-prefect"], [*build, "--runner", "dask", "--address", "tcp://h:8786"],
+                  [*build, "--runner=dask"], ["build", "--help"], ["serve", "--schedules", "s.yaml"],
+                  ["validate", "x@v1"], []):
+        assert cli._start_server_first(words) is None, words
+    assert len(launched) == 2
+
+
+def _processes_with(home: Path) -> list[int]:
+    """Processes whose environment names this PREFECT_HOME (the temporary server's, while it runs)."""
+    needle = f"PREFECT_HOME={home}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+@pytest.mark.parametrize("bad", [["--workers", "0"], ["--progress", "sideways"], ["--format", "zip"]])
+def test_an_invalid_option_stops_the_server_launched_before_it_was_read(tmp_path: Path, bad: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    home = tmp_path / "home"
+    env.update(PREFECT_HOME=str(home), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true")
+    res = run_cli(["build", str(SAMPLE), "--name", "bad", *bad], env, tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert re.search(r"--workers must be at least 1|invalid choice: 'sideways'|zip", res.stderr), res.stderr[-2000:]
+    assert _processes_with(home) == []  # the server launched first is stopped with the command
+    assert not (tmp_path / "data").exists()  # nothing written

@@ -36,8 +36,9 @@ __all__ = ["write_shard", "shard_done", "read_shard_results", "shard_file_name",
 log = logging.getLogger("shardflow.build")
 
 # Tokens are copied in blocks of this many so memory stays bounded whatever the
-# shard size (16 Mi tokens = 64 MiB of uint32).
-_BLOCK_TOKENS = 16 << 20
+# shard size: the writer reads into two such buffers (one read while the other is
+# hashed), 2 x 8 Mi tokens = 64 MiB of uint32.
+_BLOCK_TOKENS = 8 << 20
 
 
 def shard_file_name(name: str, split: str, index: int, extension: str) -> str:

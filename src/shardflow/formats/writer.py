@@ -2,7 +2,8 @@
 
 A ``ShardWriter`` owns everything that makes a shard file correct on disk,
 whatever its format: the header the format asks for, the SHA-256 of every byte
-written (computed as the bytes pass, so nothing is read back), a temporary
+written (computed as the bytes pass, on a helper thread beside the copying, so
+nothing is read back), a temporary
 name next to the final one, ``fsync`` and ``os.replace`` on commit, and no
 temporary file left behind on failure. ``write_index`` does the same for the
 ``.bos.idx`` sidecar. Callers only decide which tokens go in::
@@ -26,7 +27,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .._io import atomic_write_bytes, remove_quietly, tmp_path_for
+from .._io import BackgroundSha256, atomic_write_bytes, remove_quietly, tmp_path_for
 from ..errors import ValidationError
 from . import bosidx
 from .base import ShardFormat
@@ -43,7 +44,9 @@ class ShardWriter:
         self.ntokens = ntokens
         self.header = fmt.header(ntokens, self.dtype)
         self.tmp = tmp_path_for(self.path)
-        self._hash = hashlib.sha256()
+        self._hash = BackgroundSha256()
+        self._buffers: tuple[np.ndarray, np.ndarray] | None = None  # copy_from's: one is read while the other is hashed
+        self._turn = 0
         self._file: BinaryIO | None = None
         self._written = 0
         self._committed = False
@@ -62,25 +65,35 @@ class ShardWriter:
 
     def _put(self, data: Any) -> None:
         assert self._file is not None, "use ShardWriter as a context manager"
+        self._hash.update(data)  # on its thread, while the bytes are written
         self._file.write(data)
-        self._hash.update(data)
 
     def write(self, tokens: np.ndarray | memoryview | bytes) -> None:
         """Append tokens (an array of the shard's dtype, or its raw little-endian bytes)."""
         data = memoryview(tokens).cast("B") if isinstance(tokens, np.ndarray) else memoryview(tokens)
         self._put(data)
+        self._hash.wait()  # the caller may change its array once this returns
         self._written += len(data) // self.dtype.itemsize
 
     def copy_from(self, src: BinaryIO, count: int, buf: np.ndarray) -> None:
         """Append ``count`` tokens read from the open file ``src`` (at its position) through ``buf``.
 
-        Plain reads into one bounded buffer: memory-mapping the sources would
-        count every copied page towards the process's resident memory.
+        Plain reads into two bounded buffers, ``buf`` and one more of its size
+        (memory-mapping the sources would count every copied page towards the
+        process's resident memory): a block is read into one while the block
+        before is still being hashed from the other. ``buf`` is the writer's
+        until ``commit``.
         """
+        if self._buffers is None or self._buffers[0] is not buf:
+            self._hash.wait()  # another caller's buffer: nothing of it may be hashing when it is reused
+            self._buffers = (buf, np.empty_like(buf))
         done = 0
         while done < count:
             n = min(len(buf), count - done)
-            view = memoryview(buf[:n]).cast("B")
+            # The buffers alternate block by block, across calls: the last block read into this one
+            # was two blocks ago, and _put waited for its hash before hashing the block after it.
+            view = memoryview(self._buffers[self._turn][:n]).cast("B")
+            self._turn ^= 1
             if src.readinto(view) != len(view):
                 raise ValidationError(f"{src.name}: shorter than the layout says; the staging area is damaged")
             self._put(view)

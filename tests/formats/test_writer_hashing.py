@@ -1,0 +1,106 @@
+"""The shard writer and the shard check hash on a helper thread (``_io.BackgroundSha256``) while
+they read, write and check the next block: the digests must still be those of the bytes on disk,
+whatever the block sizes, the number of pieces, and how a caller mixes ``copy_from`` and ``write``."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardflow._io import BackgroundSha256
+from shardflow.formats import NANOGPT
+from shardflow.formats.writer import ShardWriter
+
+DTYPE = np.dtype("<u4")
+MIB = 1 << 20
+
+
+class SlowHash(BackgroundSha256):
+    """Each block's hash starts late: a caller refilling a buffer too early changes what is hashed."""
+
+    def update(self, data: object) -> None:
+        self.wait()
+        hash_update = self._hash.update
+
+        def late() -> None:
+            time.sleep(0.002)
+            hash_update(data)
+
+        self._busy = threading.Thread(target=late, daemon=True)
+        self._busy.start()
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 17, MIB - 1, MIB, MIB + 3, 3 * MIB]), max_size=6))
+def test_background_hash_is_the_hash_of_the_blocks_in_order(sizes: list[int]) -> None:
+    rng = np.random.default_rng(len(sizes))
+    blocks = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    h = BackgroundSha256()
+    for b in blocks:
+        h.update(memoryview(b))
+    assert h.hexdigest() == hashlib.sha256(b"".join(blocks)).hexdigest()
+
+
+def test_a_block_may_be_reused_once_the_next_update_returns() -> None:
+    """Two alternating buffers, refilled as the contract allows: the digest is of what was given."""
+    rng = np.random.default_rng(0)
+    data = [rng.integers(0, 256, 2 * MIB, dtype=np.uint8) for _ in range(7)]
+    buffers = (np.empty(2 * MIB, np.uint8), np.empty(2 * MIB, np.uint8))
+    h = BackgroundSha256()
+    for i, d in enumerate(data):
+        buf = buffers[i % 2]
+        buf[:] = d  # this buffer's previous block was hashed: the update before returned after it
+        h.update(memoryview(buf))
+    h.wait()
+    buffers[0][:] = 0  # after wait() nothing is hashing any more
+    assert h.hexdigest() == hashlib.sha256(b"".join(d.tobytes() for d in data)).hexdigest()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pieces=st.lists(st.tuples(st.sampled_from(["copy", "write"]), st.integers(0, 300_000)), min_size=1, max_size=6),
+    block=st.sampled_from([1000, 4096, 65_536, 100_003]),
+)
+def test_the_writer_digest_and_bytes_match_whatever_the_pieces(tmp_path: Path, pieces: list[tuple[str, int]], block: int) -> None:
+    rng = np.random.default_rng(block)
+    chunks = [rng.integers(0, 100_000, n, dtype=np.uint32).astype(DTYPE) for _, n in pieces]
+    total = sum(len(c) for c in chunks)
+    path = tmp_path / f"shard-{block}-{len(pieces)}.bin"
+    buf = np.empty(block, dtype=DTYPE)  # one caller buffer for every copy, as write_shard passes
+    w = ShardWriter(NANOGPT, path, DTYPE, total)
+    w._hash = SlowHash()  # before the header: every block hashed late
+    with w:
+        for (how, _), chunk in zip(pieces, chunks):
+            if how == "copy":
+                src = io.BytesIO(chunk.tobytes())
+                src.name = "part"  # type: ignore[attr-defined]
+                w.copy_from(src, len(chunk), buf)
+            else:
+                arr = chunk.copy()
+                w.write(arr)
+                arr[:] = 0  # the caller may change its array once write() returns
+        nbytes, digest = w.commit()
+    raw = path.read_bytes()
+    assert len(raw) == nbytes
+    assert digest == hashlib.sha256(raw).hexdigest()
+    header = NANOGPT.header(total, DTYPE)
+    assert raw[: len(header)] == header
+    assert raw[len(header):] == b"".join(c.tobytes() for c in chunks)
+
+
+def test_a_short_source_still_fails_and_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "short.bin"
+    src = io.BytesIO(np.arange(10, dtype=DTYPE).tobytes())
+    src.name = "unit-0.bin"  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="unit-0.bin: shorter than the layout says"):
+        with ShardWriter(NANOGPT, path, DTYPE, 20) as w:
+            w.copy_from(src, 20, np.empty(4, dtype=DTYPE))
+    assert not path.exists() and not list(tmp_path.iterdir())
