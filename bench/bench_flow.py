@@ -20,6 +20,7 @@ so that noise from a shared machine hits them alike (medians):
   first build, both through the flow against the running server; and the end of
   the incremental run from the server's task runs: from the last shard check to
   the end of finalize (any wait for the dataset card), the ``stats-card`` task;
+* the same incremental pair under ``shardflow serve`` (``bench/bench_serve.py``);
 * ``--runner dask`` on a local ``distributed`` cluster (2 worker processes x 1
   thread) against the threads runner, same corpus, same run (skipped without
   the ``dask`` extra);
@@ -380,6 +381,12 @@ def main() -> None:
         tails = {label: {k: statistics.median(r[2][k] for r in inc_runs[label]) for k in inc_runs[label][0][2]}
                  for label in inc_runs}
 
+        # The same incremental pair under `shardflow serve` (runs started through the API, bench/bench_serve.py).
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_serve import report as serve_report, serve_incremental
+
+        served = serve_incremental(server, env_srv, grown, next(extra.glob("*.parquet")), work, rounds=args.inc_rounds)
+
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
         threads_t: list[float] = []
@@ -481,6 +488,9 @@ def main() -> None:
               f"{median([b.wall for _, b, _ in runs]):.2f} s | {median([b.wall / a.wall for a, b, _ in runs]):.2f} | "
               f"{median([l['rows'].get('tokenize', 0.0) for l in lines]):.2f} s | "
               f"{median([l.get('tasks', 0) for l in lines]):.0f} |")
+    print("\nthe same incremental pair under `shardflow serve` (runs started through the API; medians):\n")
+    print("| measure | first build | incremental (+1 input) | ratio |\n|---|---:|---:|---:|")
+    print("\n".join(serve_report(served)))
     print(f"\nERROR or traceback lines in the output of successful builds: {len(bad)}")
     for l in bad[:10]:
         print(f"  {l}")

@@ -27,7 +27,7 @@ per dataset; the flow run is named ``build <dataset>`` and tagged
 or shard, and the core library's log lines go to the run logs.
 """
 
-from __future__ import annotations
+# (no "from __future__ import annotations": served runs rebuild the flow's parameter model from real annotations)
 
 import contextlib
 import logging

@@ -276,14 +276,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps([b.to_dict() for b in builds], indent=2))
         return 0
     _prefect_defaults()
-    from prefect import serve
+    from flows.build import build_dataset
+    from flows.served import serve
 
     deployments = to_deployments(builds)
     for b in builds:
         when = f"cron {b.cron!r}" + (f" ({b.timezone})" if b.timezone else "") if b.cron else "no schedule (run by hand)"
         print(f"serving build-dataset/{b.deployment}: {b.config.name} from {', '.join(b.config.sources)}, {when}",
               flush=True)
-    serve(*deployments, limit=args.limit)
+    serve(deployments, flow=build_dataset, limit=args.limit)  # each run forked from a warm process (flows/served.py)
     return 0
 
 

@@ -239,7 +239,7 @@ class EarlyServer:
                     "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); run 'prefect server start' and set "
                     "PREFECT_API_URL, or build with --no-prefect"
                 )
-            time.sleep(0.05)
+            time.sleep(0.01)  # a refused connection costs nothing; every poll interval is added to the run
 
     def stop(self, *, quiet: bool = False) -> None:
         process, self.process = self.process, None
@@ -249,10 +249,31 @@ class EarlyServer:
             log.info("Stopping temporary server on http://127.0.0.1:%d", self.port)
         process.terminate()
         try:
-            process.wait(timeout=5)
+            _wait_exit(process, timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """``process.wait(timeout)``, woken the moment it exits (a pidfd on Linux) rather than by polling.
+
+    ``Popen.wait`` with a timeout polls at up to 50 ms intervals: on average 25 ms added to every
+    build that stops a temporary server.
+    """
+    import select
+
+    try:
+        fd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+, or already reaped
+        process.wait(timeout=timeout)
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+    finally:
+        os.close(fd)
+    process.wait()
 
 
 # Imported by a run only once it is under way: by Prefect's flow engine (its parameter validation imports
