@@ -40,8 +40,17 @@ __all__ = ["serve", "use_forkserver", "PRELOAD"]
 
 log = logging.getLogger("shardflow.flows")
 
-PRELOAD = ["flows.build", "tasks.build", "prefect.flow_engine"]
-"""What the fork server imports once: the flow a served run executes and Prefect's engine."""
+def _preload() -> list[str]:
+    from flows.startup import LATER_IMPORTS
+
+    # The flow and Prefect's engine; what a run imports on its way (FastAPI, pandas, matplotlib for
+    # the card: the command line's preload list); the tokenizer families and their fast backend.
+    return ["flows.build", "tasks.build", "prefect.flow_engine", *LATER_IMPORTS,
+            "shardflow.tokenizers", "gigatoken", "tiktoken"]
+
+
+PRELOAD = _preload()
+"""What the fork server imports once (a name that fails to import is skipped, as multiprocessing does)."""
 
 
 class _SpawnAsForkserver:

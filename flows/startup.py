@@ -56,7 +56,7 @@ from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -280,6 +280,8 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> None:
 # FastAPI, its flows module graphviz), by pyarrow (pandas, at the first pa.array) and by the dataset card.
 _LATER = ("fastapi", "prefect.utilities.visualization", "pandas")
 _CARD = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
+LATER_IMPORTS = _LATER + _CARD
+"""Modules a build imports once under way (also what ``shardflow serve``'s fork server preloads)."""
 
 
 def preload() -> None:
