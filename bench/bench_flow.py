@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -120,11 +121,18 @@ class Server:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+        for attempt in range(8):
+            req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    raw = resp.read()
+                return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as exc:
+                # 503: SQLite busy while the server records a run's events; retried, as Prefect's client does.
+                if exc.code != 503 or attempt == 7:
+                    raise
+                time.sleep(0.25 * 2 ** min(attempt, 3))
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
