@@ -47,7 +47,7 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from flows import heartbeats
+from flows import heartbeats, startup
 from flows.artifact_sender import LatestOnly, send_all
 from flows.progress import Progress, emit
 from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
@@ -308,6 +308,7 @@ def _build(
         progress = _RunProgress(name)
         held.callback(progress.close)  # its last update reaches the server before the run ends
         # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
+        startup.wait_for_warm_up()  # the command line's tokenizer load and input fingerprints, if still running
         plan = plan_task(config, data_root, catalog)
         if plan.existing:
             logger.info("%s: nothing to do, identical to the published %s", name, plan.existing)

@@ -205,8 +205,7 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
             warming.join()  # a temporary server is still starting: this costs nothing, and no import runs beside preload's
         with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
                 tags(*TAGS, dataset_tag(config.name)):
-            if warming is not None:
-                warming.wait()
+            # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
             ref = build_dataset(
                 config=config,
                 workers=args.workers,

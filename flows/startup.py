@@ -22,10 +22,10 @@ all, and its UI shows the run (``SHARDFLOW_REUSE_LOCAL_SERVER=0`` turns this
 off).
 
 **The plan's slow parts, done meanwhile.** :func:`warm_up` loads the tokenizer
-and fingerprints the inputs on a thread while Prefect is imported (both are
-cached), so the flow's plan task finds them done; then, while the flow run is
-created, it does the tokenizer backend's one-time set-up, which the first work
-unit would otherwise pay.
+and fingerprints the inputs on a thread while Prefect is imported and the flow
+run is created (both are cached), so the flow's plan task, which waits for it
+(:func:`wait_for_warm_up`), finds them done; then it does the tokenizer
+backend's one-time set-up, which the first work unit would otherwise pay.
 
 **Imports done while waiting.** The temporary server takes about 3 s to
 answer, and this process is ready before it. Whatever the run would import
@@ -56,7 +56,7 @@ from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -366,6 +366,24 @@ class WarmUp:
         self.thread.join()
 
 
+_pending: WarmUp | None = None
+"""The warm-up the command line started, until the flow's plan task is about to run."""
+
+
+def wait_for_warm_up() -> None:
+    """Block until the command line's warm-up (if any) has loaded the tokenizer and fingerprinted the inputs.
+
+    The flow calls this right before its plan task, not the command line before
+    the flow: a first build hashes every input (1000 MB: about a second, longer
+    than this process's import of Prefect), and the flow run is created over
+    HTTP meanwhile (0.3 s, with FastAPI's import) instead of after.
+    """
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None:
+        pending.wait()
+
+
 def warm_up(config: Any, data_root: str | None) -> WarmUp:
     """Load ``config``'s tokenizer and fingerprint its inputs on a thread; wait for it before the flow plans.
 
@@ -398,9 +416,11 @@ def warm_up(config: Any, data_root: str | None) -> WarmUp:
             with contextlib.suppress(Exception):
                 tokenizer.warm()
 
+    global _pending
     thread = threading.Thread(target=load, name="shardflow-warm-up", daemon=True)
     thread.start()
-    return WarmUp(thread, ready)
+    _pending = WarmUp(thread, ready)
+    return _pending
 
 
 def exit_now(code: int) -> None:

@@ -206,3 +206,36 @@ def test_an_invalid_option_stops_the_server_launched_before_it_was_read(tmp_path
     assert re.search(r"--workers must be at least 1|invalid choice: 'sideways'|zip", res.stderr), res.stderr[-2000:]
     assert _processes_with(home) == []  # the server launched first is stopped with the command
     assert not (tmp_path / "data").exists()  # nothing written
+
+
+def test_the_flow_waits_for_the_command_lines_warm_up_right_before_planning(
+    prefect_api: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line creates the flow run while its warm-up still hashes the inputs; the flow's
+    plan task starts only after it (so the tokenizer is loaded and the inputs hashed once)."""
+    from flows.build import build_dataset
+
+    config = BuildConfig(name="warmed", sources=(str(SAMPLE),))
+    events: list[str] = []
+    warming = startup.warm_up(config, str(tmp_path / "data"))
+    real_wait = warming.wait
+
+    def wait() -> None:
+        events.append("wait")
+        real_wait()
+
+    monkeypatch.setattr(warming, "wait", wait)
+    import tasks.build as task_module
+
+    real_plan = task_module.core.plan_build
+
+    def plan(*args, **kwargs):
+        events.append("plan")
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(task_module.core, "plan_build", plan)  # what the plan task calls
+    ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    assert ref == "warmed@v1"
+    assert events == ["wait", "plan"]
+    assert startup._pending is None  # consumed: a later flow run in this process does not wait on it
+    startup.wait_for_warm_up()  # nothing pending: returns at once
