@@ -18,8 +18,9 @@ when serving starts, and each run is a fork of it. Everything else is
 Prefect's own: the same function, arguments and environment (Prefect passes
 the runner's whole environment to the child and applies it there), the same
 process object for the runner to watch, cancel and report. The fork is taken
-from that server process, which runs no thread, never from the runner, which
-does. Applied only by ``shardflow serve`` to its own process, on platforms
+from that server process, which runs no Python thread (only the native helpers
+of OpenBLAS and of pyarrow's allocator, libraries that handle fork), never from
+the runner, which runs several. Applied only by ``shardflow serve`` to its own process, on platforms
 with ``fork`` (not Windows), and only if Prefect's function still asks for
 ``spawn`` in the one place this replaces; otherwise Prefect's spawn stays.
 
@@ -39,6 +40,7 @@ from typing import Any
 __all__ = ["serve", "use_forkserver", "PRELOAD"]
 
 log = logging.getLogger("shardflow.flows")
+
 
 def _preload() -> list[str]:
     from flows.startup import LATER_IMPORTS
