@@ -443,23 +443,14 @@ COMMANDS = {
 }
 
 
-def _start_server_first(argv: Sequence[str]) -> Any:
-    """Prefect's temporary server for a ``build`` that will run its flow on this machine, launched first.
+def _start_server_first(words: Sequence[str]) -> Any:
+    """Prefect's temporary server for a build that runs its flow here, launched before the parser is built."""
+    from flows import startup
 
-    Launched before the parser is built (its choices import numpy and the
-    trainer targets), from the words alone: ``build`` without ``--no-prefect``,
-    ``--runner dask`` or ``--help``. A wrong guess (the options fail to parse,
-    or Prefect has a server configured) only stops the extra process again.
-    """
-    words = list(argv)
-    if not words or words[0] != "build" or {"--no-prefect", "-h", "--help"} & set(words):
+    if not startup.runs_flow_here(words):
         return None
-    if "--runner=dask" in words or any(a == "--runner" and b == "dask" for a, b in zip(words, words[1:])):
-        return None
-    _prefect_defaults()
-    from flows.startup import start_early
-
-    return start_early()
+    _prefect_defaults()  # the server inherits them
+    return startup.start_early()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

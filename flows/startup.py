@@ -52,11 +52,11 @@ import time
 import urllib.request
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -325,6 +325,20 @@ def running_server(url: str = LOCAL_SERVER, timeout: float = 0.25) -> bool:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
             return resp.status == 200 and resp.read().strip() == b"true"
     return False
+
+
+def runs_flow_here(words: Sequence[str]) -> bool:
+    """Whether the command line ``words`` are a build that runs its flow on this machine's threads.
+
+    Decided from the words alone, before the option parser is built (its
+    choices import numpy and the trainer targets): ``build`` without
+    ``--no-prefect``, ``--runner dask`` or ``--help``. A wrong guess (the options
+    fail to parse, Prefect has a server configured) only stops the extra server.
+    """
+    words = list(words)
+    if not words or words[0] != "build" or {"--no-prefect", "-h", "--help"} & set(words):
+        return False
+    return "--runner=dask" not in words and not any(a == "--runner" and b == "dask" for a, b in zip(words, words[1:]))
 
 
 def start_early() -> EarlyServer | None:
