@@ -175,6 +175,9 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
             early.stop(quiet=True)  # an invalid option: nothing is left running
         raise
     threads = args.runner == "threads" and not args.no_prefect
+    if early is not None and not threads:  # launched on a guess from abbreviated options (--no-pref): not needed
+        early.stop(quiet=True)
+        early = None
 
     from shardflow.catalog import Catalog
 
