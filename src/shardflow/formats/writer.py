@@ -3,9 +3,8 @@
 A ``ShardWriter`` owns everything that makes a shard file correct on disk,
 whatever its format: the header the format asks for, the SHA-256 of every byte
 written (computed as the bytes pass, on a helper thread beside the copying, so
-nothing is read back), a temporary
-name next to the final one, ``fsync`` and ``os.replace`` on commit, and no
-temporary file left behind on failure. ``write_index`` does the same for the
+nothing is read back), a temporary name next to the final one, ``fsync`` and
+``os.replace`` on commit, and no temporary file left behind on failure. ``write_index`` does the same for the
 ``.bos.idx`` sidecar. Callers only decide which tokens go in::
 
     with ShardWriter(fmt, path, dtype, ntokens) as w:
