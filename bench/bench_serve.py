@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,8 +81,6 @@ def serve_incremental(server: Any, env: dict[str, str], corpus: Path, extra: Pat
                     sys.exit(f"shardflow serve did not register its deployment; see {work / 'serve.log'}")
                 time.sleep(0.5)
         for _ in range(rounds):
-            import shutil
-
             shutil.rmtree(root, ignore_errors=True)
             link.unlink(missing_ok=True)
             out["first"].append(_run_once(server, deployment["id"]))
