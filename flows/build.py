@@ -36,7 +36,7 @@ from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-from prefect import flow, get_run_logger
+from prefect import Flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -54,7 +54,7 @@ from flows.report import artifact_key, card_images, card_markdown, manifest_link
 from flows.task_tags import task_tags
 from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
-__all__ = ["build_dataset", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
+__all__ = ["build_dataset", "BuildFlow", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 
 RUNNERS = ("threads", "dask")
 log = logging.getLogger("shardflow.flows")
@@ -62,6 +62,30 @@ log = logging.getLogger("shardflow.flows")
 # Every process that can run the build flow imports this module first (the command line, serve's runs,
 # the deployments' entrypoint), so the run's end never waits on the heartbeat thread (flows/heartbeats.py).
 heartbeats.patch()
+
+
+class BuildFlow(Flow):  # type: ignore[type-arg]
+    """Prefect's ``Flow``, with the run's parameters serialized without importing FastAPI.
+
+    Prefect serializes a flow run's parameters with FastAPI's ``jsonable_encoder``
+    when it creates the run, and FastAPI's import (0.3 s) was the last thing on
+    the path of every ``shardflow build`` against a running server before its
+    flow run was created. The build's parameters (a ``BuildConfig`` dataclass,
+    strings, numbers, None) serialize to the same JSON with pydantic's
+    ``to_jsonable_python`` (tests/flows/test_flow_parameters.py compares the
+    two); any other value goes through Prefect's own method. (``with_options``
+    returns Prefect's plain ``Flow``, which serializes as before.)
+    """
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        if not all(isinstance(v, _PLAIN_PARAMETERS) for v in parameters.values()):
+            return super().serialize_parameters(parameters)
+        from pydantic_core import to_jsonable_python
+
+        return {key: to_jsonable_python(value) for key, value in parameters.items()}
+
+
+_PLAIN_PARAMETERS = (BuildConfig, str, int, float, bool, type(None))
 
 
 def dataset_tag(name: str) -> str:
@@ -264,7 +288,8 @@ def _failure_summary(name: str, step: str, exc: BaseException) -> None:
         log.debug("could not record the failure summary", exc_info=True)
 
 
-@flow(
+@partial(
+    BuildFlow,
     name="build-dataset",
     flow_run_name="build {config.name}",
     task_runner=ThreadPoolTaskRunner(max_workers=8),

@@ -29,7 +29,7 @@ backend's one-time set-up, which the first work unit would otherwise pay.
 
 **Imports done while waiting.** The temporary server takes about 3 s to
 answer, and this process is ready before it. Whatever the run would import
-later (the flow engine's FastAPI and graphviz, pandas for pyarrow, matplotlib
+later (graphviz for Prefect's flows module, pandas for pyarrow, matplotlib
 for the dataset card: about 0.5 s) is imported during that wait
 (:func:`preload`) instead of on the run's own path.
 
@@ -276,9 +276,9 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> None:
     process.wait()
 
 
-# Imported by a run only once it is under way: by Prefect's flow engine (its parameter validation imports
-# FastAPI, its flows module graphviz), by pyarrow (pandas, at the first pa.array) and by the dataset card.
-_LATER = ("fastapi", "prefect.utilities.visualization", "pandas")
+# Imported by a run only once it is under way: by Prefect's flows module (graphviz), by pyarrow (pandas,
+# at the first pa.array) and by the dataset card. (FastAPI no longer: flows.build.BuildFlow.)
+_LATER = ("prefect.utilities.visualization", "pandas")
 _CARD = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
 LATER_IMPORTS = _LATER + _CARD
 """Modules a build imports once under way (also what ``shardflow serve``'s fork server preloads)."""
@@ -390,7 +390,7 @@ def wait_for_warm_up() -> None:
     The flow calls this right before its plan task, not the command line before
     the flow: a first build hashes every input (1000 MB: about a second, longer
     than this process's import of Prefect), and the flow run is created over
-    HTTP meanwhile (0.3 s, with FastAPI's import) instead of after.
+    HTTP meanwhile instead of after.
     """
     global _pending
     pending, _pending = _pending, None
