@@ -252,6 +252,21 @@ def test_the_card_shows_the_plots_and_the_tables(one_worker):
     assert f"{stats['vocabulary']['used']:,} of {stats['vocabulary']['size']:,} ids used" in text
 
 
+def test_titles_placed_by_hand_are_where_matplotlib_would_place_them(one_worker, tmp_path, monkeypatch):
+    # The card names its titles' place (shardflow.card._TITLE_Y) to skip matplotlib's automatic
+    # placement; drawn with that placement instead, every PNG has the same bytes.
+    import shardflow.card as card_module
+
+    directory = tmp_path / "redrawn"
+    directory.mkdir()
+    shutil.copy(one_worker.directory / "stats.json", directory)
+    monkeypatch.setattr(card_module, "_TITLE_Y", None)
+    plots = card_module.draw_plots(directory, read_manifest(one_worker.directory))
+    assert sorted(name for name, drawn in plots.items() if drawn) == ["lengths.png", "shard_fill.png", "tokens_by_source.png"]
+    for name in plots:
+        assert (directory / "card" / name).read_bytes() == (one_worker.directory / "card" / name).read_bytes(), name
+
+
 def test_show_prints_the_histogram_and_top_sources_and_the_card_path(one_worker):
     code, out = _cli("show", one_worker.ref, "--catalog", str(one_worker.catalog), "--samples", "0")
     assert code == 0

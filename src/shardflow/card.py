@@ -133,6 +133,12 @@ def _log_axes(ax: Any) -> None:
         axis.set_minor_formatter(MinorCounts())
 
 
+# Titles sit at the top of their axes, where matplotlib puts them anyway (no ticks or labels above):
+# naming the place skips its automatic placement, which measured every tick label of the axes again
+# at each draw (a tenth of the card's drawing time), and leaves the PNGs' bytes as they were.
+_TITLE_Y = 1.0
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     # No "Software" tag (it names the matplotlib version) and no date: the same statistics, the same bytes.
@@ -154,7 +160,7 @@ def _plot_lengths(stats: dict[str, Any]) -> bytes:
     _log_axes(ax)
     ax.set_xlabel("document length (tokens, boundary included)")
     ax.set_ylabel("documents per bin (4 bins per octave)")
-    ax.set_title("Document lengths")
+    ax.set_title("Document lengths", y=_TITLE_Y)
     ax.legend()
     ax.grid(True, which="major", alpha=0.3)
     return _png(fig)
@@ -180,7 +186,7 @@ def _plot_sources(stats: dict[str, Any]) -> bytes:
     ax.invert_yaxis()
     ax.xaxis.set_major_formatter(_count_format())
     ax.set_xlabel("tokens")
-    ax.set_title(f"Tokens by {what}")
+    ax.set_title(f"Tokens by {what}", y=_TITLE_Y)
     ax.grid(True, axis="x", alpha=0.3)
     return _png(fig)
 
@@ -197,7 +203,7 @@ def _plot_fill(stats: dict[str, Any]) -> bytes:
     ax.set_ylim(0, 110)
     ax.set_xlabel("shard (in manifest order)")
     ax.set_ylabel(f"% of {cap:,} tokens")
-    ax.set_title("Shard fill")
+    ax.set_title("Shard fill", y=_TITLE_Y)
     ax.legend(loc="lower left")
     return _png(fig)
 
@@ -213,7 +219,7 @@ def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, cha
     left.invert_yaxis()
     left.axvline(0, color="gray", linewidth=1)
     left.set_xlabel("documents added (+) / removed (-)")
-    left.set_title(f"Against {parent_ref}, per input")
+    left.set_title(f"Against {parent_ref}, per input", y=_TITLE_Y)
     edges = np.append(LENGTH_EDGES, LENGTH_EDGES[-1] * 2).astype(float)
     for label, st, style in (("this version", stats, "-"), (parent_ref, parent_stats, "--")):
         if st is None:
@@ -225,7 +231,7 @@ def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, cha
             right.stairs(hist[lo:hi], edges[lo : hi + 1], linestyle=style, linewidth=1.6, label=label)
     _log_axes(right)
     right.set_xlabel("document length (tokens)")
-    right.set_title("Length distributions")
+    right.set_title("Length distributions", y=_TITLE_Y)
     right.legend(loc="upper right")
     return _png(fig)
 
