@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from .faults import fault
 
-__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp"]
+__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback"]
 
 def safe_load_yaml(text: str) -> Any:
     """Parse YAML with a *safe* loader only: libyaml's when available (about 7x faster
@@ -50,6 +51,39 @@ def is_stale_tmp(path: Path) -> bool:
     except OSError:
         return False  # alive, owned by another user
     return False
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+_sync_file_range: Any = None  # libc's sync_file_range once looked up; False where there is none
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Have the kernel start writing bytes ``[offset, offset + nbytes)`` of ``fd`` to disk, without waiting.
+
+    Every shard and part file is ``fsync``'ed before it is renamed into place.
+    Left to the end, that ``fsync`` waits for the whole file to reach the disk
+    (0.33 s for a 244 MB shard here). Started block by block while the file is
+    still being written, the writeback overlaps the copying and hashing, and
+    the ``fsync`` waits only for the last blocks. Durability is unchanged: the
+    ``fsync`` still runs. Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``;
+    elsewhere (or if it fails) a no-op. Returns whether the kernel took the request.
+    """
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                func = ctypes.CDLL(None, use_errno=True).sync_file_range
+                func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                func.restype = ctypes.c_int
+                _sync_file_range = func
+            except (OSError, AttributeError):
+                pass
+    if not _sync_file_range or nbytes <= 0:
+        return False
+    return _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0  # an error only means no head start
 
 
 def fsync_dir(path: Path) -> None:

@@ -104,3 +104,41 @@ def test_a_short_source_still_fails_and_leaves_nothing(tmp_path: Path) -> None:
         with ShardWriter(NANOGPT, path, DTYPE, 20) as w:
             w.copy_from(src, 20, np.empty(4, dtype=DTYPE))
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_blocks_start_their_writeback_as_they_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer hands every block of tokens (not the small header) to the kernel's writeback at once, so
+    # that commit's fsync waits only for the last ones: the ranges are the blocks' own, end to end.
+    import shardflow.formats.writer as writer
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(writer, "start_writeback", lambda fd, offset, nbytes: calls.append((offset, nbytes)) or True)
+    block = (1 << 20) // DTYPE.itemsize  # the smallest block that starts its writeback
+    data = np.arange(5 * block + 7, dtype=DTYPE)
+    header = NANOGPT.header(len(data), DTYPE)
+    src = io.BytesIO(data.tobytes())
+    src.name = "part"  # type: ignore[attr-defined]
+    with ShardWriter(NANOGPT, tmp_path / "s.bin", DTYPE, len(data)) as w:
+        w.copy_from(src, len(data), np.empty(block, dtype=DTYPE))
+        w.commit()
+    nb = block * DTYPE.itemsize
+    assert calls == [(len(header) + i * nb, nb) for i in range(5)]  # the 7-token tail is left to the fsync
+
+
+def test_the_kernel_takes_a_writeback_request_for_a_regular_file_only(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from shardflow._io import start_writeback
+
+    with open(tmp_path / "f.bin", "wb") as f:
+        f.write(b"x" * 100_000)
+        f.flush()
+        assert start_writeback(f.fileno(), 0, 100_000) is sys.platform.startswith("linux")
+        assert start_writeback(f.fileno(), 0, 0) is False
+    r, w = os.pipe()
+    try:
+        assert start_writeback(w, 0, 10) is False  # ESPIPE: no error raised, no head start
+    finally:
+        os.close(r)
+        os.close(w)
