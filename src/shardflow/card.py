@@ -112,13 +112,10 @@ def _count_format() -> Any:
 def _log_axes(ax: Any) -> None:
     """Both axes logarithmic, labelled 100, 1k, 10k: plain text, not the default 10^k, whose
     mathtext parsing was a fifth of the card's drawing time. As matplotlib's own, an axis that
-    spans little more than a decade also labels its minor ticks at 2 and 5 (a tiny version's counts).
-    Minor ticks are only there, at 2 and 5 of each decade, not at every digit: each tick is a
-    handful of artists to lay out at every draw, and the eight per decade were a fifth of the
-    card's drawing time."""
+    spans little more than a decade also labels its minor ticks at 2 and 5 (a tiny version's counts)."""
     import math
 
-    from matplotlib.ticker import Formatter, LogLocator
+    from matplotlib.ticker import Formatter
 
     major = _count_format()
 
@@ -133,7 +130,6 @@ def _log_axes(ax: Any) -> None:
     for axis, scale in ((ax.xaxis, ax.set_xscale), (ax.yaxis, ax.set_yscale)):
         scale("log")
         axis.set_major_formatter(major)
-        axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
         axis.set_minor_formatter(MinorCounts())
 
 
