@@ -73,7 +73,8 @@ class BuildFlow(Flow):  # type: ignore[type-arg]
     flow run was created. The build's parameters (a ``BuildConfig`` dataclass,
     strings, numbers, None) serialize to the same JSON with pydantic's
     ``to_jsonable_python`` (tests/flows/test_flow_parameters.py compares the
-    two); any other value goes through Prefect's own method. (``with_options``
+    two); any other value, or one pydantic cannot encode, goes through Prefect's own
+    method. (``with_options``
     returns Prefect's plain ``Flow``, which serializes as before.)
     """
 
@@ -82,7 +83,10 @@ class BuildFlow(Flow):  # type: ignore[type-arg]
             return super().serialize_parameters(parameters)
         from pydantic_core import to_jsonable_python
 
-        return {key: to_jsonable_python(value) for key, value in parameters.items()}
+        try:
+            return {key: to_jsonable_python(value) for key, value in parameters.items()}
+        except (TypeError, ValueError, RecursionError):  # a field pydantic cannot encode (a numpy scalar)
+            return super().serialize_parameters(parameters)  # Prefect's placeholders, as before
 
 
 _PLAIN_PARAMETERS = (BuildConfig, str, int, float, bool, type(None))

@@ -172,7 +172,7 @@ def test_one_and_two_workers_draw_the_same_card(one_worker, two_workers):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker):
+def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
     for p in corpus[:2]:
@@ -191,6 +191,16 @@ def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_p
     card = (v2.directory / "card" / "README.md").read_text()
     assert f"## Against the parent, {v1.ref}" in card and f"| {corpus[2].name} | added |" in card
     assert _png_size(v2.directory / "card" / "parent.png") > 1000
+    # Its two-axes plot too is where matplotlib's automatic title placement would put the titles.
+    import shardflow.card as card_module
+
+    redrawn = tmp_path / "redrawn"
+    redrawn.mkdir()
+    shutil.copy(v2.directory / "stats.json", redrawn)
+    monkeypatch.setattr(card_module, "_TITLE_Y", None)
+    card_module.draw_plots(redrawn, m2, parent=v1.directory, parent_ref=v1.ref)
+    assert (redrawn / "card" / "parent.png").read_bytes() == (v2.directory / "card" / "parent.png").read_bytes()
+    monkeypatch.undo()
 
     # shardflow diff on the parent and the child.
     code, out = _cli("diff", v1.ref, v2.ref, "--catalog", str(v2.catalog))

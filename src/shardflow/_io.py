@@ -16,7 +16,7 @@ from typing import Any
 
 from .faults import fault
 
-__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback"]
+__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES"]
 
 def safe_load_yaml(text: str) -> Any:
     """Parse YAML with a *safe* loader only: libyaml's when available (about 7x faster
@@ -55,6 +55,9 @@ def is_stale_tmp(path: Path) -> bool:
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 _sync_file_range: Any = None  # libc's sync_file_range once looked up; False where there is none
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+WRITEBACK_MIN_BYTES = 1 << 20
+"""Writers hand their bytes to :func:`start_writeback` in pieces of at least this many (a call per small batch costs more)."""
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
@@ -66,7 +69,10 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
     still being written, the writeback overlaps the copying and hashing, and
     the ``fsync`` waits only for the last blocks. Durability is unchanged: the
     ``fsync`` still runs. Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``;
-    elsewhere (or if it fails) a no-op. Returns whether the kernel took the request.
+    elsewhere, or where the kernel refuses it (a sandbox), a no-op. Only whole
+    pages are asked for: a page the next write still fills is left for the
+    next call (on file systems with stable pages, a page under writeback makes
+    the next write to it wait). Returns whether the kernel took the request.
     """
     global _sync_file_range
     if _sync_file_range is None:
@@ -81,9 +87,17 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
                 _sync_file_range = func
             except (OSError, AttributeError):
                 pass
-    if not _sync_file_range or nbytes <= 0:
+    end = (offset + nbytes) // _PAGE * _PAGE
+    if not _sync_file_range or end <= offset:
         return False
-    return _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0  # an error only means no head start
+    if _sync_file_range(fd, offset, end - offset, _SYNC_FILE_RANGE_WRITE) == 0:
+        return True
+    import ctypes
+    import errno
+
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+        _sync_file_range = False  # not allowed here at all: no more calls
+    return False  # otherwise (a pipe, say) only no head start for this file
 
 
 def fsync_dir(path: Path) -> None:

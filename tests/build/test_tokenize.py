@@ -145,3 +145,28 @@ def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_v
     copy.unlink()
     with pytest.raises(ValidationError, match=r"small5000\.tiktoken: missing; the manifest names it as the tokenizer's rank file"):
         validate_dir(b.directory, checksums=False)
+
+
+def test_the_token_file_is_handed_to_the_writeback_in_order_as_it_grows(built, monkeypatch, tmp_path):
+    # Each work unit's token file asks the kernel to start writing what it has so far (_io.start_writeback),
+    # piece after piece with no gap or overlap, so its fsync waits only for the tail; the bytes are the same.
+    import shardflow.build.tokenize as tok
+
+    calls: list[tuple[str, int, int]] = []
+
+    def spy(fd: int, offset: int, nbytes: int) -> bool:
+        calls.append((os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else str(fd), offset, nbytes))
+        return True
+
+    monkeypatch.setattr(tok, "start_writeback", spy)
+    monkeypatch.setattr(tok, "WRITEBACK_MIN_BYTES", 1)  # every batch of the small sample
+    b = built(SAMPLE, name="wb", batch_rows=8)
+    pieces = [(offset, nbytes) for _, offset, nbytes in calls]
+    assert len(pieces) == (61 + 7) // 8 and len({name for name, _, _ in calls}) == 1  # one unit, 8 batches
+    assert [offset for offset, _ in pieces] == [sum(n for _, n in pieces[:i]) for i in range(len(pieces))]
+    m = read_manifest(b.directory)
+    assert sum(n for _, n in pieces) == m.totals["tokens"] * np.dtype(m.dtype).itemsize  # every byte, once
+    monkeypatch.undo()
+    plain = built(SAMPLE, name="wb", batch_rows=8, root=tmp_path / "plain")
+    shard = m.splits["train"].shards[0].file
+    assert (plain.directory / shard).read_bytes() == (b.directory / shard).read_bytes()

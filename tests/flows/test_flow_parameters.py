@@ -83,6 +83,11 @@ def test_any_other_value_goes_through_prefects_method() -> None:
     params = {"config": BuildConfig(name="d", sources=("x",)), "data_root": Path("/data")}
     assert isinstance(build_dataset, BuildFlow)
     assert _same_json(params)["data_root"] == "/data"
+    # A value inside the config that pydantic cannot encode (seed is not type-checked): Prefect's placeholder.
+    import numpy as np
+
+    odd = {"config": BuildConfig(name="d", sources=("x",), seed=np.int64(3)), "workers": 2}
+    assert build_dataset.serialize_parameters(odd) == Flow.serialize_parameters(build_dataset, odd)
 
 
 def test_the_server_records_prefects_serialization_and_the_command_line_never_imports_fastapi(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_write_text, remove_quietly, start_writeback, tmp_path_for
+from .._io import WRITEBACK_MIN_BYTES, atomic_write_text, remove_quietly, start_writeback, tmp_path_for
 from ..config import BuildConfig
 from ..errors import ConfigError, InputError
 from ..faults import fault
@@ -135,7 +135,7 @@ def _tokenize_into(
     limit = np.iinfo(dtype).max
     counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0, bad_records=0)
     doc_chunks: list[np.ndarray] = []
-    written = 0
+    written = sent = 0  # bytes written to the token file; handed to the writeback so far
     with open(tmp_tok, "wb") as out:
         for batch in iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
@@ -163,9 +163,11 @@ def _tokenize_into(
                 counts["max_id"] = max(counts["max_id"], top)
             tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
             out.write(tokens_out.data)
-            out.flush()
-            start_writeback(out.fileno(), written, tokens_out.nbytes)  # the fsync below then waits for less
             written += tokens_out.nbytes
+            if written - sent >= WRITEBACK_MIN_BYTES:  # the fsync below then waits for less
+                out.flush()
+                start_writeback(out.fileno(), sent, written - sent)
+                sent = written
             if collect is not None:
                 collect.add_tokens(tokens_out, max_id=max(counts["max_id"], *boundaries.ids))
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)

@@ -26,15 +26,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .._io import BackgroundSha256, atomic_write_bytes, remove_quietly, start_writeback, tmp_path_for
+from .._io import WRITEBACK_MIN_BYTES, BackgroundSha256, atomic_write_bytes, remove_quietly, start_writeback, tmp_path_for
 from ..errors import ValidationError
 from . import bosidx
 from .base import ShardFormat
 
 __all__ = ["ShardWriter", "encode_index", "write_index", "write_sidecars"]
-
-_WRITEBACK_BYTES = 1 << 20
-"""Blocks at least this large start their writeback as soon as they are written (``_io.start_writeback``)."""
 
 
 class ShardWriter:
@@ -70,7 +67,7 @@ class ShardWriter:
         assert self._file is not None, "use ShardWriter as a context manager"
         self._hash.update(data)  # on its thread, while the bytes are written
         self._file.write(data)
-        if len(data) >= _WRITEBACK_BYTES:  # a block of tokens, not the header: on its way to the disk now
+        if len(data) >= WRITEBACK_MIN_BYTES:  # a block of tokens, not the header: on its way to the disk now
             self._file.flush()
             start_writeback(self._file.fileno(), self._offset, len(data))
         self._offset += len(data)
