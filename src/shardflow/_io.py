@@ -16,7 +16,7 @@ from typing import Any
 
 from .faults import fault
 
-__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES"]
+__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES", "NPY_LOCK", "load_npy"]
 
 def safe_load_yaml(text: str) -> Any:
     """Parse YAML with a *safe* loader only: libyaml's when available (about 7x faster
@@ -98,6 +98,25 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
     if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
         _sync_file_range = False  # not allowed here at all: no more calls
     return False  # otherwise (a pipe, say) only no head start for this file
+
+
+NPY_LOCK = threading.Lock()
+"""Held while numpy reads a ``.npy`` header (``load_npy``, and around an ``.npz``'s reads).
+
+numpy parses the header with ``ast.literal_eval``, and CPython 3.11.7 (this
+project's interpreter here) can fail two such parses running at once on two
+threads with ``SystemError: AST constructor recursion depth mismatch``
+(CPython gh-106905): a build's card stage reads the units' statistics while
+the shard jobs open their segment tables. A header is a few hundred bytes.
+"""
+
+
+def load_npy(path: Any, **kwargs: Any) -> Any:
+    """``numpy.load(path, **kwargs)`` holding :data:`NPY_LOCK` (a memory map or an array; not for ``.npz``)."""
+    import numpy as np
+
+    with NPY_LOCK:
+        return np.load(path, **kwargs)
 
 
 def fsync_dir(path: Path) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import codecs
-from ._io import sha256_file
+from ._io import load_npy, sha256_file
 from .config import EmbedOptions
 from .errors import ValidationError
 from .manifest import EMBEDDINGS_DIR, Manifest, check_relative_file
@@ -76,7 +76,7 @@ def _open_npy(directory: Path, entry: dict[str, Any], what: str, *, mmap: bool =
             f"{path}: {path.stat().st_size} bytes, but the manifest says {entry['bytes']}; truncated or changed"
         )
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        return load_npy(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except ValueError as exc:
         raise ValidationError(f"{path}: not a readable .npy file ({exc})") from None
 

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import codecs
-from ._io import sha256_file, tmp_path_for
+from ._io import load_npy, sha256_file, tmp_path_for
 from .config import EmbedOptions
 from .embed_models import MODELS
 from .embedder import Embedder
@@ -247,8 +247,8 @@ def embed_split(
     if projection is not None:
         section["pca_quality"] = None
     if sample_n >= 2:
-        stored = np.load(codes_path, mmap_mode="r")
-        stored_scales = np.load(scales_path, mmap_mode="r") if codec.has_scales else None
+        stored = load_npy(codes_path, mmap_mode="r")
+        stored_scales = load_npy(scales_path, mmap_mode="r") if codec.has_scales else None
         decoded = codec.decode(
             np.ascontiguousarray(stored[:sample_n]),
             None if stored_scales is None else np.ascontiguousarray(stored_scales[:sample_n]),

@@ -147,3 +147,26 @@ def test_the_kernel_takes_a_writeback_request_for_a_regular_file_only(tmp_path: 
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_npy_headers_are_read_one_thread_at_a_time(tmp_path: Path) -> None:
+    # numpy parses .npy headers with ast.literal_eval, which CPython 3.11.7 can fail when two threads
+    # parse at once (gh-106905): the core reads them under _io.NPY_LOCK.
+    from shardflow._io import NPY_LOCK, load_npy
+    from shardflow.formats import get_format
+
+    np.save(tmp_path / "a.npy", np.arange(5))
+    shard = tmp_path / "s.npy"
+    npy = get_format("npy")
+    shard.write_bytes(npy.header(3, DTYPE) + np.arange(3, dtype=DTYPE).tobytes())
+    done: list[object] = []
+    with NPY_LOCK:
+        readers = [threading.Thread(target=lambda: done.append(load_npy(tmp_path / "a.npy"))),
+                   threading.Thread(target=lambda: done.append(npy.read_header(shard, DTYPE)))]
+        for t in readers:
+            t.start()
+        time.sleep(0.3)
+        assert done == []  # both wait for the lock
+    for t in readers:
+        t.join(timeout=10)
+    assert len(done) == 2

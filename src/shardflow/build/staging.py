@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._io import atomic_write_text, fsync_dir, is_stale_tmp
+from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy
 from ..catalog import Catalog, file_lock
 from ..errors import ConfigError, ShardflowError
 from ..manifest import SCHEMA_VERSION, read_manifest
@@ -150,7 +150,7 @@ class Staging:
             return False
 
     def unit_docs(self, unit: int) -> np.ndarray:
-        return np.load(self.unit_files(unit)[1], mmap_mode="r")
+        return load_npy(self.unit_files(unit)[1], mmap_mode="r")
 
 
 def shard_check_record(entry: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._io import atomic_write_bytes, atomic_write_text, sha256_file
+from .._io import NPY_LOCK, atomic_write_bytes, atomic_write_text, load_npy, sha256_file
 from ..errors import ConfigError, InputError
 from ..manifest import Manifest
 from ..sources import InputFile, WorkUnit
@@ -162,7 +162,7 @@ def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list
             f"{staging.root}: work unit {unit} has no statistics (it was tokenized with {COLLECT_ENV}=0); "
             f"delete {staging.root} and build again, or build with {COLLECT_ENV}=0"
         )
-    with np.load(path) as z:
+    with NPY_LOCK, np.load(path) as z:  # each member's header is parsed as it is read
         runs = RepeatRuns.from_array(z["runs"]) if "runs" in z.files else RepeatRuns()
         return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8")), runs
 
@@ -198,7 +198,7 @@ def _parent_stats(plan: BuildPlan) -> tuple[dict[str, Any], np.ndarray] | None:
     for name in (STATS_NAME, VOCAB_NAME):
         if name not in files or sha256_file(directory / name) != files[name]["sha256"]:
             raise parent.damaged(directory / name, "the statistics file does not match its SHA-256 in the manifest")
-    return json.loads((directory / STATS_NAME).read_text()), np.load(directory / VOCAB_NAME)
+    return json.loads((directory / STATS_NAME).read_text()), load_npy(directory / VOCAB_NAME)
 
 
 def _range_stats(lengths: np.ndarray) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import WRITEBACK_MIN_BYTES, atomic_write_text, remove_quietly, start_writeback, tmp_path_for
+from .._io import WRITEBACK_MIN_BYTES, atomic_write_text, load_npy, remove_quietly, start_writeback, tmp_path_for
 from ..config import BuildConfig
 from ..errors import ConfigError, InputError
 from ..faults import fault
@@ -109,7 +109,7 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     fault("tokenize-tokens", tok_path)
     if collector is not None:
         collector.commit(
-            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=np.load(docs_path),
+            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=load_npy(docs_path),
             batch_rows=_rows_per_batch(plan.config, wu),
         )
     result = UnitResult(unit=unit, **counts, **extra)

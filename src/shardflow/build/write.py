@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_write_text, remove_quietly, sha256_file, tmp_path_for
+from .._io import atomic_write_text, load_npy, remove_quietly, sha256_file, tmp_path_for
 from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..formats import bosidx, get_format
@@ -101,7 +101,7 @@ def _pieces(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, i
 
     A source >= 0 is a work unit's part file; < 0 a range of a parent split.
     """
-    segs = np.load(staging.segments(split), mmap_mode="r")
+    segs = load_npy(staging.segments(split), mmap_mode="r")
     lengths = np.asarray(segs["length"], dtype=np.int64)
     seg_ends = np.cumsum(lengths)
     seg_starts = seg_ends - lengths

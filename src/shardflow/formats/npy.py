@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import NPY_LOCK
 from ..errors import ValidationError
 from .base import TOKEN_DTYPES, ShardFormat
 
@@ -38,7 +39,8 @@ class NpyFormat(ShardFormat):
                 version = np.lib.format.read_magic(f)
                 if version != (1, 0):
                     raise ValueError(f"npy version {version}, expected (1, 0)")
-                shape, fortran, found = np.lib.format.read_array_header_1_0(f)
+                with NPY_LOCK:  # the header is parsed with ast.literal_eval (see _io.NPY_LOCK)
+                    shape, fortran, found = np.lib.format.read_array_header_1_0(f)
                 offset = f.tell()
         except (ValueError, OSError, SyntaxError) as exc:
             raise ValidationError(f"{path}: not a valid .npy shard ({exc})") from None
