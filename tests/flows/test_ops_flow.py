@@ -35,16 +35,18 @@ def _flow_run(server: PrefectServer, name: str, timeout: float = 15) -> dict[str
         time.sleep(0.2)
 
 
-def _task_runs(server: PrefectServer, flow_run_id: str, timeout: float = 15) -> list[dict[str, Any]]:
+def _task_runs(server: PrefectServer, flow_run_id: str, timeout: float = 30, want: set[str] = frozenset()) -> list[dict[str, Any]]:
     """The flow run's task runs, once each has a final state (states arrive in the background).
 
-    A task run recorded before its first state report has no state yet (None).
+    A task run recorded before its first state report has no state yet (None). ``want``: names
+    that must be there too (a loaded server records some task runs seconds after the others).
     """
     deadline = time.monotonic() + timeout
     while True:
         tasks = server.request("POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
         # Task runs reach the server through events: none yet is not "all final" (a loaded machine lags).
         final = bool(tasks) and all(t["state"] and t["state"]["type"] not in ("PENDING", "RUNNING") for t in tasks)
+        final = final and want <= {t["name"] for t in tasks}
         if final or time.monotonic() > deadline:
             return tasks
         time.sleep(0.2)
@@ -87,12 +89,13 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
 
     # Task runs say what they are; with no tag concurrency limit on the server they carry no tags
     # (Prefect would ask the server for a slot before each one: tests/flows/test_task_tags.py).
-    tasks = _task_runs(server, run["id"])
+    n_train, n_val = len(m.splits["train"].shards), len(m.splits["val"].shards)
+    writes = {f"write {name} train shard {k}" for k in range(n_train)} | {f"write {name} val shard {k}" for k in range(n_val)}
+    tasks = _task_runs(server, run["id"], want=writes | {f"plan {name}", f"layout {name}", f"validate {name}", f"publish {name}"})
     names = {t["name"] for t in tasks}
     units = [f"tokenize {name} unit {i + 1}/4 part-{i}.parquet[0:" for i in range(4)]
     for prefix in units:
         assert any(n.startswith(prefix) for n in names), (prefix, sorted(names))
-    n_train, n_val = len(m.splits["train"].shards), len(m.splits["val"].shards)
     assert {f"write {name} train shard {k}" for k in range(n_train)} <= names
     assert {f"write {name} val shard {k}" for k in range(n_val)} <= names
     assert {f"plan {name}", f"layout {name}", f"validate {name}", f"publish {name}"} <= names
