@@ -73,9 +73,9 @@ class BuildFlow(Flow):  # type: ignore[type-arg]
     flow run was created. The build's parameters (a ``BuildConfig`` dataclass,
     strings, numbers, None) serialize to the same JSON with pydantic's
     ``to_jsonable_python`` (tests/flows/test_flow_parameters.py compares the
-    two); any other value, or one pydantic cannot encode, goes through Prefect's own
-    method. (``with_options``
-    returns Prefect's plain ``Flow``, which serializes as before.)
+    two); any other value, or one pydantic cannot encode, goes through Prefect's
+    own method. (``with_options`` returns Prefect's plain ``Flow``, which
+    serializes as before.)
     """
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
