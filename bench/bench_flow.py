@@ -30,6 +30,7 @@ so that noise from a shared machine hits them alike (medians):
 
 With ``--baseline DIR`` (another checkout, e.g. ``git archive main | tar -x -C DIR``), that
 checkout's command line is timed in the same rounds too, for a before/after on one loaded machine
+(``--baseline . --baseline-env SHARDFLOW_HEAD_START=0``: this checkout with one switch off)
 (the incremental pair too, interleaved with this checkout's; ``--inc-rounds N`` repeats the
 incremental pairs N times, the sides' order rotating, and reports the median round).
 
@@ -288,7 +289,12 @@ def main() -> None:
     ap.add_argument("--inc-rounds", type=int, default=1, help="rounds of the incremental pair (first build, +1 file)")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (e.g. git worktree add --detach DIR main) timed in the same rounds")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of the baseline's builds; with --baseline . it times this checkout with a "
+                         "switch off, e.g. --baseline . --baseline-env SHARDFLOW_HEAD_START=0")
     args = ap.parse_args()
+    if args.baseline:
+        args.baseline = args.baseline.resolve()  # its builds run in other directories
     WORKERS = args.workers
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-flow-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -319,7 +325,8 @@ def main() -> None:
         tree: dict[str, str] = {}
         if args.baseline:
             # The same measurements of another checkout's command line, in the same rounds.
-            tree = {"PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"}
+            tree = {"PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}",
+                    **dict(kv.split("=", 1) for kv in args.baseline_env)}
             base_tmp = {**env_tmp, **tree, "PREFECT_HOME": str(work / "base-temp-home")}
             build(SAMPLE, "warm", work / "warm-base-tmp", base_tmp)
             sides += [("base-server", {**env_srv, **tree}, []), ("base-temp", base_tmp, [])]
@@ -362,7 +369,7 @@ def main() -> None:
         # --inc-rounds such rounds, the order of the sides rotating, medians reported.
         inc_sides = [("inc", env_srv, inc_root)]
         if args.baseline:
-            inc_sides.append(("inc-base", {**env_srv, "PYTHONPATH": f"{args.baseline / 'src'}:{args.baseline}"},
+            inc_sides.append(("inc-base", {**env_srv, **tree},
                               work / "incremental-base"))
         inc_runs: dict[str, list[tuple[Run, Run, dict[str, float]]]] = {label: [] for label, _, _ in inc_sides}
         extra_file = grown / f"part-{n_files:05d}-extra.parquet"

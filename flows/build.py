@@ -41,6 +41,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from shardflow.build import Stage, build_lock, run_stages
+from shardflow.build.head_start import head_start_owns
 from shardflow.build.stages import Job
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -385,7 +386,12 @@ def _build(
                         progress.step(phases[stage.name], 0, len(jobs), 0, t0)
                     # Jobs whose output is committed already (a resumed run; shards an incremental build
                     # linked from its parent) cost no task run: a few stats here instead.
-                    results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+                    # (A unit the command line's head start took keeps its task run: build/head_start.py.)
+                    results = [
+                        stage.done(plan, *job) if stage.done and not (stage.fan_out == "units" and head_start_owns(plan, *job))
+                        else None
+                        for job in jobs
+                    ]
                     for p, result in zip(params, results):
                         if result is not None:
                             done(p, result)

@@ -191,7 +191,7 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
         from flows.startup import warm_up
 
         # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
-        warming = warm_up(config, args.data_root) if threads else None
+        warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
         from prefect import tags
 
         from flows.build import build_dataset, dataset_tag, require_real_api
@@ -206,7 +206,8 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
         _quiet_prefect_tracebacks()
         if early is not None and early.process is not None and warming is not None:
             warming.join()  # a temporary server is still starting: this costs nothing, and no import runs beside preload's
-        with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
+        with contextlib.closing(warming) if warming else contextlib.nullcontext(), \
+                early.serve() if early else contextlib.nullcontext(), display, listening(display), \
                 tags(*TAGS, dataset_tag(config.name)):
             # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
             ref = build_dataset(

@@ -25,7 +25,10 @@ off).
 and fingerprints the inputs on a thread while Prefect is imported and the flow
 run is created (both are cached), so the flow's plan task, which waits for it
 (:func:`wait_for_warm_up`), finds them done; then it does the tokenizer
-backend's one-time set-up, which the first work unit would otherwise pay.
+backend's one-time set-up, which the first work unit would otherwise pay, and
+starts the build's first work units (``shardflow.build.head_start``: planned,
+locked and tokenized on ``--workers`` threads until the flow's tokenize tasks
+claim them; :meth:`WarmUp.close` ends it after the flow).
 
 **Imports done while waiting.** The temporary server takes about 3 s to
 answer, and this process is ready before it. Whatever the run would import
@@ -370,6 +373,8 @@ class WarmUp:
     def __init__(self, thread: threading.Thread, ready: threading.Event) -> None:
         self.thread = thread
         self._ready = ready
+        self.head_start: Any = None
+        """The build's head start (``shardflow.build.head_start``), once ready; None if there is none."""
 
     def wait(self) -> None:
         """Block until the tokenizer is loaded and the inputs fingerprinted (or that failed: the plan task says why)."""
@@ -378,6 +383,13 @@ class WarmUp:
     def join(self) -> None:
         """Block until everything is done, the backend's set-up included."""
         self.thread.join()
+
+    def close(self) -> None:
+        """After the flow: stop the head start (its running units end, its lock is released)."""
+        self._ready.wait()
+        head_start, self.head_start = self.head_start, None
+        if head_start is not None:
+            head_start.close()
 
 
 _pending: WarmUp | None = None
@@ -398,23 +410,29 @@ def wait_for_warm_up() -> None:
         pending.wait()
 
 
-def warm_up(config: Any, data_root: str | None) -> WarmUp:
+def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, workers: int = 0) -> WarmUp:
     """Load ``config``'s tokenizer and fingerprint its inputs on a thread; wait for it before the flow plans.
 
     Both are what the plan task does first, and both are cached per process
     (the tokenizer) or on disk (the inputs' SHA-256, keyed by their stat), so
-    the plan task then finds them done. Nothing else of the plan (catalog,
-    staging, lock) is touched before the flow run starts. Errors are left for
-    the plan task to report, with its own message. After that, the same thread
-    does the tokenizer backend's one-time set-up (``Tokenizer.warm``), while
-    the flow run is being created over HTTP, rather than in the first work unit.
+    the plan task then finds them done. Errors are left for the plan task to
+    report, with its own message. Then the same thread does the tokenizer
+    backend's one-time set-up (``Tokenizer.warm``) and, with ``workers``, gives
+    the build its head start (``shardflow.build.head_start``): it plans the
+    build, takes its lock and tokenizes the first work units on ``workers``
+    threads while Prefect is imported, the flow run is created and a temporary
+    server starts; the flow's tokenize tasks claim them. The plan task waits
+    for that plan (it is the same one), not for the units; :meth:`WarmUp.close`
+    ends the head start after the flow.
     """
     # Imported here, not on the thread: two threads importing the same modules at once can deadlock.
+    from shardflow.build.head_start import HeadStart
     from shardflow.catalog import default_data_root
     from shardflow.sources import discover_inputs, fingerprint_inputs
     from shardflow.tokenizers import load_tokenizer
 
     ready = threading.Event()
+    warming: WarmUp
 
     def load() -> None:
         tokenizer = None
@@ -424,6 +442,11 @@ def warm_up(config: Any, data_root: str | None) -> WarmUp:
             if not any("://" in s for s in config.sources):  # URL sources are planned by the flow
                 with contextlib.suppress(Exception):
                     fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
+                if tokenizer is not None and workers > 0:
+                    with contextlib.suppress(Exception):
+                        tokenizer.warm()
+                        tokenizer = None  # warm already
+                        warming.head_start = HeadStart.begin(config, data_root=data_root, catalog=catalog, workers=workers)
         finally:
             ready.set()
         if tokenizer is not None:
@@ -432,9 +455,9 @@ def warm_up(config: Any, data_root: str | None) -> WarmUp:
 
     global _pending
     thread = threading.Thread(target=load, name="shardflow-warm-up", daemon=True)
+    warming = _pending = WarmUp(thread, ready)
     thread.start()
-    _pending = WarmUp(thread, ready)
-    return _pending
+    return warming
 
 
 def exit_now(code: int) -> None:

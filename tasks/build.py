@@ -29,6 +29,7 @@ from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from shardflow import build as core
+from shardflow.build.head_start import planned_by_head_start
 from shardflow.build.staging import load_plan
 from shardflow.config import BuildConfig
 from shardflow.errors import ShardflowError
@@ -143,7 +144,9 @@ _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 @task(name="plan", task_run_name="plan {config.name}", **_IO)
 def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -> core.BuildPlan:
     attach_core_logs()
-    return core.plan_build(config, data_root=data_root, catalog=catalog)
+    # The command line's head start planned this build already, and holds its lock (build/head_start.py).
+    early = planned_by_head_start(config, data_root, catalog)
+    return early if early is not None else core.plan_build(config, data_root=data_root, catalog=catalog)
 
 
 @functools.lru_cache(maxsize=4)
