@@ -41,7 +41,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from shardflow.build import Stage, build_lock, run_stages
-from shardflow.build.head_start import head_start_owns
+from shardflow.build.head_start import head_start_began, head_start_owns
 from shardflow.build.stages import Job
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -364,12 +364,14 @@ def _build(
         tokens = {"tokenize-unit": 0, "write-shard": 0}
         phases = {"tokenize-unit": "tokenize", "write-shard": "write"}
         seconds: dict[str, float] = {}
+        first_start: dict[str, float] = {}
         with task_runner as tr:
 
             def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
                 task = STAGE_TASKS[stage.name]
                 params = [dict(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
                 t0 = time.monotonic()
+                first_start[stage.name] = t0
                 try:
                     if stage.fan_out == "one":
                         if stage.name == "validate":
@@ -436,7 +438,13 @@ def _build(
 
             done = run_stages(plan, run_jobs, start_jobs)
         ref = done["publish"][0]
+        # The command line's head start tokenized the first units before the flow run began: the
+        # durations reported count from its start, so that the rates are of the whole work.
+        began = head_start_began(plan)
         tokenize_seconds = seconds["tokenize-unit"]
+        if began is not None:
+            tokenize_seconds += max(0.0, first_start["tokenize-unit"] - began)
+            started = min(started, began)
         _publish_artifacts(
             name=name,
             ref=ref,

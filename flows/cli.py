@@ -181,7 +181,7 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
 
     from shardflow.catalog import Catalog
 
-    from flows.progress import ProgressDisplay, listening
+    from flows.progress import ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
@@ -192,32 +192,11 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
 
         # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
         warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
-        from prefect import tags
-
-        from flows.build import build_dataset, dataset_tag, require_real_api
-        from tasks.build import TAGS
-
-        if args.runner == "dask":
-            import importlib.util
-
-            if importlib.util.find_spec("prefect_dask") is None:
-                raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
-            require_real_api(args.runner, args.address)
-        _quiet_prefect_tracebacks()
-        if early is not None and early.process is not None and warming is not None:
-            warming.join()  # a temporary server is still starting: this costs nothing, and no import runs beside preload's
-        with contextlib.closing(warming) if warming else contextlib.nullcontext(), \
-                early.serve() if early else contextlib.nullcontext(), display, listening(display), \
-                tags(*TAGS, dataset_tag(config.name)):
-            # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
-            ref = build_dataset(
-                config=config,
-                workers=args.workers,
-                data_root=args.data_root,
-                catalog=args.catalog,
-                runner=args.runner,
-                address=args.address,
-            )
+        try:
+            ref = _run_flow(args, config, display, early, warming)
+        finally:
+            if warming is not None:
+                warming.close()  # the head start's units in flight end, its lock is released
     directory = Catalog(args.catalog).resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from flows.targets_cli import print_target_settings
@@ -226,6 +205,37 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
     print(f"published {ref}")
     print(str(directory / "metadata.yaml"))
     return 0
+
+
+def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, warming: Any) -> str:
+    """Run the ``build_dataset`` flow for ``shardflow build`` (on ``early``'s server, if any); its reference."""
+    from prefect import tags
+
+    from flows.build import build_dataset, dataset_tag, require_real_api
+    from flows.progress import listening
+    from tasks.build import TAGS
+
+    if args.runner == "dask":
+        import importlib.util
+
+        if importlib.util.find_spec("prefect_dask") is None:
+            raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
+        require_real_api(args.runner, args.address)
+    _quiet_prefect_tracebacks()
+    if early is not None and early.process is not None and warming is not None:
+        warming.join()  # a temporary server is still starting: this costs nothing (the head start's threads run on)
+    with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
+            tags(*TAGS, dataset_tag(config.name)):
+        # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
+        ref = build_dataset(
+            config=config,
+            workers=args.workers,
+            data_root=args.data_root,
+            catalog=args.catalog,
+            runner=args.runner,
+            address=args.address,
+        )
+    return str(ref)
 
 
 def _checked_build_config(args: argparse.Namespace) -> Any:

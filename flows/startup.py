@@ -373,6 +373,8 @@ class WarmUp:
     def __init__(self, thread: threading.Thread, ready: threading.Event) -> None:
         self.thread = thread
         self._ready = ready
+        self._lock = threading.Lock()
+        self._closed = False
         self.head_start: Any = None
         """The build's head start (``shardflow.build.head_start``), once ready; None if there is none."""
 
@@ -385,9 +387,23 @@ class WarmUp:
         self.thread.join()
 
     def close(self) -> None:
-        """After the flow: stop the head start (its running units end, its lock is released)."""
-        self._ready.wait()
-        head_start, self.head_start = self.head_start, None
+        """After the flow: stop the head start (its running units end, its lock is released).
+
+        Does not wait for a warm-up still under way (a flow that failed early, Ctrl-C while a large
+        corpus is hashed): that thread then starts no head start.
+        """
+        with self._lock:
+            self._closed = True
+            head_start, self.head_start = self.head_start, None
+        if head_start is not None:
+            head_start.close()
+
+    def _adopt(self, head_start: Any) -> None:
+        """Keep the head start the thread began, or close it at once if the build is over already."""
+        with self._lock:
+            if not self._closed:
+                self.head_start = head_start
+                return
         if head_start is not None:
             head_start.close()
 
@@ -442,11 +458,11 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
             if not any("://" in s for s in config.sources):  # URL sources are planned by the flow
                 with contextlib.suppress(Exception):
                     fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
-                if tokenizer is not None and workers > 0:
+                if tokenizer is not None and workers > 0 and not warming._closed:
                     with contextlib.suppress(Exception):
                         tokenizer.warm()
                         tokenizer = None  # warm already
-                        warming.head_start = HeadStart.begin(config, data_root=data_root, catalog=catalog, workers=workers)
+                        warming._adopt(HeadStart.begin(config, data_root=data_root, catalog=catalog, workers=workers))
         finally:
             ready.set()
         if tokenizer is not None:

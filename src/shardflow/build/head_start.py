@@ -15,11 +15,19 @@ workers x batch).
 What the orchestrator records does not change: every unit still has its task
 run, and the log lines of a head-start unit are held back and handed to the
 task that claims it, so they appear in that task run's logs (with the time
-they were written). The lock is held from the head start's plan to
+they were written); the planning's lines go to the plan task that takes its
+plan (:func:`planned_by_head_start`). Units committed already (a resumed
+build) are not taken: the orchestrator skips them as before. The
+orchestrator's first question (:meth:`HeadStart.owns`, :meth:`HeadStart.claim`)
+stops new units, so its answer is final. The lock is held from the head start's plan to
 :meth:`HeadStart.close`, and lent meanwhile to the build of the same plan in
 this process (``staging.LENT_LOCKS``): one process runs one build, as before.
 Work a head start did for a build that never claimed it (the orchestrator
-failed first) is committed unit by unit, so a rerun resumes from it.
+failed first) is committed unit by unit, so a rerun resumes from it; its
+held-back lines are dropped rather than logged outside any run.
+
+Not counted against a Prefect concurrency limit on the build's tags: the
+units run before any task exists.
 """
 
 from __future__ import annotations
@@ -28,17 +36,18 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Iterator
 
 from ..catalog import Catalog, default_data_root
 from ..config import BuildConfig
 from .model import BuildPlan, UnitResult
 from .plan import plan_build
 from .staging import LENT_LOCKS, build_lock
-from .tokenize import EARLY_UNITS, tokenize_unit_now
+from .tokenize import EARLY_UNITS, tokenize_unit_now, unit_done
 
-__all__ = ["HeadStart", "HEAD_START_ENV", "head_start_owns", "planned_by_head_start"]
+__all__ = ["HeadStart", "HEAD_START_ENV", "head_start_owns", "head_start_began", "planned_by_head_start"]
 
 HEAD_START_ENV = "SHARDFLOW_HEAD_START"
 """Set to 0 to turn head starts off (the flow then tokenizes every unit in its own tasks)."""
@@ -64,25 +73,61 @@ def planned_by_head_start(
     It was made moments ago, and the head start has held the build's lock
     since: the build's own planning would find the same plan. The flow's plan
     task takes it rather than planning the build a second time while its
-    first units are being tokenized.
+    first units are being tokenized; the planning's log lines (a parent not
+    reused, an orphan adopted) are logged again there, in the plan task's run.
     """
     root = str(default_data_root(data_root))
     cat = str(Catalog(catalog).path)
     for early in list(EARLY_UNITS.values()):
         plan = early.plan
         if plan.config == config and plan.data_root == root and plan.catalog == cat:
+            early.hand_over(_PLANNING)
             return plan
     return None
 
 
+def head_start_began(plan: BuildPlan) -> float | None:
+    """When (``time.monotonic()``) the head start for ``plan`` in this process began planning, else None.
+
+    A build's reported durations (tokenizing, the whole build) start there.
+    """
+    early = EARLY_UNITS.get(plan.staging)
+    return None if early is None else float(early.began)
+
+
+_PLANNING = -1
+"""The held-back records of the head start's planning (units are 0 and up)."""
+
+
 class _HoldBack(logging.Filter):
-    """Holds back the log records of a head start's threads, per unit, for the task that claims the unit."""
+    """Holds back the log records of a head start's threads, per unit, for the task that claims the unit.
+
+    Installed on every logger of the library that exists (a filter sees only the
+    records of its own logger), with the library's level at INFO meanwhile, so
+    that the lines a unit logs in a flow run exist to be handed over.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.unit_of_thread: dict[int, int] = {}
         self.records: dict[int, list[logging.LogRecord]] = {}
         self._lock = threading.Lock()
+        self._loggers = [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict) if n.startswith("shardflow")]
+        for lg in self._loggers:
+            lg.addFilter(self)
+        top = logging.getLogger("shardflow")
+        self._level = None if top.isEnabledFor(logging.INFO) else top.level
+        if self._level is not None:
+            top.setLevel(logging.INFO)
+
+    def remove(self) -> None:
+        """Stop holding records back; the ones not handed over are dropped (see :meth:`HeadStart.close`)."""
+        for lg in self._loggers:
+            lg.removeFilter(self)
+        if self._level is not None:
+            logging.getLogger("shardflow").setLevel(self._level)
+        with self._lock:
+            self.records.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
         unit = self.unit_of_thread.get(threading.get_ident())
@@ -92,31 +137,39 @@ class _HoldBack(logging.Filter):
             self.records.setdefault(unit, []).append(record)
         return False
 
-    def take(self, unit: int) -> list[logging.LogRecord]:
+    @contextlib.contextmanager
+    def holding(self, unit: int) -> Iterator[None]:
+        """Hold back this thread's records as ``unit``'s."""
+        me = threading.get_ident()
+        self.unit_of_thread[me] = unit
+        try:
+            yield
+        finally:
+            self.unit_of_thread.pop(me, None)
+
+    def hand_over(self, unit: int) -> None:
+        """Log ``unit``'s records again, in this thread (a claiming task's run context)."""
         with self._lock:
-            return self.records.pop(unit, [])
+            records = self.records.pop(unit, [])
+        for record in records:
+            logging.getLogger(record.name).handle(record)
 
 
 class HeadStart:
     """Work units of one plan tokenized ahead of its orchestrator; see the module's docstring."""
 
-    def __init__(self, plan: BuildPlan, *, workers: int, held: contextlib.ExitStack) -> None:
+    def __init__(
+        self, plan: BuildPlan, *, workers: int, held: contextlib.ExitStack, hold_back: _HoldBack, began: float
+    ) -> None:
         self.plan = plan
+        self.began = began
         self._held = held
+        self._hold_back = hold_back
         self._futures: dict[int, Future[UnitResult]] = {}
         self._next = 0
+        self._taken = 0
         self._stopped = False
         self._mutex = threading.Lock()
-        self._hold_back = _HoldBack()
-        # Every logger of the library a unit may log through; a filter sees only its own logger's records.
-        self._loggers = [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict) if n.startswith("shardflow")]
-        for lg in self._loggers:
-            lg.addFilter(self._hold_back)
-        # Its INFO lines (a unit tokenized) must exist to be handed over, as they would in a flow run.
-        root = logging.getLogger("shardflow")
-        self._level = None if root.isEnabledFor(logging.INFO) else root.level
-        if self._level is not None:
-            root.setLevel(logging.INFO)
         self._threads = [
             threading.Thread(target=self._work, name=f"shardflow-head-start-{i}", daemon=True) for i in range(workers)
         ]
@@ -141,43 +194,47 @@ class HeadStart:
         """
         if os.environ.get(HEAD_START_ENV, "1").strip() in ("0", "false", "no"):
             return None
+        began = time.monotonic()
         held = contextlib.ExitStack()
+        hold_back = _HoldBack()
         try:
-            plan = plan_build(config, data_root=data_root, catalog=catalog, lock_timeout=0)
-            if plan.existing:
-                return None
-            plan = held.enter_context(build_lock(plan, timeout=0))
+            with hold_back.holding(_PLANNING):  # the plan task logs them, when it takes this plan
+                plan = plan_build(config, data_root=data_root, catalog=catalog, lock_timeout=0)
+                if not plan.existing:
+                    plan = held.enter_context(build_lock(plan, timeout=0))
             if plan.existing or not plan.units:
-                held.close()
-                return None
-        except Exception:
+                raise _NothingToDo
+            LENT_LOCKS.add(plan.staging)
+            held.callback(LENT_LOCKS.discard, plan.staging)
+            return cls(plan, workers=max(1, workers), held=held, hold_back=hold_back, began=began)
+        except Exception as exc:  # the build plans again, and reports what failed here with its own message
+            hold_back.remove()
             held.close()
-            log.debug("no head start", exc_info=True)
+            if not isinstance(exc, _NothingToDo):
+                log.debug("no head start", exc_info=True)
             return None
-        LENT_LOCKS.add(plan.staging)
-        held.callback(LENT_LOCKS.discard, plan.staging)
-        return cls(plan, workers=max(1, workers), held=held)
 
     def _take(self) -> tuple[int, Future[UnitResult]] | None:
         with self._mutex:
+            # Units committed already (a resumed build) are the orchestrator's to skip: not taken.
+            while not self._stopped and self._next < len(self.plan.units) and unit_done(self.plan, self._next):
+                self._next += 1
             if self._stopped or self._next >= len(self.plan.units):
                 return None
             unit, self._next = self._next, self._next + 1
             fut: Future[UnitResult] = Future()
             self._futures[unit] = fut
+            self._taken += 1
             return unit, fut
 
     def _work(self) -> None:
-        me = threading.get_ident()
         while (taken := self._take()) is not None:
             unit, fut = taken
-            self._hold_back.unit_of_thread[me] = unit
-            try:
-                fut.set_result(tokenize_unit_now(self.plan, unit))
-            except BaseException as exc:  # handed to the task that claims the unit
-                fut.set_exception(exc)
-            finally:
-                self._hold_back.unit_of_thread.pop(me, None)
+            with self._hold_back.holding(unit):
+                try:
+                    fut.set_result(tokenize_unit_now(self.plan, unit))
+                except BaseException as exc:  # handed to the task that claims the unit
+                    fut.set_exception(exc)
 
     def claim(self, unit: int) -> UnitResult | None:
         """Unit ``unit``'s result if this head start took it (waiting for it), else None; stops new units.
@@ -193,38 +250,52 @@ class HeadStart:
         try:
             return fut.result()
         finally:
-            for record in self._hold_back.take(unit):
-                logging.getLogger(record.name).handle(record)
+            self._hold_back.hand_over(unit)
 
     def owns(self, unit: int) -> bool:
-        """Whether this head start took ``unit`` and it is not claimed yet."""
+        """Whether this head start took ``unit``, not claimed yet; stops new units (the orchestrator is here).
+
+        Stopping first makes the answer final: a unit it does not own now, it never takes.
+        """
         with self._mutex:
+            self._stopped = True
             return unit in self._futures
+
+    def hand_over(self, unit: int) -> None:
+        """Log the held-back records of ``unit`` (or of the planning) again, in this thread."""
+        self._hold_back.hand_over(unit)
 
     @property
     def started(self) -> int:
         """How many units it took."""
-        return self._next
+        return self._taken
 
     def close(self) -> None:
-        """Take no more units, wait for the running ones, stop holding back logs, release the lock."""
+        """Take no more units, wait for the running ones, release the lock.
+
+        The log lines of units no task claimed (the flow failed first) are
+        dropped: those units are committed, and the rerun that resumes from
+        them reports them.
+        """
         with self._mutex:
             self._stopped = True
-        for t in self._threads:
-            t.join()
-        if EARLY_UNITS.get(self.plan.staging) is self:
-            del EARLY_UNITS[self.plan.staging]
-        for lg in self._loggers:
-            lg.removeFilter(self._hold_back)
-        if self._level is not None:
-            logging.getLogger("shardflow").setLevel(self._level)
-        for unit in list(self._hold_back.records):  # units no task claimed: their lines go out as they are
-            for record in self._hold_back.take(unit):
-                logging.getLogger(record.name).handle(record)
-        self._held.close()
+        try:
+            for t in self._threads:
+                t.join()
+        finally:
+            if EARLY_UNITS.get(self.plan.staging) is self:
+                del EARLY_UNITS[self.plan.staging]
+            try:
+                self._hold_back.remove()
+            finally:
+                self._held.close()
 
     def __enter__(self) -> HeadStart:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _NothingToDo(Exception):
+    """A plan published already, or with no units: no head start."""
