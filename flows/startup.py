@@ -375,11 +375,18 @@ class WarmUp:
         self._ready = ready
         self._lock = threading.Lock()
         self._closed = False
+        self._flow_waiting = False
         self.head_start: Any = None
         """The build's head start (``shardflow.build.head_start``), once ready; None if there is none."""
 
     def wait(self) -> None:
-        """Block until the tokenizer is loaded and the inputs fingerprinted (or that failed: the plan task says why)."""
+        """Block until the tokenizer is loaded and the inputs fingerprinted (or that failed: the plan task says why).
+
+        A flow already waiting here gets no head start: it plans and tokenizes at once itself (a head
+        start would only delay its plan: a first build against a running server, where hashing the
+        inputs takes longer than Prefect's start-up).
+        """
+        self._flow_waiting = True
         self._ready.wait()
 
     def join(self) -> None:
@@ -458,7 +465,7 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
             if not any("://" in s for s in config.sources):  # URL sources are planned by the flow
                 with contextlib.suppress(Exception):
                     fingerprint_inputs(discover_inputs(config.sources), cache_dir=default_data_root(data_root) / config.name)
-                if tokenizer is not None and workers > 0 and not warming._closed:
+                if tokenizer is not None and workers > 0 and not (warming._closed or warming._flow_waiting):
                     with contextlib.suppress(Exception):
                         tokenizer.warm()
                         tokenizer = None  # warm already

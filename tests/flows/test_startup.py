@@ -239,3 +239,41 @@ def test_the_flow_waits_for_the_command_lines_warm_up_right_before_planning(
     assert events == ["wait", "plan"]
     assert startup._pending is None  # consumed: a later flow run in this process does not wait on it
     startup.wait_for_warm_up()  # nothing pending: returns at once
+
+
+def test_a_flow_already_waiting_for_the_warm_up_gets_no_head_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where hashing the inputs outlasts Prefect's start-up, the flow plans and tokenizes at once itself."""
+    import threading
+
+    import shardflow.sources as sources
+
+    gate = threading.Event()
+    real = sources.fingerprint_inputs
+
+    def slow(*args, **kwargs):
+        gate.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "fingerprint_inputs", slow)
+    config = BuildConfig(name="waiting", sources=(str(SAMPLE),), unit_bytes=20_000)
+    warming = startup.warm_up(config, str(tmp_path / "data"), catalog=str(tmp_path / "cat"), workers=2)
+    flow = threading.Thread(target=startup.wait_for_warm_up)
+    flow.start()
+    while not warming._flow_waiting:
+        flow.join(0.001)
+    gate.set()
+    flow.join(30)
+    warming.join()
+    assert warming.head_start is None
+    warming.close()
+
+    # Not waiting yet: the head start begins.
+    warming = startup.warm_up(config, str(tmp_path / "data"), catalog=str(tmp_path / "cat"), workers=2)
+    try:
+        warming.join()
+        assert warming.head_start is not None
+    finally:
+        warming.close()
+    startup.wait_for_warm_up()
