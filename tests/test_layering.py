@@ -288,3 +288,25 @@ def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=SRC.parent.parent).stdout.strip()
     assert out == "[]"
+
+
+def test_a_build_without_prefect_and_the_catalog_commands_never_import_prefect(tmp_path):
+    """``build --no-prefect`` and the read-only commands (``flows/catalog_cli.py``) run where Prefect is
+    slow to import or broken: none of them may import it, even through the command line's module."""
+    sample = SRC.parent.parent / "tests" / "assets" / "sample.parquet"
+    where = ["--catalog", str(tmp_path / "c")]
+    commands = [
+        ["build", str(sample), "--name", "s", "--data-root", str(tmp_path / "d"), "--no-prefect", "--progress", "none", *where],
+        ["ls", *where], ["ls", "s", *where], ["show", "s@v1", *where], ["validate", "s@v1", *where], ["diff", "s@v1", "s@v1", *where],
+    ]
+    code = (
+        "import json, sys\nfrom flows.cli import main\n"
+        f"for argv in json.loads({json.dumps(json.dumps(commands))}):\n"
+        "    assert main(argv) == 0, argv\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": f"{SRC.parent}:{SRC.parent.parent}"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OK s@v1" in out.stdout and "s@v1 -> s@v1" in out.stdout  # the commands ran
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

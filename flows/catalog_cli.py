@@ -1,0 +1,149 @@
+"""The catalog's read-only commands: ``validate``, ``ls``, ``show``, ``diff``.
+
+They read published versions through the core (``shardflow.catalog``,
+``shardflow.reader``) and never import Prefect, so they answer in a fraction of
+a second. ``flows.cli`` registers them in its ``COMMANDS``; errors are
+``ShardflowError``s, which the command line turns into one message and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardflow.errors import ShardflowError
+
+__all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff"]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from shardflow.catalog import resolve_ref
+    from shardflow.manifest import read_manifest
+    from shardflow.validation import validate_dir
+
+    directory = resolve_ref(args.ref, args.catalog)
+    manifest = read_manifest(directory)
+    report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+    if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
+        from flows.targets_cli import check_target
+
+        check_target(args.for_target, directory, manifest)
+    fmt = manifest.format
+    print(f"OK {manifest.ref}: {report.shards} shards, {report.tokens} tokens, {report.documents} documents")
+    print("settings for a training job:")
+    print(f"  path:          {directory}")
+    print(f"  file pattern:  {fmt.get('file_pattern')}")
+    print(f"  format:        {fmt['name']} (header {fmt.get('header_bytes', 0)} bytes)")
+    print(f"  dtype:         {manifest.dtype}")
+    print(f"  vocab_size:    {manifest.tokenized_info['vocab_size']}")
+    print(f"  boundary:      {manifest.boundary_tokens.describe()}")
+    for split, entry in manifest.splits.items():
+        print(f"  {split:6s}         {len(entry.shards)} shards, {entry.tokens} tokens, {entry.documents} documents")
+    if args.for_target is not None:
+        from flows.targets_cli import print_target_settings
+
+        print_target_settings(args.for_target, directory, manifest)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from shardflow.catalog import Catalog
+
+    cat = Catalog(args.catalog)
+    if args.name is None:
+        names = cat.datasets()
+        if not names:
+            print(f"no datasets in {cat.path}")
+        for name in names:
+            versions = cat.versions(name)
+            print(f"{name}\t{len(versions)} version{'s' if len(versions) != 1 else ''}\tlatest {cat.latest(name)}")
+        return 0
+    if args.name not in cat.datasets():
+        raise ShardflowError(f"no dataset {args.name!r} in the catalog {cat.path}")
+    latest = cat.latest(args.name)
+    for v in cat.versions(args.name):
+        mark = "*" if v.version == latest else " "
+        t = v.totals
+        print(
+            f"{mark} {args.name}@{v.version}\t{v.created_at}\t{t.get('documents')} docs\t{t.get('tokens')} tokens\t"
+            f"{t.get('shards')} shards\tparent {v.parent or '-'}\t{cat.version_dir(v)}"
+        )
+    return 0
+
+
+def _print_embeddings(m: Any) -> None:
+    info = m.extra.get("embeddings")
+    if not info:
+        return
+    print(f"  embeddings: {info['model']} ({info['dim']} dims, {info['precision']}, {info['long_docs']} long documents), "
+          f"codec {info['codec']}; floors: mean cosine >= {info['floors']['min_mean_cosine']}, "
+          f"recall@10 >= {info['floors']['min_recall_at_10']}")
+    pca = info.get("pca")
+    if pca:
+        print(f"  PCA: {pca['input_dim']} -> {pca['dim']} dims, explained variance {pca['explained_variance_ratio']:.4f} "
+              f"(fitted on {pca['sample_rows']} {pca['fit_split']} rows; {pca['mean']['file']}, {pca['components']['file']}); "
+              f"floors: mean cosine >= {pca['floors']['min_mean_cosine']}, recall@10 >= {pca['floors']['min_recall_at_10']}")
+    for split, entry in m.splits.items():
+        section = entry.extra.get("embeddings")
+        if not section:
+            continue
+        q = section.get("quality") or {}
+        quality = (f"mean cosine {q['mean_cosine']:.5f}, min cosine {q['min_cosine']:.5f}, "
+                   f"recall@{q['k']} {q['recall_at_k']:.3f} on {q['rows']} rows") if q else "quality not measured"
+        print(f"    {split}: {section['rows']} rows in {section['file']} ({section['bytes']} bytes; "
+              f"{section['truncated']} truncated); {'codec ' if pca else ''}{quality}")
+        p = section.get("pca_quality")
+        if p:
+            print(f"      after the PCA, against float32 in {pca['input_dim']} dims: reconstruction mean cosine "
+                  f"{p['mean_cosine']:.5f} (min {p['min_cosine']:.5f}), recall@{p['k']} {p['recall_at_k']:.3f} "
+                  f"in the reduced space ({p['recall_at_k_reconstructed']:.3f} among reconstructions)")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from shardflow.card import card_path
+    from shardflow.reader import open_version
+    from shardflow.stats import read_stats, summary_lines
+
+    version = open_version(args.ref, catalog=args.catalog)
+    m = version.manifest
+    if args.card:
+        card = card_path(version.directory)
+        if not card.is_file():
+            raise ShardflowError(f"{version.directory}: {m.ref} has no dataset card (built before statistics, or with SHARDFLOW_STATS=0)")
+        print(card)
+        return 0
+    print(f"{m.ref}  ({version.directory})")
+    if m.description:
+        print(f"  {m.description}")
+    print(f"  created {m.created_at}, parent {m.parent or '-'}")
+    print(f"  tokenizer {m.tokenized_info['tokenizer']} ({m.tokenized_info.get('backend')}), dtype {m.dtype}, "
+          f"vocab {m.tokenized_info['vocab_size']}, format {m.format_name}")
+    print(f"  boundary {m.boundary_tokens.describe()}")
+    t = m.totals
+    print(f"  totals: {t['documents']} documents, {t['tokens']} tokens, {t['shards']} shards, {t['bytes']} bytes; "
+          f"{t['input_rows']} input rows, {t['null_texts']} null, {t['empty_texts']} empty")
+    for split, entry in m.splits.items():
+        print(f"  {split}: {entry.documents} documents, {entry.tokens} tokens in {len(entry.shards)} shards")
+    _print_embeddings(m)
+    stats = read_stats(version.directory, m)
+    if stats is not None:
+        print("\n".join(summary_lines(stats)))
+        print(f"  card: {card_path(version.directory)}")
+    try:
+        from shardflow.runtime.inspect import inspect_version
+    except ImportError:
+        inspect_version = None  # type: ignore[assignment]
+    if inspect_version is not None:
+        # inspect_version takes a reference; the resolved version directory is one.
+        print(inspect_version(version.directory, split=args.split or "train", samples=args.samples))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from shardflow.diff import diff_versions, format_diff
+    from shardflow.reader import open_version
+
+    a = open_version(args.ref_a, catalog=args.catalog).manifest
+    b = open_version(args.ref_b, catalog=args.catalog).manifest
+    print("\n".join(format_diff(diff_versions(a, b), all_inputs=args.all)))
+    return 0
