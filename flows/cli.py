@@ -363,13 +363,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``shardflow`` console script: :func:`main`, then a quick exit once a Prefect flow has run."""
-    code = main()
-    if "prefect" in sys.modules:
-        from flows.startup import exit_now
+    """The ``shardflow`` console script: :func:`main`, then a quick exit (:func:`flows.startup.exit_now`).
 
-        exit_now(code)
-    sys.exit(code)
+    Without it, the interpreter's teardown frees every object one by one: about
+    a second after a flow, 0.3 s after a 1000 MB build with ``--no-prefect``.
+    """
+    from flows.startup import exit_now
+
+    exit_now(main())
 
 
 if __name__ == "__main__":

@@ -484,7 +484,16 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
 
 
 def exit_now(code: int) -> None:
-    """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown."""
+    """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown.
+
+    Without Prefect loaded, the threads that are not daemons are waited for
+    first, as the interpreter would (a command's own; none is left after a
+    build). With it, Prefect's exit handlers stop its threads.
+    """
+    if "prefect" not in sys.modules:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()  # Prefect's handlers send the last logs and events
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -217,3 +217,29 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     both = proc.stdout + proc.stderr
     assert "Starting temporary server" in both  # it really ran as a flow on the temporary server
     assert "ERROR" not in both and "Traceback" not in both, both[-3000:]
+
+
+def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp_path):
+    """``flows.cli.run`` (the ``shardflow`` script) ends through ``exit_now`` on every path: the piped
+    stdout is complete, the status is main's, and a thread that is not a daemon is waited for."""
+    import subprocess
+    import sys
+
+    def script(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+
+    ok = script("build", str(SAMPLE), "--name", "quick", *BUILD, "--progress", "none")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.stdout.splitlines() == ["published quick@v1", str(tmp_path / "data" / "quick" / "v1" / "metadata.yaml")]
+    bad = script("build", "nope.parquet", "--name", "x", *BUILD)
+    assert bad.returncode == 2 and bad.stdout == "" and "nope.parquet: no such file or directory" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    waited = subprocess.run(
+        [sys.executable, "-c",
+         "import threading, time\nfrom flows.startup import exit_now\n"
+         "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
+         "threading.Thread(target=late).start()\nexit_now(3)\n"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert waited.returncode == 3 and waited.stdout == "thread done\n", waited.stderr
