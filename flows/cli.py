@@ -180,24 +180,12 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
         early.stop(quiet=True)
         early = None
 
+    from flows.startup import plot_helper
+
+    with plot_helper():  # the card's plots: drawn by a helper process that imports matplotlib meanwhile
+        ref = _build(args, config, early, threads)
     from shardflow.catalog import Catalog
 
-    from flows.progress import ProgressDisplay
-
-    display = ProgressDisplay(args.progress)
-    if args.no_prefect:
-        with display:
-            ref = _build_without_prefect(args, config, display)
-    else:
-        from flows.startup import warm_up
-
-        # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
-        warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
-        try:
-            ref = _run_flow(args, config, display, early, warming)
-        finally:
-            if warming is not None:
-                warming.close()  # the head start's units in flight end, its lock is released
     directory = Catalog(args.catalog).resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from flows.targets_cli import print_target_settings
@@ -206,6 +194,25 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
     print(f"published {ref}")
     print(str(directory / "metadata.yaml"))
     return 0
+
+
+def _build(args: argparse.Namespace, config: Any, early: Any, threads: bool) -> str:
+    """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
+    from flows.progress import ProgressDisplay
+
+    display = ProgressDisplay(args.progress)
+    if args.no_prefect:
+        with display:
+            return _build_without_prefect(args, config, display)
+    from flows.startup import warm_up
+
+    # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
+    warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
+    try:
+        return _run_flow(args, config, display, early, warming)
+    finally:
+        if warming is not None:
+            warming.close()  # the head start's units in flight end, its lock is released
 
 
 def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, warming: Any) -> str:

@@ -35,7 +35,7 @@ from .faults import fault
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, odd_line, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "draw_plots_here", "use_plot_helper", "plots_drawn_elsewhere", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card"]
 
 log = logging.getLogger("shardflow.card")
 
@@ -348,6 +348,21 @@ def stamp_card(directory: Path | str, ref: str) -> None:
         atomic_write_text(path, f"# Dataset card: {ref}{sep}{rest}")
 
 
+# The helper process drawing the plots (shardflow.plot_helper), when the command line started one.
+_helper: Any = None
+
+
+def use_plot_helper(helper: Any) -> None:
+    """Draw the plots with ``helper`` (a ``plot_helper.PlotHelper``) from now on; None: in this process."""
+    global _helper
+    _helper = helper
+
+
+def plots_drawn_elsewhere() -> bool:
+    """Whether a helper process draws the plots (so this process need not import matplotlib)."""
+    return _helper is not None
+
+
 def draw_plots(
     directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
 ) -> dict[str, bool]:
@@ -355,8 +370,21 @@ def draw_plots(
 
     Every PNG is written under a temporary name and renamed. Without matplotlib
     none is drawn (every value False). ``write_card_text`` then writes the
-    Markdown that links them.
+    Markdown that links them. Drawn by the plot helper when there is one (see
+    ``shardflow.plot_helper``), else, or if it cannot, here.
     """
+    helper = _helper
+    if helper is not None:
+        drawn = helper.draw(directory, manifest, parent=parent, parent_ref=parent_ref)
+        if drawn is not None:
+            return drawn
+    return draw_plots_here(directory, manifest, parent=parent, parent_ref=parent_ref)
+
+
+def draw_plots_here(
+    directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
+) -> dict[str, bool]:
+    """:func:`draw_plots` in this process."""
     directory = Path(directory)
     stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
     card_dir = directory / CARD_DIR
