@@ -32,8 +32,8 @@ claim them; :meth:`WarmUp.close` ends it after the flow).
 
 **Imports done while waiting.** The temporary server takes about 3 s to
 answer, and this process is ready before it. Whatever the run would import
-later (graphviz for Prefect's flows module, pandas for pyarrow, matplotlib
-for the dataset card: about 0.5 s) is imported during that wait
+later (graphviz for Prefect's flows module, and matplotlib for the dataset
+card unless the plot helper draws it: about 0.5 s) is imported during that wait
 (:func:`preload`) instead of on the run's own path.
 
 **A quick exit.** Once the flow has run, tearing down the interpreter (Prefect's
@@ -279,9 +279,9 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> None:
     process.wait()
 
 
-# Imported by a run only once it is under way: by Prefect's flows module (graphviz), by pyarrow (pandas,
-# at the first pa.array) and by the dataset card. (FastAPI no longer: flows.build.BuildFlow.)
-_LATER = ("prefect.utilities.visualization", "pandas")
+# Imported by a run only once it is under way: by Prefect's flows module (graphviz) and by the dataset
+# card. (FastAPI no longer: flows.build.BuildFlow; pandas no longer: shardflow._arrow.)
+_LATER = ("prefect.utilities.visualization",)
 _CARD = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
 LATER_IMPORTS = _LATER + _CARD
 """Modules a build imports once under way (also what ``shardflow serve``'s fork server preloads)."""

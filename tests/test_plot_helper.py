@@ -1,7 +1,7 @@
-"""The plot helper (``shardflow.plot_helper``): a spawned process draws the card's plots, the same bytes as in-process.
+"""The plot helper (``shardflow.plot_helper``): a child process draws the card's plots, the same bytes as in-process.
 
 Real builds of the sample corpus give the statistics; the helper is a real
-spawned process, killed or interrupted for real.
+child process, killed for real.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import logging
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -78,7 +77,7 @@ def test_the_helper_draws_the_same_bytes_as_this_process(helper, two_versions, t
 def test_a_dead_helper_leaves_the_drawing_to_this_process(helper, two_versions, tmp_path, caplog):
     v1, _ = two_versions
     os.kill(helper._process.pid, signal.SIGKILL)
-    helper._process.join(timeout=10)
+    helper._process.wait(timeout=10)
     card.use_plot_helper(helper)
     try:
         with caplog.at_level(logging.INFO, logger="shardflow.card"):
@@ -102,20 +101,36 @@ def test_an_error_while_drawing_is_the_builds_error(helper, two_versions, tmp_pa
 
 
 def test_ctrl_c_is_left_to_the_build(helper, two_versions, tmp_path):
-    """The terminal sends SIGINT to the whole process group: the helper ignores it, prints nothing, still draws."""
+    """The terminal sends SIGINT to its foreground process group: the helper is in a session of its own."""
     v1, _ = two_versions
-    time.sleep(0.5)  # also while it may still be importing matplotlib
-    os.kill(helper._process.pid, signal.SIGINT)
-    time.sleep(0.2)
-    assert helper._process.is_alive()
+    assert os.getsid(helper._process.pid) == helper._process.pid != os.getsid(0)
+    assert os.getpgid(helper._process.pid) != os.getpgid(0)
     assert helper.draw(_fresh(v1, tmp_path / "d"), read_manifest(v1), parent=None, parent_ref=None)["shard_fill.png"]
+
+
+def test_a_script_calling_main_without_a_main_guard_builds_once(tmp_path):
+    """The helper is ``python -m shardflow.plot_helper``: it never imports the caller's ``__main__`` again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "build_it.py"
+    script.write_text(
+        "from flows.cli import main\n"
+        f"print('building', flush=True)\n"
+        f"main(['build', {str(SAMPLE)!r}, '--name', 'once', '--data-root', 'd', '--catalog', 'c', '--no-prefect', '--progress', 'none'])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("building") == 1 and "published once@v1" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "d" / "once" / "v1" / "card").glob("*.png")) == [
+        "lengths.png", "shard_fill.png", "tokens_by_source.png"]
 
 
 def test_stop_ends_the_process_even_mid_import():
     started = PlotHelper.start()
     assert started is not None
     started.stop()  # at once: it is still importing matplotlib
-    assert not started._process.is_alive() and started._process.exitcode is not None
+    assert started._process.poll() is not None
 
 
 @pytest.mark.parametrize("env", [HELPER_ENV, card.CARD_ENV, "SHARDFLOW_STATS"])

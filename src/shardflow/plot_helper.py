@@ -6,20 +6,24 @@ In a build's own process they take turns with everything else that does (the
 tokenizer's load, Prefect's import and its task runs), and on a small or an
 incremental build the card is the last thing the run waits for.
 
-``shardflow build`` starts a :class:`PlotHelper` as it begins: a spawned
-process imports matplotlib on the core the build's start-up leaves idle, then
+``shardflow build`` starts a :class:`PlotHelper` as it begins: a child process
+(``python -m shardflow.plot_helper``, in its own session, talking over two
+pipes) imports matplotlib on the core the build's start-up leaves idle, then
 draws the card when the build asks, writing the PNGs where the build's own
 process would (the same bytes: the same code and the same matplotlib). If the
 helper cannot start, has died, or cannot be reached, the card is drawn in the
 build's own process, as without it. An error while drawing is the build's
-error, as in-process. ``SHARDFLOW_PLOT_HELPER=0`` turns the helper off.
+error, as in-process. It ends with the command; if the build is killed, it
+ends at the closed pipe after the drawing in hand. ``SHARDFLOW_PLOT_HELPER=0``
+turns the helper off.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
+import subprocess
+import sys
 import threading
 from importlib.util import find_spec
 from pathlib import Path
@@ -35,40 +39,44 @@ HELPER_ENV = "SHARDFLOW_PLOT_HELPER"
 class PlotHelper:
     """A helper process for the card's plots; :meth:`start` it, hand it to ``card.use_plot_helper``, :meth:`stop` it."""
 
-    def __init__(self, process: Any, conn: Any) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], requests: Any, replies: Any) -> None:
         self._process = process
-        self._conn = conn
+        self._requests = requests
+        self._replies = replies
         self._lock = threading.Lock()  # one drawing at a time: requests and replies share the pipe
         self._broken = False
 
     @classmethod
     def start(cls) -> PlotHelper | None:
-        """Spawn the helper (it imports matplotlib at once); None when turned off, without matplotlib, or on failure."""
+        """Launch the helper (it imports matplotlib at once); None when turned off, without matplotlib, or on failure."""
         from .card import CARD_ENV
         from .stats import COLLECT_ENV
 
         # No statistics or no card (nothing to draw), turned off, or no matplotlib (a text-only card).
         if any(os.environ.get(env, "1") == "0" for env in (COLLECT_ENV, CARD_ENV, HELPER_ENV)) or find_spec("matplotlib") is None:
             return None
-        import multiprocessing
+        from multiprocessing.connection import Connection
 
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: forking a process with threads is unsafe
+        # A plain subprocess, not multiprocessing's spawn, which would import the caller's __main__
+        # again (a script calling flows.cli.main() without a __main__ guard would build twice).
+        # Its own session: Ctrl-C at the terminal interrupts the build, not the helper.
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
         try:
-            conn, child_conn = ctx.Pipe()
-            # A daemon: the interpreter's exit ends it rather than waiting for it.
-            process = ctx.Process(target=_serve, args=(child_conn,), name="shardflow-plots", daemon=True)
-            # Ctrl-C reaches the terminal's whole process group: the helper, blocked from it from its
-            # first instruction, leaves the interruption (and its message) to the build.
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                process.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            child_conn.close()
-        except (OSError, RuntimeError, ValueError) as exc:  # no processes here (a sandbox), or a main thread check
+            process = subprocess.Popen(
+                [sys.executable, "-m", "shardflow.plot_helper", str(requests_r), str(replies_w)],
+                pass_fds=(requests_r, replies_w), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as exc:  # no processes here (a sandbox)
             log.debug("no plot helper (%s): the card is drawn in this process", exc)
+            for fd in (requests_r, requests_w, replies_r, replies_w):
+                os.close(fd)
             return None
-        return cls(process, conn)
+        os.close(requests_r)
+        os.close(replies_w)
+        return cls(process, Connection(requests_w, readable=False), Connection(replies_r, writable=False))
 
     def draw(self, directory: Path | str, manifest: Any, *, parent: Path | None, parent_ref: str | None) -> dict[str, bool] | None:
         """The helper's :func:`shardflow.card.draw_plots`; None when it cannot draw (the caller draws instead)."""
@@ -76,9 +84,9 @@ class PlotHelper:
             if self._broken:
                 return None
             try:
-                self._conn.send((str(directory), manifest, None if parent is None else str(parent), parent_ref))
+                self._requests.send((str(directory), manifest, None if parent is None else str(parent), parent_ref))
                 while True:
-                    kind, value = self._conn.recv()
+                    kind, value = self._replies.recv()
                     if kind != "ready":
                         break
             except (OSError, EOFError, ValueError) as exc:  # it died (killed, out of memory): draw here
@@ -95,16 +103,19 @@ class PlotHelper:
         """End the helper now, whatever it is doing."""
         with self._lock:
             self._broken = True
-            self._conn.close()
-        if self._process.is_alive():
+            self._requests.close()
+            self._replies.close()
+        if self._process.poll() is None:
             self._process.terminate()
-        self._process.join(timeout=5)
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
 
 
-def _serve(conn: Any) -> None:
-    """The helper process: import matplotlib, then draw each request until the build closes the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # ignored now: unblocking cannot interrupt
+def _serve(requests: Any, replies: Any) -> None:
+    """The helper process: import matplotlib, then draw each request until the build closes its end."""
     try:
         import matplotlib.backends.backend_agg  # noqa: F401
         import matplotlib.figure  # noqa: F401
@@ -112,18 +123,27 @@ def _serve(conn: Any) -> None:
 
         from shardflow import card
     except ImportError:
-        conn.send(("unavailable", None))
+        replies.send(("unavailable", None))
         return
-    conn.send(("ready", None))
+    replies.send(("ready", None))
     while True:
         try:
-            directory, manifest, parent, parent_ref = conn.recv()
+            directory, manifest, parent, parent_ref = requests.recv()
         except (EOFError, OSError):
             return
         try:
             drawn = card.draw_plots_here(directory, manifest, parent=None if parent is None else Path(parent),
                                          parent_ref=parent_ref)
         except Exception as exc:  # the build's error, as if drawn there: its type and message travel back
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            replies.send(("error", f"{type(exc).__name__}: {exc}"))
         else:
-            conn.send(("ok", drawn))
+            replies.send(("ok", drawn))
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    try:
+        _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    except (BrokenPipeError, EOFError, KeyboardInterrupt):  # the build ended first
+        pass

@@ -90,17 +90,19 @@ def test_any_other_value_goes_through_prefects_method() -> None:
     assert build_dataset.serialize_parameters(odd) == Flow.serialize_parameters(build_dataset, odd)
 
 
-def test_the_server_records_prefects_serialization_and_the_command_line_never_imports_fastapi(
+def test_the_server_records_prefects_serialization_and_the_command_line_never_imports_fastapi_or_pandas(
     prefect_server: PrefectServer, tmp_path: Path
 ) -> None:
     # -X importtime's lines name every module the process imported (on stderr).
-    env = {**prefect_server.env, "PYTHONPROFILEIMPORTTIME": "1"}
+    # No plot helper: its process would write its own import lines to the same stderr.
+    env = {**prefect_server.env, "PYTHONPROFILEIMPORTTIME": "1", "SHARDFLOW_PLOT_HELPER": "0"}
     proc = run_cli(["build", str(SAMPLE), "--name", "params-sample", "--progress", "none"], env, tmp_path)
     told = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 0, "\n".join(told[-40:])
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "prefect.flow_engine" in imported and "pandas" in imported  # the lines are there
+    assert "prefect.flow_engine" in imported and "pyarrow.compute" in imported  # the lines are there
     assert not {m for m in imported if m == "fastapi" or m.startswith("fastapi.")}
+    assert "pandas" not in imported  # 0.5 s on the GIL that pyarrow's conversions of Python objects cost (shardflow._arrow)
 
     run = prefect_server.flow_runs("build params-sample")[0]
     config = BuildConfig(name="params-sample", sources=(str(SAMPLE),))

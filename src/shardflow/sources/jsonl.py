@@ -74,6 +74,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
+from .._arrow import large_binaries, large_strings
 from ..errors import InputError
 from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, file_name, has_suffix
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
@@ -188,9 +189,9 @@ def _utf8(text: str) -> bytes:
 
 def _column(values: list[str | None]) -> pa.Array:
     try:
-        return pa.array(values, type=pa.large_string())
+        return large_strings(values)
     except UnicodeEncodeError:  # lone surrogates: binary, so that utf8_errors decides and counts
-        return pa.array([None if v is None else _utf8(v) for v in values], type=pa.large_binary())
+        return large_binaries([None if v is None else _utf8(v) for v in values])
 
 
 def _lines(f: BinaryIO, length: int | None) -> Iterator[bytes]:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from .._arrow import large_strings
 from .base import _encode_gigatoken
 
 __all__ = ["Disputed", "find_disputed", "disputed_pattern", "encode_routed", "cached_answer"]
@@ -188,7 +189,7 @@ def encode_routed(
     tokens, offsets = _encode_gigatoken(fast, lock, texts)
     if disputed is None or len(offsets) < 2:
         return tokens, offsets
-    array = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(list(texts), type=pa.large_string())
+    array = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else large_strings(list(texts))
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     hits = disputed.hits(array)
