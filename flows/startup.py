@@ -484,16 +484,17 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
 
 
 @contextlib.contextmanager
-def plot_helper() -> Iterator[None]:
+def plot_helper(*, enabled: bool = True) -> Iterator[None]:
     """The card's plots drawn by a helper process during a command (``shardflow.plot_helper``), ended after.
 
     Started first, so that its import of matplotlib runs while this process
-    loads the tokenizer and imports Prefect.
+    loads the tokenizer and imports Prefect. ``enabled=False``: none (the card
+    is drawn in this process, as with ``SHARDFLOW_PLOT_HELPER=0``).
     """
     from shardflow.card import use_plot_helper
     from shardflow.plot_helper import PlotHelper
 
-    helper = PlotHelper.start()
+    helper = PlotHelper.start() if enabled else None
     use_plot_helper(helper)
     try:
         yield

@@ -137,3 +137,14 @@ def test_stop_ends_the_process_even_mid_import():
 def test_no_helper_when_turned_off_or_nothing_to_draw(env, monkeypatch):
     monkeypatch.setenv(env, "0")
     assert PlotHelper.start() is None
+
+
+def test_the_command_lines_context_starts_registers_and_ends_the_helper():
+    from flows.startup import plot_helper
+
+    with plot_helper():
+        helper = card._helper
+        assert card.plots_drawn_elsewhere() and helper._process.poll() is None
+    assert not card.plots_drawn_elsewhere() and helper._process.poll() is not None  # ended with the command
+    with plot_helper(enabled=False):  # beside a temporary server starting: drawn in this process
+        assert not card.plots_drawn_elsewhere()
