@@ -507,14 +507,17 @@ def plot_helper(*, enabled: bool = True) -> Iterator[None]:
 def exit_now(code: int) -> None:
     """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown.
 
-    Without Prefect loaded, the threads that are not daemons are waited for
-    first, as the interpreter would (a command's own; none is left after a
-    build). With it, Prefect's exit handlers stop its threads.
+    Without Prefect loaded, the threads that are not daemons are ended and
+    waited for first, as the interpreter would (``threading._shutdown``: an
+    idle thread pool's workers too). With it, Prefect's exit handlers stop its
+    threads.
     """
     if "prefect" not in sys.modules:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+        # What the interpreter's exit does first: the executors' exit hooks (their idle workers are
+        # not daemons and would wait forever), then a join of every thread that is not a daemon.
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None and threading.current_thread() is threading.main_thread():
+            shutdown()
     atexit._run_exitfuncs()  # Prefect's handlers send the last logs and events
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

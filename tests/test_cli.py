@@ -243,3 +243,12 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )
     assert waited.returncode == 3 and waited.stdout == "thread done\n", waited.stderr
+    # An idle thread pool left open (as the codecs' shared pool is): its workers are not daemons,
+    # and end only through the executors' exit hook, which exit_now runs as the interpreter would.
+    pooled = subprocess.run(
+        [sys.executable, "-c",
+         "from concurrent.futures import ThreadPoolExecutor\nfrom flows.startup import exit_now\n"
+         "pool = ThreadPoolExecutor(2)\nprint(pool.submit(sum, [1, 2]).result(), flush=True)\nexit_now(4)\n"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert pooled.returncode == 4 and pooled.stdout == "3\n", pooled.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import signal
 from pathlib import Path
 
@@ -148,3 +149,72 @@ def test_the_command_lines_context_starts_registers_and_ends_the_helper():
     assert not card.plots_drawn_elsewhere() and helper._process.poll() is not None  # ended with the command
     with plot_helper(enabled=False):  # beside a temporary server starting: drawn in this process
         assert not card.plots_drawn_elsewhere()
+
+
+def test_stop_is_not_held_up_by_a_drawing_in_flight(helper):
+    """A task thread waiting for its card's reply holds the helper's lock: stop() ends the helper all the same."""
+    import threading
+
+    def waiting_for_a_reply() -> None:
+        with helper._lock:
+            try:
+                while True:
+                    helper._replies.recv()  # "ready", then nothing until the helper ends
+            except (EOFError, OSError):
+                pass
+
+    waiter = threading.Thread(target=waiting_for_a_reply, daemon=True)
+    waiter.start()
+    stopper = threading.Thread(target=helper.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=30)
+    waiter.join(timeout=30)
+    assert not stopper.is_alive() and not waiter.is_alive() and helper._process.poll() is not None
+
+
+def test_a_request_that_does_not_pickle_is_drawn_here_and_the_helper_stays(helper, two_versions, tmp_path, caplog):
+    v1, _ = two_versions
+    odd = read_manifest(v1).replace(extra={**read_manifest(v1).extra, "unpicklable": lambda: None})
+    with caplog.at_level(logging.INFO, logger="shardflow.card"):
+        assert helper.draw(_fresh(v1, tmp_path / "a"), odd, parent=None, parent_ref=None) is None
+    assert "cannot take this card" in caplog.text
+    assert helper.draw(_fresh(v1, tmp_path / "b"), read_manifest(v1), parent=None, parent_ref=None)["lengths.png"]
+
+
+def test_the_helper_ends_when_the_build_is_killed(tmp_path):
+    """No orphan: a build killed mid-run (SIGKILL, no finally) takes its helper with it (Linux's parent-death signal)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys, time\nfrom shardflow.plot_helper import PlotHelper\n"
+        "import subprocess\n"
+        "h = PlotHelper.start()\n"
+        # Another process holds the request pipe open, as a helper busy drawing would not read it:
+        # the helper sees no end of its input, and only the parent-death signal ends it.
+        "keeper = subprocess.Popen(['sleep', '60'], pass_fds=(h._requests.fileno(),), start_new_session=True,\n"
+        "                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(h._process.pid, keeper.pid, flush=True)\ntime.sleep(2)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    # Only its first line is read: the helper, whose own output goes where the build's does, keeps the pipe open.
+    build = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    pid, keeper = (int(x) for x in build.stdout.readline().split())
+    build.wait(timeout=60)
+    build.stdout.close()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the helper {pid} outlived its build by 20 s")
+    finally:
+        os.kill(keeper, signal.SIGKILL)
+
+
+def test_no_helper_under_fault_injection(monkeypatch):
+    monkeypatch.setenv("SHARDFLOW_FAULT", "sleep0.01:plan")
+    assert PlotHelper.start() is None
