@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
 
@@ -180,8 +180,6 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
         early.stop(quiet=True)
         early = None
 
-    from flows.startup import plot_helper
-
     # The card's plots: drawn by a helper process that imports matplotlib meanwhile. Not beside a
     # temporary server starting: its start-up needs the cores, and this process imports matplotlib
     # anyway while it waits for that server (preload); 0.9 s slower on the sample with the helper.
@@ -198,6 +196,27 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
     print(f"published {ref}")
     print(str(directory / "metadata.yaml"))
     return 0
+
+
+@contextlib.contextmanager
+def plot_helper(*, enabled: bool = True) -> Iterator[None]:
+    """The card's plots drawn by a helper process during a command (``shardflow.plot_helper``), ended after.
+
+    Started first, so that its import of matplotlib runs while this process
+    loads the tokenizer and imports Prefect. ``enabled=False``: none (the card
+    is drawn in this process, as with ``SHARDFLOW_PLOT_HELPER=0``).
+    """
+    from shardflow.card import use_plot_helper
+    from shardflow.plot_helper import PlotHelper
+
+    helper = PlotHelper.start() if enabled else None
+    use_plot_helper(helper)
+    try:
+        yield
+    finally:
+        use_plot_helper(None)
+        if helper is not None:
+            helper.stop()
 
 
 def _build(args: argparse.Namespace, config: Any, early: Any, threads: bool) -> str:

@@ -59,7 +59,7 @@ from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "plot_helper", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -481,27 +481,6 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
     warming = _pending = WarmUp(thread, ready)
     thread.start()
     return warming
-
-
-@contextlib.contextmanager
-def plot_helper(*, enabled: bool = True) -> Iterator[None]:
-    """The card's plots drawn by a helper process during a command (``shardflow.plot_helper``), ended after.
-
-    Started first, so that its import of matplotlib runs while this process
-    loads the tokenizer and imports Prefect. ``enabled=False``: none (the card
-    is drawn in this process, as with ``SHARDFLOW_PLOT_HELPER=0``).
-    """
-    from shardflow.card import use_plot_helper
-    from shardflow.plot_helper import PlotHelper
-
-    helper = PlotHelper.start() if enabled else None
-    use_plot_helper(helper)
-    try:
-        yield
-    finally:
-        use_plot_helper(None)
-        if helper is not None:
-            helper.stop()
 
 
 def exit_now(code: int) -> None:

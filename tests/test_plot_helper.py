@@ -141,7 +141,7 @@ def test_no_helper_when_turned_off_or_nothing_to_draw(env, monkeypatch):
 
 
 def test_the_command_lines_context_starts_registers_and_ends_the_helper():
-    from flows.startup import plot_helper
+    from flows.cli import plot_helper
 
     with plot_helper():
         helper = card._helper
