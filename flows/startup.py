@@ -37,7 +37,7 @@ card unless the plot helper draws it: about 0.5 s) is imported during that wait
 (:func:`preload`) instead of on the run's own path.
 
 **A quick exit.** Once the flow has run, tearing down the interpreter (Prefect's
-thousands of objects) takes about a second; :func:`exit_now` runs the exit
+thousands of objects) takes about a second; :func:`flows.cli.exit_now` runs the exit
 handlers (Prefect's drain its logs and events) and ends the process.
 """
 
@@ -59,7 +59,7 @@ from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "exit_now", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
+__all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
 
 log = logging.getLogger("prefect")  # Prefect's own temporary server logs its start and stop here
 
@@ -481,24 +481,3 @@ def warm_up(config: Any, data_root: str | None, *, catalog: str | None = None, w
     warming = _pending = WarmUp(thread, ready)
     thread.start()
     return warming
-
-
-def exit_now(code: int) -> None:
-    """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown.
-
-    Without Prefect loaded, the threads that are not daemons are ended and
-    waited for first, as the interpreter would (``threading._shutdown``: an
-    idle thread pool's workers too). With it, Prefect's exit handlers stop its
-    threads.
-    """
-    if "prefect" not in sys.modules:
-        # What the interpreter's exit does first: the executors' exit hooks (their idle workers are
-        # not daemons and would wait forever), then a join of every thread that is not a daemon.
-        shutdown = getattr(threading, "_shutdown", None)
-        if shutdown is not None and threading.current_thread() is threading.main_thread():
-            shutdown()
-    atexit._run_exitfuncs()  # Prefect's handlers send the last logs and events
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)

@@ -237,7 +237,7 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
     assert "Traceback" not in bad.stderr
     waited = subprocess.run(
         [sys.executable, "-c",
-         "import threading, time\nfrom flows.startup import exit_now\n"
+         "import threading, time\nfrom flows.cli import exit_now\n"
          "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
          "threading.Thread(target=late).start()\nexit_now(3)\n"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -247,7 +247,7 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
     # and end only through the executors' exit hook, which exit_now runs as the interpreter would.
     pooled = subprocess.run(
         [sys.executable, "-c",
-         "from concurrent.futures import ThreadPoolExecutor\nfrom flows.startup import exit_now\n"
+         "from concurrent.futures import ThreadPoolExecutor\nfrom flows.cli import exit_now\n"
          "pool = ThreadPoolExecutor(2)\nprint(pool.submit(sum, [1, 2]).result(), flush=True)\nexit_now(4)\n"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )
