@@ -176,7 +176,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0}))
 PREFECT_E2E = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from flows.build import build_dataset
+from shardflow.flows.build import build_dataset
 from shardflow.config import BuildConfig
 corpus, out = sys.argv[1], sys.argv[2]
 ref = build_dataset(config=BuildConfig(name="bench", sources=(corpus,)), workers=2, data_root=out + "/data", catalog=out + "/manifests")

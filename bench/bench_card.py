@@ -59,7 +59,7 @@ def timed(stage):
     return dataclasses.replace(stage, run=run)
 table = tuple(timed(x) for x in s.STAGES)
 s.STAGES = r.STAGES = b.STAGES = table
-from flows.cli import main
+from shardflow.flows.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

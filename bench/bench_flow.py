@@ -151,7 +151,7 @@ class Run:
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
         cwd.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "build", *args, "--progress", "none"],
+        proc = subprocess.Popen([sys.executable, "-m", "shardflow.flows.cli", "build", *args, "--progress", "none"],
                                 env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = proc.communicate()
         self.wall = time.perf_counter() - t0

@@ -48,12 +48,12 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from flows import heartbeats, startup
-from flows.artifact_sender import LatestOnly, send_all
-from flows.progress import Progress, emit
-from flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
-from flows.task_tags import task_tags
-from tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
+from shardflow.flows import heartbeats, startup
+from shardflow.flows.artifact_sender import LatestOnly, send_all
+from shardflow.flows.progress import Progress, emit
+from shardflow.flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
+from shardflow.flows.task_tags import task_tags
+from shardflow.tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
 __all__ = ["build_dataset", "BuildFlow", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 

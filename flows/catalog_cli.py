@@ -25,7 +25,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     manifest = read_manifest(directory)
     report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
     if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
-        from flows.targets_cli import check_target
+        from shardflow.flows.targets_cli import check_target
 
         check_target(args.for_target, directory, manifest)
     fmt = manifest.format
@@ -40,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for split, entry in manifest.splits.items():
         print(f"  {split:6s}         {len(entry.shards)} shards, {entry.tokens} tokens, {entry.documents} documents")
     if args.for_target is not None:
-        from flows.targets_cli import print_target_settings
+        from shardflow.flows.targets_cli import print_target_settings
 
         print_target_settings(args.for_target, directory, manifest)
     return 0

@@ -29,8 +29,8 @@ from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
 
-from flows.catalog_cli import cmd_diff, cmd_ls, cmd_show, cmd_validate
-from flows.options import _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options
+from shardflow.flows.catalog_cli import cmd_diff, cmd_ls, cmd_show, cmd_validate
+from shardflow.flows.options import _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options
 
 __all__ = ["main", "build_parser"]
 
@@ -139,7 +139,7 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
 
     from shardflow.build import build
 
-    from flows.progress import Progress
+    from shardflow.flows.progress import Progress
 
     state = {"done": 0, "tokens": 0, "total": 0, "t0": 0.0}
 
@@ -192,7 +192,7 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
 
     directory = Catalog(args.catalog).resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
-        from flows.targets_cli import print_target_settings
+        from shardflow.flows.targets_cli import print_target_settings
 
         print_target_settings(config.target, directory)
     print(f"published {ref}")
@@ -223,13 +223,13 @@ def plot_helper(*, enabled: bool = True) -> Iterator[None]:
 
 def _build(args: argparse.Namespace, config: Any, early: Any, threads: bool) -> str:
     """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
-    from flows.progress import ProgressDisplay
+    from shardflow.flows.progress import ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
         with display:
             return _build_without_prefect(args, config, display)
-    from flows.startup import warm_up
+    from shardflow.flows.startup import warm_up
 
     # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
     warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
@@ -244,9 +244,9 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, w
     """Run the ``build_dataset`` flow for ``shardflow build`` (on ``early``'s server, if any); its reference."""
     from prefect import tags
 
-    from flows.build import build_dataset, dataset_tag, require_real_api
-    from flows.progress import listening
-    from tasks.build import TAGS
+    from shardflow.flows.build import build_dataset, dataset_tag, require_real_api
+    from shardflow.flows.progress import listening
+    from shardflow.tasks.build import TAGS
 
     if args.runner == "dask":
         import importlib.util
@@ -283,7 +283,7 @@ def _checked_build_config(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import json
 
-    from flows.schedules import ScheduledBuild, load_schedules, to_deployments
+    from shardflow.flows.schedules import ScheduledBuild, load_schedules, to_deployments
 
     if args.schedules:
         if args.sources or args.name or args.cron:
@@ -297,7 +297,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _check_runner(args)
         if args.workers < 1:
             raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
-        from flows.schedules import _abs, _check_cron
+        from shardflow.flows.schedules import _abs, _check_cron
 
         if args.cron:
             _check_cron(args.cron, args.timezone, "--cron")
@@ -322,8 +322,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps([b.to_dict() for b in builds], indent=2))
         return 0
     _prefect_defaults()
-    from flows.build import build_dataset
-    from flows.served import serve
+    from shardflow.flows.build import build_dataset
+    from shardflow.flows.served import serve
 
     deployments = to_deployments(builds)
     for b in builds:
@@ -359,7 +359,7 @@ COMMANDS = {
 
 def _start_server_first(words: Sequence[str]) -> Any:
     """Prefect's temporary server for a build that runs its flow here, launched before the parser is built."""
-    from flows import startup
+    from shardflow.flows import startup
 
     if not startup.runs_flow_here(words):
         return None

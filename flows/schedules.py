@@ -50,7 +50,7 @@ import yaml
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 
-from tasks.sources import is_url
+from shardflow.tasks.sources import is_url
 
 __all__ = ["ScheduledBuild", "load_schedules", "to_deployments", "DATASET_KEYS"]
 
@@ -89,7 +89,7 @@ class ScheduledBuild:
 
     def all_tags(self) -> list[str]:
         """``shardflow``, ``dataset:<name>``, then the file's own tags."""
-        from tasks.build import TAGS
+        from shardflow.tasks.build import TAGS
 
         tags = [*TAGS, f"dataset:{self.config.name}", *self.tags]
         return list(dict.fromkeys(tags))
@@ -216,7 +216,7 @@ def to_deployments(builds: list[ScheduledBuild]) -> list[Any]:
     """``RunnerDeployment`` objects of ``build_dataset``, ready for ``prefect.serve``."""
     from prefect.schedules import Cron
 
-    from flows.build import build_dataset
+    from shardflow.flows.build import build_dataset
 
     deployments = []
     for b in builds:

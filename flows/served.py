@@ -43,11 +43,11 @@ log = logging.getLogger("shardflow.flows")
 
 
 def _preload() -> list[str]:
-    from flows.startup import LATER_IMPORTS
+    from shardflow.flows.startup import LATER_IMPORTS
 
     # The flow and Prefect's engine; what a run imports on its way (graphviz, matplotlib for
     # the card: the command line's preload list); the tokenizer families and their fast backend.
-    return ["flows.build", "tasks.build", "prefect.flow_engine", *LATER_IMPORTS,
+    return ["shardflow.flows.build", "shardflow.tasks.build", "prefect.flow_engine", *LATER_IMPORTS,
             "shardflow.tokenizers", "gigatoken", "tiktoken"]
 
 

@@ -59,7 +59,7 @@ def test_tokenizing_a_parquet_or_jsonl_input_imports_no_pandas(tmp_path):
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text('{"text": "one"}\n{"text": null}\n{"text": ""}\n{"text": "two \\udcff"}\n')
     code = (
-        "import sys\nfrom flows.cli import main\n"
+        "import sys\nfrom shardflow.flows.cli import main\n"
         f"for src, name in (({str(SAMPLE)!r}, 'p'), ({str(jsonl)!r}, 'j')):\n"
         "    assert main(['build', src, '--name', name, '--data-root', 'd', '--catalog', 'c', '--no-prefect', '--progress', 'none']) == 0\n"
         "print('pandas' in sys.modules)\n"

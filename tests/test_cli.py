@@ -1,4 +1,4 @@
-"""The ``shardflow`` command line (``flows.cli.main``), run in-process without Prefect."""
+"""The ``shardflow`` command line (``shardflow.flows.cli.main``), run in-process without Prefect."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core_support import SAMPLE, write_parquet
-from flows.cli import main
+from shardflow.flows.cli import main
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     import contextlib
     import io
 
-    from flows.build import build_dataset
+    from shardflow.flows.build import build_dataset
     from shardflow.config import BuildConfig
     from shardflow.manifest import read_manifest
 
@@ -208,7 +208,7 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["SHARDFLOW_REUSE_LOCAL_SERVER"] = "0"  # the temporary server even if `prefect server start` runs here
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "build", str(SAMPLE), "--name", "sample"],
+        [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "sample"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -220,13 +220,13 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
 
 
 def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp_path):
-    """``flows.cli.run`` (the ``shardflow`` script) ends through ``exit_now`` on every path: the piped
+    """``shardflow.flows.cli.run`` (the ``shardflow`` script) ends through ``exit_now`` on every path: the piped
     stdout is complete, the status is main's, and a thread that is not a daemon is waited for."""
     import subprocess
     import sys
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "shardflow.flows.cli", *args], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)
 
     ok = script("build", str(SAMPLE), "--name", "quick", *BUILD, "--progress", "none")
@@ -237,7 +237,7 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
     assert "Traceback" not in bad.stderr
     waited = subprocess.run(
         [sys.executable, "-c",
-         "import threading, time\nfrom flows.cli import exit_now\n"
+         "import threading, time\nfrom shardflow.flows.cli import exit_now\n"
          "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
          "threading.Thread(target=late).start()\nexit_now(3)\n"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -247,7 +247,7 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
     # and end only through the executors' exit hook, which exit_now runs as the interpreter would.
     pooled = subprocess.run(
         [sys.executable, "-c",
-         "from concurrent.futures import ThreadPoolExecutor\nfrom flows.cli import exit_now\n"
+         "from concurrent.futures import ThreadPoolExecutor\nfrom shardflow.flows.cli import exit_now\n"
          "pool = ThreadPoolExecutor(2)\nprint(pool.submit(sum, [1, 2]).result(), flush=True)\nexit_now(4)\n"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )

@@ -209,7 +209,7 @@ def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
 
 
 def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
     assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",
@@ -396,7 +396,7 @@ def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) ->
 def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from shardflow.catalog import Catalog
 
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
     assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",

@@ -13,7 +13,12 @@ from pathlib import Path
 import shardflow
 
 SRC = Path(shardflow.__file__).resolve().parent
-FORBIDDEN = ("prefect", "flows", "tasks")
+# The orchestration packages install inside shardflow (setup.py) but are not the core.
+FORBIDDEN = ("prefect", "shardflow.flows", "shardflow.tasks")
+
+
+def _forbidden(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
 
 
 def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -36,7 +41,7 @@ def test_no_source_file_imports_orchestration():
     for path in files:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for lineno, module in _imported_modules(tree):
-            if module.split(".")[0] in FORBIDDEN:
+            if _forbidden(module):
                 offenders.append(f"{path.relative_to(SRC.parent)}:{lineno} imports {module}")
     assert not offenders, "\n".join(offenders)
 
@@ -47,13 +52,16 @@ import shardflow
 skipped, imported = [], []
 for info in pkgutil.walk_packages(shardflow.__path__, "shardflow."):
     name = info.name
+    # The orchestration packages (installed as shardflow.flows / shardflow.tasks) are not the core.
+    if name.startswith(("shardflow.flows", "shardflow.tasks")):
+        continue
     # Training-side torch adapters are optional extras; everything else must import.
     if name.startswith("shardflow.runtime.") and "torch" in name:
         skipped.append(name)
         continue
     importlib.import_module(name)
     imported.append(name)
-bad = sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows", "tasks"))
+bad = sorted(m for m in sys.modules if m.split(".")[0] == "prefect" or m.startswith(("shardflow.flows", "shardflow.tasks")))
 print(json.dumps({"imported": imported, "skipped": skipped, "bad": bad}))
 """
 
@@ -277,7 +285,7 @@ def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow()
     """``shardflow``'s names load on first use: the command line launches Prefect's temporary server
     (flows/startup.py, which needs only ``shardflow.errors``) before numpy and pyarrow are imported."""
     code = (
-        "import sys, shardflow, shardflow.errors, flows.cli, flows.startup\n"
+        "import sys, shardflow, shardflow.errors, shardflow.flows.cli, shardflow.flows.startup\n"
         "heavy = sorted(m for m in ('numpy', 'pyarrow', 'prefect') if m in sys.modules)\n"
         "from shardflow import BuildConfig, open_version, Split, Version, ShardflowError\n"
         "assert BuildConfig.__module__ == 'shardflow.config' and ShardflowError is shardflow.errors.ShardflowError\n"
@@ -300,7 +308,7 @@ def test_a_build_without_prefect_and_the_catalog_commands_never_import_prefect(t
         ["ls", *where], ["ls", "s", *where], ["show", "s@v1", *where], ["validate", "s@v1", *where], ["diff", "s@v1", "s@v1", *where],
     ]
     code = (
-        "import json, sys\nfrom flows.cli import main\n"
+        "import json, sys\nfrom shardflow.flows.cli import main\n"
         f"for argv in json.loads({json.dumps(json.dumps(commands))}):\n"
         "    assert main(argv) == 0, argv\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect')))\n"

@@ -32,7 +32,7 @@ def _documents() -> list[str]:
 
 
 def _cli_build(tmp_path: Path, tokenizer: Path, *flags: str) -> Path:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     corpus = write_parquet(tmp_path / "corpus" / "docs.parquet", _documents())
     args = ["build", str(corpus), "--name", "model", "--tokenizer", str(tokenizer), "--bos", "--eos", "--no-prefect",

@@ -246,7 +246,7 @@ def test_an_incremental_rebuild_reads_only_the_changed_object(tmp_path, s3, buck
 
 
 def cli_refuses(tmp_path: Path, capsys, source: str, pattern: str, *extra: str) -> str:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     root = tmp_path / "cli"
     rc = main(

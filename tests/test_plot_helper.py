@@ -116,7 +116,7 @@ def test_a_script_calling_main_without_a_main_guard_builds_once(tmp_path):
 
     script = tmp_path / "build_it.py"
     script.write_text(
-        "from flows.cli import main\n"
+        "from shardflow.flows.cli import main\n"
         f"print('building', flush=True)\n"
         f"main(['build', {str(SAMPLE)!r}, '--name', 'once', '--data-root', 'd', '--catalog', 'c', '--no-prefect', '--progress', 'none'])\n"
     )
@@ -141,7 +141,7 @@ def test_no_helper_when_turned_off_or_nothing_to_draw(env, monkeypatch):
 
 
 def test_the_command_lines_context_starts_registers_and_ends_the_helper():
-    from flows.cli import plot_helper
+    from shardflow.flows.cli import plot_helper
 
     with plot_helper():
         helper = card._helper

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from core_support import ASSETS, write_parquet
 
-from flows.cli import main
+from shardflow.flows.cli import main
 from shardflow.build import build
 from shardflow.catalog import Catalog, VersionEntry
 from shardflow.config import BuildConfig

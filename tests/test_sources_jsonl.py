@@ -74,7 +74,7 @@ def docs(real_texts) -> list[str]:
 
 
 def run_cli(tmp_path: Path, capsys, *args: str) -> tuple[int, str]:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     rc = main(["build", *args, "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog")])
     return rc, capsys.readouterr().err

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core_support import MAKE_CORPUS, make_builder, write_parquet
-from flows.cli import main
+from shardflow.flows.cli import main
 from shardflow.config import BuildConfig
 from shardflow.errors import InputError, ValidationError
 from shardflow.manifest import read_manifest

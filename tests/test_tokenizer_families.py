@@ -373,7 +373,7 @@ def test_builds_carry_the_tokenizer_and_agree_across_backends_and_workers(case, 
 
 
 def test_show_decodes_with_the_copy_and_validation_checks_it(sp_model, built, tmp_path, sample_texts, capsys):
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     tokenizer = Path(shutil.copyfile(sp_model, tmp_path / "mine.model"))
     b = built(SAMPLE, name="sp", tokenizer=str(tokenizer))
@@ -474,7 +474,7 @@ def test_refusals_through_the_command_line_exit_2_and_publish_nothing(bpe_json, 
     for n, (name, backend, pattern) in enumerate(picked):
         root = tmp_path / f"cli-{n}"
         proc = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "build", str(SAMPLE), "--name", "refused", "--tokenizer", name, "--backend", backend,
+            [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "refused", "--tokenizer", name, "--backend", backend,
              "--no-prefect", "--data-root", str(root / "data"), "--catalog", str(root / "catalog")],
             capture_output=True, text=True, timeout=300,
         )

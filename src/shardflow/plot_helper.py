@@ -62,7 +62,7 @@ class PlotHelper:
         from multiprocessing.connection import Connection
 
         # A plain subprocess, not multiprocessing's spawn, which would import the caller's __main__
-        # again (a script calling flows.cli.main() without a __main__ guard would build twice).
+        # again (a script calling shardflow.flows.cli.main() without a __main__ guard would build twice).
         # Its own session: Ctrl-C at the terminal interrupts the build, not the helper. This package's
         # directory goes last on its path (never ahead of the standard library); the helper checks that
         # it imported this very package, and draws nothing otherwise.

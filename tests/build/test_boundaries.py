@@ -231,7 +231,7 @@ def test_missing_defaults_name_the_flag(monkeypatch, tmp_path, tiny_parquet):
 
 
 def test_cli_both_and_refusal(tmp_path, tiny_parquet, capsys):
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     where = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog")]
     cmd = ["build", str(tiny_parquet), "--name", "c", "--no-prefect", "--progress", "none", *where]
@@ -296,7 +296,7 @@ def test_incremental_reuse_compares_the_whole_boundary(tmp_path, corpus, monkeyp
 
 
 def test_schedules_file_takes_the_boundary_options(tmp_path):
-    from flows.schedules import load_schedules
+    from shardflow.flows.schedules import load_schedules
 
     f = tmp_path / "s.yaml"
     f.write_text(

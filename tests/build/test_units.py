@@ -222,7 +222,7 @@ def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it
     proc = subprocess.run(
         # The command line, with the planner's floor lowered as in this process (see small_floor).
         [sys.executable, "-c", f"import sys; from shardflow.build import units; units.FLOOR_BYTES = {small_floor}; "
-         "from flows.cli import main; sys.exit(main(sys.argv[1:]))", "build", str(corpus["grown"]), "--name", NAME, "--no-prefect",
+         "from shardflow.flows.cli import main; sys.exit(main(sys.argv[1:]))", "build", str(corpus["grown"]), "--name", NAME, "--no-prefect",
          "--data-root", str(root / "data"), "--catalog", str(root / "catalog"), "--workers", "1", *flags],
         env=env, capture_output=True, text=True, timeout=300,
     )

@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 SAMPLE = TESTS / "assets" / "sample.parquet"
 PYTHON = sys.executable
-SHARDFLOW = [PYTHON, "-m", "flows.cli"]
+SHARDFLOW = [PYTHON, "-m", "shardflow.flows.cli"]
 
 
 def free_port() -> int:

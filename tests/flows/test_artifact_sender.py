@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from flows.artifact_sender import LatestOnly, send_all
+from shardflow.flows.artifact_sender import LatestOnly, send_all
 
 WHO = contextvars.ContextVar("WHO", default="nobody")
 

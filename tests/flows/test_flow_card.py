@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.build import build_dataset
-from flows.report import artifact_key
+from shardflow.flows.build import build_dataset
+from shardflow.flows.report import artifact_key
 from shardflow.build.staging import Staging
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import shardflow.build.check as check_mod
-from flows.build import build_dataset
+from shardflow.flows.build import build_dataset
 from shardflow.build import build_lock, plan_build, tokenize_unit
 from shardflow.config import BuildConfig
 from shardflow.manifest import read_manifest

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prefect import Flow
 
-from flows.build import BuildFlow, build_dataset
+from shardflow.flows.build import BuildFlow, build_dataset
 from shardflow.config import BuildConfig, EmbedOptions
 
 from ops_support import SAMPLE, PrefectServer, run_cli

@@ -8,8 +8,8 @@ import threading
 
 import prefect.flow_engine as engine
 
-import flows.build  # noqa: F401  (applies the patch, as every process running the flow does)
-from flows import heartbeats
+import shardflow.flows.build  # noqa: F401  (applies the patch, as every process running the flow does)
+from shardflow.flows import heartbeats
 
 
 class _Engine:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import shardflow.build as core
-from flows.build import build_dataset
-from flows.progress import listening
+from shardflow.flows.build import build_dataset
+from shardflow.flows.progress import listening
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
@@ -168,7 +168,7 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
     import dataclasses
 
     import shardflow.build.tokenize as tokenize_mod
-    import tasks.build as tb
+    import shardflow.tasks.build as tb
 
     tokenized: Counter[int] = Counter()
     real_iter = tokenize_mod.iter_text_batches
@@ -251,7 +251,7 @@ def test_units_of_the_command_lines_head_start_keep_their_task_runs_and_log_line
 ) -> None:
     """Units the command line's head start tokenized before the flow run began (build/head_start.py)
     still show as task runs, each with its 'tokenized unit' line in that task run's logs."""
-    from flows import startup
+    from shardflow.flows import startup
     from shardflow.build.tokenize import unit_done
 
     name = "head-start"

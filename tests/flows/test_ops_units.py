@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
-from flows.progress import Progress, ProgressDisplay, choose_mode, format_eta, format_rate
-from flows.report import artifact_key, dataset_slug, shard_rows, summary_description, summary_markdown
+from shardflow.flows.cli import main
+from shardflow.flows.progress import Progress, ProgressDisplay, choose_mode, format_eta, format_rate
+from shardflow.flows.report import artifact_key, dataset_slug, shard_rows, summary_description, summary_markdown
 from shardflow.build import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
-from tasks.sources import file_url_to_path, is_url
+from shardflow.tasks.sources import file_url_to_path, is_url
 
 from ops_support import SAMPLE, version_files
 
@@ -244,7 +244,7 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
 
 
 def test_only_io_tasks_retry_and_only_on_transient_os_errors():
-    from tasks.build import (
+    from shardflow.tasks.build import (
         IO_TASKS, is_transient, layout_task, plan_task, publish_task, tokenize_task, validate_task,
         write_shard_task,
     )
@@ -278,8 +278,8 @@ def _schedules(tmp_path: Path, body: str) -> Path:
 
 
 def test_schedules_file_becomes_deployments_with_cron_and_parameters(tmp_path, capsys):
-    from flows.build import build_dataset
-    from flows.schedules import load_schedules, to_deployments
+    from shardflow.flows.build import build_dataset
+    from shardflow.flows.schedules import load_schedules, to_deployments
 
     path = _schedules(tmp_path, """
         defaults:
@@ -363,7 +363,7 @@ def test_a_plan_handle_travels_as_its_staging_directory_not_as_the_whole_plan(tm
     import pickle
 
     from shardflow.build import build_lock, plan_build
-    from tasks.build import PlanHandle
+    from shardflow.tasks.build import PlanHandle
 
     sizes = []
     for unit_bytes in (1 << 30, 1):  # 1 unit, then one unit per row group

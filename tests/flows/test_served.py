@@ -24,7 +24,7 @@ def test_served_runs_fork_from_a_process_with_the_flow_preloaded() -> None:
     out = _python("""
         import multiprocessing
         import prefect.flow_engine as engine
-        from flows import served
+        from shardflow.flows import served
         assert served.use_forkserver(start=False)
         ctx = engine.multiprocessing.get_context("spawn")
         assert ctx.get_start_method() == "forkserver", ctx
@@ -43,7 +43,7 @@ def test_a_changed_prefect_keeps_its_own_spawn() -> None:
     out = _python("""
         import inspect, multiprocessing
         import prefect.flow_engine as engine
-        from flows import served
+        from shardflow.flows import served
         real = inspect.getsource
         inspect.getsource = lambda obj: "def run_flow_in_subprocess(): ctx = multiprocessing.get_context('fork')"
         assert not served.use_forkserver(start=False)
@@ -58,7 +58,7 @@ def test_the_flow_still_validates_its_parameters_after_a_cloudpickle_round_trip(
     annotations must be objects, not strings only resolvable in flows/build.py's namespace."""
     out = _python(f"""
         import cloudpickle
-        from flows.build import build_dataset
+        from shardflow.flows.build import build_dataset
         from shardflow.config import BuildConfig
         flow = cloudpickle.loads(cloudpickle.dumps(build_dataset))
         params = flow.validate_parameters({{"config": BuildConfig(name="x", sources=({str(SAMPLE)!r},)), "workers": 2,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import startup
+from shardflow.flows import startup
 from shardflow.config import BuildConfig
 
 from ops_support import SAMPLE, PrefectServer, free_port, run_cli
@@ -116,7 +116,7 @@ def test_a_server_already_running_at_the_default_address_is_used(
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.build import build_dataset
+    from shardflow.flows.build import build_dataset
 
     _no_prefect_env(monkeypatch, tmp_path / "home")
     monkeypatch.chdir(tmp_path)
@@ -166,7 +166,7 @@ def test_the_server_is_launched_before_parsing_only_for_a_build_that_runs_its_fl
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``main`` launches it from the words alone, before the parser's imports (numpy, the targets)."""
-    from flows import cli
+    from shardflow.flows import cli
 
     launched: list[bool] = []
     monkeypatch.setattr(startup, "start_early", lambda: launched.append(True) or "server")
@@ -213,7 +213,7 @@ def test_the_flow_waits_for_the_command_lines_warm_up_right_before_planning(
 ) -> None:
     """The command line creates the flow run while its warm-up still hashes the inputs; the flow's
     plan task starts only after it (so the tokenizer is loaded and the inputs hashed once)."""
-    from flows.build import build_dataset
+    from shardflow.flows.build import build_dataset
 
     config = BuildConfig(name="warmed", sources=(str(SAMPLE),))
     events: list[str] = []
@@ -225,7 +225,7 @@ def test_the_flow_waits_for_the_command_lines_warm_up_right_before_planning(
         real_wait()
 
     monkeypatch.setattr(warming, "wait", wait)
-    import tasks.build as task_module
+    import shardflow.tasks.build as task_module
 
     real_plan = task_module.core.plan_build
 

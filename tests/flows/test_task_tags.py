@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.build import build_dataset
-from flows.task_tags import limited_tags
+from shardflow.flows.build import build_dataset
+from shardflow.flows.task_tags import limited_tags
 from shardflow.config import BuildConfig
 
 from ops_support import PrefectServer, free_port

@@ -76,11 +76,11 @@ def split_sample(directory: Path, sizes: tuple[int, ...] = (15, 15, 15, 16)) -> 
 def run_cli(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m flows.cli ARGS`` in a subprocess (no Prefect: callers pass ``--no-prefect``)."""
+    """``python -m shardflow.flows.cli ARGS`` in a subprocess (no Prefect: callers pass ``--no-prefect``)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "shardflow.flows.cli", *args],
         env=full_env,
         cwd=cwd,
         capture_output=True,
@@ -117,7 +117,7 @@ def start_build_cli(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
     full_env.update(env)
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "build", str(sources), "--name", name, "--no-prefect",
+        [sys.executable, "-m", "shardflow.flows.cli", "build", str(sources), "--name", name, "--no-prefect",
          "--data-root", str(root / "data"), "--catalog", str(root / "catalog"), "--workers", str(workers),
          *cli_args(options)],
         env=full_env,

@@ -1,7 +1,7 @@
 """Bad input: each one a single clear message naming the file (and row), a non-zero exit, nothing published.
 
 Every case runs the real command line (``shardflow build ... --no-prefect``,
-in-process through ``flows.cli.main``) and checks: exit status 2, the last line
+in-process through ``shardflow.flows.cli.main``) and checks: exit status 2, the last line
 of standard error is ``shardflow: error: ...`` with the expected message, no
 traceback, and no version in the catalog or the data root.
 """
@@ -33,7 +33,7 @@ def _parquet(path: Path, columns: dict, **kw) -> Path:
 
 
 def run_build(tmp_path: Path, capsys, *args: str) -> tuple[int, str]:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     rc = main(["build", *args, "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog")])
     return rc, capsys.readouterr().err

@@ -22,7 +22,7 @@ NAME = "full"
 
 
 def run_build(capsys, root: Path, src: Path, vocab: Path) -> tuple[int, str]:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     rc = main(
         ["build", str(src), "--name", NAME, "--no-prefect", "--data-root", str(root / "data"),

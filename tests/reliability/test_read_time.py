@@ -54,7 +54,7 @@ def shard(root: Path, k: int = 1) -> tuple[Path, Path]:
 
 
 def validate_cli(root: Path, capsys, ref: str | None = None) -> tuple[int, str]:
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     rc = main(["validate", ref or f"{NAME}@v1", "--catalog", str(root / "catalog")])
     captured = capsys.readouterr()

@@ -57,7 +57,7 @@ def test_deterministic_errors_are_not_retried(exc):
 
 def test_prefect_tasks_retry_by_the_same_rule_and_a_bounded_number_of_times():
     pytest.importorskip("prefect")
-    from tasks import build as tasks
+    from shardflow.tasks import build as tasks
 
     # Prefect calls retry_condition_fn(task, task_run, state) with state.data = the exception.
     for exc in TRANSIENT:
@@ -109,7 +109,7 @@ def test_retries_are_bounded(setup, monkeypatch, caplog, capsys):
     first = [w.split("; ")[-1] for w in _retry_warnings(caplog) if "r_train_000000" in w]
     assert first == ["retry 1 of 2", "retry 2 of 2"]
     # At the command line: one clean line, nothing published; the rerun finishes.
-    from flows.cli import main
+    from shardflow.flows.cli import main
 
     faults.reset()
     args = ["build", str(src), "--name", "r", "--no-prefect", "--data-root", str(tmp_path / "broken" / "data"),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import spec_readers as spec
 
-from flows.cli import main
+from shardflow.flows.cli import main
 from shardflow.build import build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -288,7 +288,7 @@ def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path
 
 
 def test_a_schedules_file_takes_a_target_and_refuses_a_contradiction(tmp_path, real_corpus):
-    from flows.schedules import load_schedules
+    from shardflow.flows.schedules import load_schedules
 
     path = tmp_path / "schedules.yaml"
     entry = f"  - name: shared\n    sources: [{real_corpus}]\n    cron: '0 2 * * *'\n    options:\n      target: modded-nanogpt\n"
