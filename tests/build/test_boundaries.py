@@ -311,3 +311,17 @@ def test_schedules_file_takes_the_boundary_options(tmp_path):
     (sb,) = load_schedules(f)
     assert (sb.config.boundary, sb.config.bos_token, sb.config.eos_token) == ("both", "100258", FIM_SUFFIX)
     assert sb.parameters()["config"]["bos_token"] == "100258"
+
+
+def test_a_tokenizer_without_a_classic_boundary_records_the_tokens_it_was_given():
+    """A bare tokenizer.json has no default boundary: the section names the token placed, whatever the placement."""
+    from shardflow.build.model import Boundaries
+
+    eos = Boundaries(placement="eos", eos=("<|end_of_text|>", 128001))
+    assert eos.manifest_section(None) == {
+        "token": "<|end_of_text|>", "token_id": 128001, "placement": "eos", "eos": {"token": "<|end_of_text|>", "id": 128001}
+    }
+    # With the tokenizer's own classic boundary, the section keeps the shape it always had.
+    classic = {"token": "<|end_of_text|>", "token_id": 128001, "placement": "eos"}
+    assert eos.manifest_section(("<|end_of_text|>", 128001)) == classic
+    assert Boundaries.from_section(eos.manifest_section(None)) == eos

@@ -26,6 +26,7 @@ from rel_support import (
     copy_into,
     leftovers,
     make_corpus,
+    run_cli,
     split_sample,
     versions,
 )
@@ -195,6 +196,70 @@ def test_other_options_or_val_count_reuse_nothing(tmp_path):
     vc_less = build_in(root, src, "o", dict(shard_tokens=30_000, val_count=5))
     assert "reuse" not in read_manifest(Path(vc_less.manifest_path).parent).extra
     assert vc.ref != vc_less.ref
+
+
+VAL_COUNT_LINE = (
+    "--val-count 5 holds out an exact number of documents over the whole corpus, so this rebuild tokenizes every "
+    "input again (1 unchanged since vc@v1); --val-fraction rebuilds tokenize only new or changed files"
+)
+
+
+def _tokenized_inputs(result: Any) -> list[str]:
+    """The inputs the build tokenized, from its manifest (``reuse`` section, else every input)."""
+    m = read_manifest(Path(result.manifest_path).parent)
+    return m.extra["reuse"]["tokenized_inputs"] if "reuse" in m.extra else [i["relname"] for i in m.inputs]
+
+
+def test_a_val_count_rebuild_says_why_it_tokenizes_everything(tmp_path, caplog):
+    """An exact count over the whole corpus can't be stable under added inputs: kept exact, and said in one line."""
+    src = split_sample(tmp_path / "src", (30, 31))
+    held = tmp_path / "part1.parquet"
+    shutil.move(src / "part1.parquet", held)
+    root = tmp_path / "r"
+    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    build_in(root, src, "vc", dict(shard_tokens=30_000, val_count=5))
+    assert not [r for r in caplog.records if "--val-count" in r.getMessage()]  # no parent: nothing to say
+    shutil.move(held, src / "part1.parquet")
+    caplog.clear()
+    tokenized: list[int] = []
+    v2 = build_in(root, src, "vc", dict(shard_tokens=30_000, val_count=5), on_unit=lambda r: tokenized.append(r.unit))
+    assert [r.getMessage() for r in caplog.records if "--val-count" in r.getMessage()] == [VAL_COUNT_LINE]
+    assert _tokenized_inputs(v2) == ["part0.parquet", "part1.parquet"]
+    assert len(tokenized) >= 2
+    m = read_manifest(Path(v2.manifest_path).parent)
+    assert m.splits["val"].documents == 5  # the count stays exact
+
+
+def test_a_val_fraction_rebuild_tokenizes_only_the_added_file(tmp_path, caplog):
+    """The README's claim, for the option that keeps it: the parent's input is taken, not tokenized again."""
+    src = split_sample(tmp_path / "src", (30, 31))
+    held = tmp_path / "part1.parquet"
+    root = tmp_path / "r"
+    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    shutil.move(src / "part1.parquet", held)
+    build_in(root, src, "vf", dict(shard_tokens=30_000, val_fraction=0.1))
+    shutil.move(held, src / "part1.parquet")
+    caplog.clear()
+    vf = build_in(root, src, "vf", dict(shard_tokens=30_000, val_fraction=0.1))
+    assert _tokenized_inputs(vf) == ["part1.parquet"]
+    assert read_manifest(Path(vf.manifest_path).parent).extra["reuse"]["reused_inputs"] == ["part0.parquet"]
+    assert not [r for r in caplog.records if "--val-count" in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_the_val_count_line_is_printed_once_on_stderr(tmp_path):
+    src = split_sample(tmp_path / "src", (30, 31))
+    held = tmp_path / "part1.parquet"
+    shutil.move(src / "part1.parquet", held)
+    where = ["--no-prefect", "--progress", "none", "--data-root", str(tmp_path / "data"),
+             "--catalog", str(tmp_path / "cat"), "--val-count", "5", "--shard-tokens", "30000"]
+    first = run_cli("build", str(src), "--name", "vc", *where)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    shutil.move(held, src / "part1.parquet")
+    again = run_cli("build", str(src), "--name", "vc", *where)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr == VAL_COUNT_LINE + "\n"
+    assert again.stdout.startswith("published vc@v2")
 
 
 def test_reuse_can_be_turned_off(tmp_path, monkeypatch):

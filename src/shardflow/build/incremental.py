@@ -30,12 +30,18 @@ from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import SPLITS, Boundaries, Reuse, ReusedInput
 
-__all__ = ["NO_REUSE_ENV", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
+__all__ = ["NO_REUSE_ENV", "VAL_COUNT_NOTICE", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
 
 log = logging.getLogger("shardflow.build")
 
 # Set to 1 to rebuild everything instead of reusing unchanged inputs' shards from the parent version.
 NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
+
+# The one line a rebuild with --val-count prints where it could have reused the parent's unchanged inputs.
+VAL_COUNT_NOTICE = (
+    "--val-count %d holds out an exact number of documents over the whole corpus, so this rebuild tokenizes "
+    "every input again (%d unchanged since %s); --val-fraction rebuilds tokenize only new or changed files"
+)
 
 
 def recorded_hashes(inputs: list[InputFile], cat: Catalog, name: str) -> list[InputFile]:
@@ -83,11 +89,10 @@ def plan_reuse(
     has one with the same name, size and SHA-256. With ``val_fraction`` (or no
     validation split) a document's split depends only on the seed, its input's
     name and its row, so a reused input's documents land in the same splits in
-    the same order. ``val_count`` selects documents over the whole corpus, so it
-    never reuses.
+    the same order. ``val_count`` selects an exact number of documents over the
+    whole corpus, so an added input can move held-out documents of unchanged ones:
+    it never reuses, and says so in one line (``VAL_COUNT_NOTICE``) where it could have.
     """
-    if config.val_count:
-        return None
     versions = [v.version for v in cat.versions(config.name)]
     version = prefer.partition("@")[2] if prefer else None
     if version not in versions:
@@ -132,6 +137,10 @@ def plan_reuse(
         if entry is not None:
             reused[i] = ReusedInput.from_entry(entry)
     if not reused:
+        return None
+    if config.val_count:
+        # An exact count can't be both exact and stable under added inputs: keep it exact, and say why.
+        log.warning(VAL_COUNT_NOTICE, config.val_count, len(reused), ref)
         return None
     return Reuse(parent=ref, directory=str(directory), build_key=parent.build_key, inputs=reused)
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..errors import ConfigError
 from ..formats import bosidx, get_format
 from ..manifest import SCHEMA_VERSION, Manifest, SplitEntry
 from ..targets import file_pattern, get_target
@@ -51,21 +52,32 @@ class TokenizerInfo:
     """The SHA-256 of the vocabulary file (every family's; tiktoken's may be a package's file)."""
     rank_file: str | None
     """The copy of the tokenizer file inside the version (its file name), if any."""
-    boundary_token: str
-    boundary_id: int
+    boundary_token: str | None
+    """The tokenizer's own classic boundary (``<|endoftext|>``), None if its files define none.
+
+    It only decides the shape of the manifest's ``boundary`` section; the tokens
+    themselves are the plan's ``Boundaries``, resolved once while planning.
+    """
+    boundary_id: int | None
     libraries: dict[str, str | None]
     family: str = "tiktoken"
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, *, rank_file: str | None) -> "TokenizerInfo":
+        try:
+            classic: tuple[str | None, int | None] = (tokenizer.eot_token, tokenizer.eot_id)
+        except ConfigError:
+            # A bare tokenizer.json (no tokenizer_config.json): the user named the boundaries with
+            # --bos-token/--eos-token and planning resolved them; only the section's shape needs this.
+            classic = (None, None)
         return cls(
             name=tokenizer.name,
             vocab_size=tokenizer.vocab_size,
             backend=tokenizer.backend,
             rank_file_sha256=tokenizer.spec.rank_file_sha256,
             rank_file=rank_file,
-            boundary_token=tokenizer.eot_token,
-            boundary_id=tokenizer.eot_id,
+            boundary_token=classic[0],
+            boundary_id=classic[1],
             libraries=tokenizer.library_versions(),
             family=tokenizer.spec.family,
         )
@@ -86,10 +98,11 @@ class TokenizerInfo:
 def _boundary_section(plan: BuildPlan, tokenizer: TokenizerInfo) -> dict[str, Any]:
     """The ``boundary`` section: ``{token, token_id, placement}`` as always for one token at the classic
     boundary (``<|endoftext|>``); ``bos`` and ``eos`` added for ``both`` or another token."""
-    default = (tokenizer.boundary_token, tokenizer.boundary_id)
-    if plan.boundaries is None:  # a plan from before boundaries were resolved while planning
-        return {"token": default[0], "token_id": default[1], "placement": plan.config.boundary}
-    return plan.boundaries.manifest_section(default)
+    if plan.boundaries is None:  # plan_build always resolves them (and fills them into an older plan.json)
+        raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
+    if tokenizer.boundary_token is None or tokenizer.boundary_id is None:
+        return plan.boundaries.manifest_section(None)
+    return plan.boundaries.manifest_section((tokenizer.boundary_token, tokenizer.boundary_id))
 
 
 def _per_input(plan: BuildPlan, units: list[UnitResult]) -> list[InputCounts]:

@@ -186,19 +186,20 @@ class Boundaries:
     def ids(self) -> tuple[int, ...]:
         return tuple(t[1] for t in (self.bos, self.eos) if t is not None)
 
-    def manifest_section(self, default: tuple[str, int]) -> dict[str, Any]:
+    def manifest_section(self, default: tuple[str, int] | None) -> dict[str, Any]:
         """The manifest's ``boundary`` section.
 
         ``token``/``token_id`` are the BOS (placements ``bos``, ``both``) or the
         EOS (``eos``), as readers before ``both`` expect. One token at the
         tokenizer's classic boundary ``default`` (``<|endoftext|>``) gives exactly
-        the section such builds always had; otherwise ``bos`` and ``eos``
+        the section such builds always had; otherwise (or with no ``default``: a
+        tokenizer whose files define no boundary) ``bos`` and ``eos``
         (``{token, id}``, absent when not placed) are added.
         """
         main = self.bos if self.bos is not None else self.eos
         assert main is not None
         section: dict[str, Any] = {"token": main[0], "token_id": main[1], "placement": self.placement}
-        if self.placement != "both" and main == tuple(default):
+        if self.placement != "both" and default is not None and main == tuple(default):
             return section
         for kind, tok in (("bos", self.bos), ("eos", self.eos)):
             if tok is not None:
