@@ -10,8 +10,11 @@ about a tenth of the run's time after the server answers.
   latest only: an update that arrives while another is in flight replaces any
   still waiting, so the bar never goes backwards and the build never waits on
   it. :meth:`LatestOnly.close` sends the last one before the run ends.
-* :func:`send_all` makes the end-of-run artifacts at once, from a few threads,
-  and returns when all are made.
+* :func:`send_all` makes calls at once, from a few threads, and returns when
+  all are made.
+* :func:`send_in_order` makes the end-of-run artifacts one after another: the
+  server orders a run's artifacts by their creation time, so calls made at
+  once would come in any order (``flows/report.py``: summary first).
 
 Both run the calls in a copy of the caller's context, so the artifacts belong
 to the same flow run, on the same server, as if the flow made them itself.
@@ -25,7 +28,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
-__all__ = ["LatestOnly", "send_all"]
+__all__ = ["LatestOnly", "send_all", "send_in_order"]
 
 log = logging.getLogger("shardflow.flows")
 
@@ -76,5 +79,17 @@ def send_all(calls: Sequence[Callable[[], Any]], *, threads: int = 4) -> None:
     with ThreadPoolExecutor(max_workers=min(threads, len(calls)), thread_name_prefix="shardflow-artifacts") as pool:
         futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
     errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+
+
+def send_in_order(calls: Sequence[Callable[[], Any]]) -> None:
+    """Run ``calls`` one after another, each after the last returned; re-raise the first error once all have run."""
+    errors = []
+    for call in calls:
+        try:
+            call()
+        except Exception as exc:  # the others are still made: one failed artifact hides none of the rest
+            errors.append(exc)
     if errors:
         raise errors[0]

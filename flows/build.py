@@ -49,9 +49,11 @@ from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from shardflow.flows import heartbeats, startup
-from shardflow.flows.artifact_sender import LatestOnly, send_all
+from shardflow.flows.artifact_sender import LatestOnly, send_in_order
 from shardflow.flows.progress import Progress, emit
-from shardflow.flows.report import artifact_key, card_images, card_markdown, manifest_link, shard_rows, summary_description, summary_markdown
+from shardflow.flows.report import (
+    artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
+)
 from shardflow.flows.task_tags import task_tags
 from shardflow.tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
 
@@ -243,41 +245,41 @@ class _RunProgress:
 def _publish_artifacts(
     *, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]
 ) -> None:
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-
-    from prefect.artifacts import create_image_artifact
+    """The run's end-of-run artifacts, created in ``report.creation_order`` (newest first, the summary leads)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     directory = Catalog(catalog).resolve(ref)
     manifest = read_manifest(directory)
     manifest_path = directory / "metadata.yaml"
-    calls = [
-        partial(
+    calls = {
+        "shards": partial(
             create_table_artifact,
             shard_rows(manifest),
             key=artifact_key(name, "shards"),
             description=f"Shards of {ref}: {manifest.totals['shards']} files, {manifest.totals['tokens']:,} tokens",
         ),
-        partial(
+        "summary": partial(
             create_markdown_artifact,
             summary_markdown(manifest, manifest_path=manifest_path, created=created, **stats),
             key=artifact_key(name, "summary"),
             description=summary_description(manifest, created=created),
         ),
-        partial(
-            create_link_artifact,
-            manifest_link(manifest_path),
-            link_text=f"{ref} metadata.yaml",
+        "manifest": partial(
+            create_markdown_artifact,
+            manifest_markdown(manifest_path, ref, catalog),
             key=artifact_key(name, "manifest"),
             description=f"Manifest of {ref}: {manifest_path}",
         ),
-    ]
-    for kind, uri, description in card_images(directory, ref):
-        calls.append(partial(create_image_artifact, uri, key=artifact_key(name, kind), description=description))
+    }
+    for kind, text, description in card_plots(directory, ref):
+        # Markdown showing the PNG, not an image artifact: the UI prints an image artifact's whole data: URL.
+        calls[kind] = partial(create_markdown_artifact, text, key=artifact_key(name, kind), description=description)
     card = card_markdown(directory)
     if card is not None:
-        calls.append(partial(create_markdown_artifact, card, key=artifact_key(name, "card"),
-                             description=f"Dataset card of {ref}"))
-    send_all(calls)  # at once: each is a round trip to the server, and none depends on another
+        calls["card"] = partial(create_markdown_artifact, card, key=artifact_key(name, "card"),
+                                description=f"Dataset card of {ref}")
+    # One after another, in a fixed order: made at once, their creation times (the UI's order) would be any.
+    send_in_order([calls[kind] for kind in creation_order(list(calls))])
 
 
 def _failure_summary(name: str, step: str, exc: BaseException) -> None:

@@ -1,16 +1,25 @@
-"""What a build run shows in the Prefect UI: artifact keys and contents.
+"""What a build run shows in the Prefect UI: artifact keys, contents and their order.
 
-Every ``build_dataset`` run creates, per dataset (keys from :func:`artifact_key`):
+Every ``build_dataset`` run creates, per dataset (keys from :func:`artifact_key`),
+listed here in :data:`ARTIFACT_ORDER`, the order a reader meets them, summary first:
 
-* ``<dataset>-progress``: a progress artifact, updated as work units and shards finish;
-* ``<dataset>-shards``: a table of the version's shards (split, file, tokens, documents, bytes, sha256);
 * ``<dataset>-summary``: a markdown summary (reference, manifest path, validation, tokenizer,
   dtype, format, totals per split, throughput);
-* ``<dataset>-manifest``: a link to the version's ``metadata.yaml``;
+* ``<dataset>-shards``: a table of the version's shards (split, file, tokens, documents, bytes, sha256);
+* ``<dataset>-manifest``: where the version's ``metadata.yaml`` is, and the commands that read it
+  (markdown: a ``file://`` link opens nothing from the UI's browser);
+* ``<dataset>-card``: the dataset card (``card/README.md``) as markdown, its plots inlined;
 * ``<dataset>-lengths``, ``-sources``, ``-shard-fill`` and (with a parent) ``-vs-parent``:
-  image artifacts of the dataset card's plots (``card/*.png``), each PNG inlined
-  as a ``data:`` URL, since the UI's browser cannot read the version's files;
-* ``<dataset>-card``: the dataset card (``card/README.md``) as markdown, its plots inlined the same way.
+  each plot of the card (``card/*.png``) on its own, as markdown that shows the PNG inlined
+  as a ``data:`` URL (the UI's browser cannot read the version's files). Not image
+  artifacts: the UI prints an image artifact's whole URL, here tens of kilobytes of base64;
+* ``<dataset>-progress``: a progress artifact, made as the run starts and updated as work
+  units and shards finish.
+
+The flow creates them one after another, last first (:func:`creation_order`), so that
+the server's newest-first listing (``sort: CREATED_DESC``: the UI's "Created" order) is
+:data:`ARTIFACT_ORDER`. The run's own Artifacts tab lists them as the server's default
+sort returns them, by random id: no order a client can fix.
 
 Artifact keys may hold only lowercase letters, digits and dashes, so the
 dataset name is slugged (``wiki_en.v2`` becomes ``wiki-en-v2``). Because the
@@ -29,8 +38,8 @@ from typing import Any
 from shardflow.manifest import Manifest, boundary_tokens
 
 __all__ = [
-    "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_link", "card_images",
-    "card_markdown",
+    "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_markdown", "card_plots",
+    "card_markdown", "ARTIFACT_ORDER", "creation_order",
 ]
 
 # The card's plots, as image artifacts: (artifact kind, PNG in card/, what it shows).
@@ -41,6 +50,16 @@ CARD_IMAGES = (
     ("vs-parent", "parent.png", "documents added/removed per input against the parent, length distributions overlaid"),
 )
 _KEY_KINDS = ("progress", "shards", "summary", "manifest", "card", *(kind for kind, _, _ in CARD_IMAGES))
+# The order a reader meets a run's artifacts in: the summary first, the progress bar (made first) last.
+ARTIFACT_ORDER = ("summary", "shards", "manifest", "card", *(kind for kind, _, _ in CARD_IMAGES), "progress")
+
+
+def creation_order(kinds: list[str]) -> list[str]:
+    """``kinds`` in the order to create them, so that newest first is :data:`ARTIFACT_ORDER` (the progress bar aside)."""
+    unknown = sorted(set(kinds) - set(ARTIFACT_ORDER))
+    if unknown:
+        raise ValueError(f"unknown artifact kinds {unknown}")
+    return sorted(kinds, key=ARTIFACT_ORDER.index, reverse=True)
 
 
 def dataset_slug(name: str) -> str:
@@ -74,14 +93,18 @@ def shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def card_images(directory: str | Path, ref: str) -> list[tuple[str, str, str]]:
-    """``(artifact kind, data: URL, description)`` of each plot the version's card has (none without one)."""
+def card_plots(directory: str | Path, ref: str) -> list[tuple[str, str, str]]:
+    """``(artifact kind, markdown, description)`` of each plot the version's card has (none without one).
+
+    The markdown is the PNG alone (a ``data:`` URL), which the UI draws; the description says what it is.
+    """
     card = Path(directory) / "card"
     out = []
     for kind, png, what in CARD_IMAGES:
         path = card / png
         if path.is_file():
-            out.append((kind, _data_url(path), f"{ref}: {what} (card/{png})"))
+            text = f"![{what}]({_data_url(path)})\n"
+            out.append((kind, text, f"{ref}: {what} (card/{png})"))
     return out
 
 
@@ -104,8 +127,26 @@ def card_markdown(directory: str | Path) -> str | None:
     )
 
 
-def manifest_link(manifest_path: str | Path) -> str:
-    return Path(manifest_path).resolve().as_uri()
+def manifest_markdown(manifest_path: str | Path, ref: str, catalog: str | Path) -> str:
+    """Where the version's manifest is, and the commands that read it: text a reader can copy."""
+    import shlex
+
+    path = Path(manifest_path).resolve()
+    cat = f" --catalog {shlex.quote(str(Path(catalog).resolve()))}"
+    return "\n".join([
+        f"# Manifest of {ref}",
+        "",
+        f"`{path}`",
+        "",
+        "On the machine (or shared filesystem) that holds the version:",
+        "",
+        "```",
+        f"shardflow show {ref}{cat}",
+        f"shardflow validate {ref}{cat}",
+        f"cat {shlex.quote(str(path))}",
+        "```",
+        "",
+    ])
 
 
 def _cell(text: Any) -> str:

@@ -302,7 +302,8 @@ def test_without_matplotlib_the_card_is_text_only_and_says_how_to_get_plots(one_
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     text = (directory / "card" / "README.md").read_text()
-    assert "pip install 'shardflow[card]'" in text and ".png" not in text
+    assert "pip install 'shardflow[pipeline]'" in text and ".png" not in text
+    assert f"then draw them: `shardflow card {one_worker.ref}`" in text  # not "build again": that does nothing
     assert sorted(p.name for p in (directory / "card").iterdir()) == ["README.md"]
 
 

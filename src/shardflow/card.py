@@ -11,7 +11,7 @@ and PNGs linked by relative paths:
     card/shard_fill.png        tokens per shard against the shard size
     card/parent.png            documents added/removed per input, and the length distributions overlaid
 
-The plots need matplotlib (``pip install 'shardflow[card]'``), drawn on an Agg
+The plots need matplotlib (part of ``pip install 'shardflow[pipeline]'``), drawn on an Agg
 canvas (no pyplot, no display) and without a timestamp in the PNG, so the same statistics give
 the same bytes. Without matplotlib the card is text only and says how to get
 the plots. ``SHARDFLOW_CARD=0`` writes no card at all (``stats.json`` still).
@@ -35,13 +35,13 @@ from .faults import fault
 from .manifest import Manifest, read_manifest
 from .stats import LENGTH_EDGES, STATS_NAME, odd_line, pairs_to_hist
 
-__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "draw_plots_here", "use_plot_helper", "plots_drawn_elsewhere", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card"]
+__all__ = ["CARD_DIR", "CARD_NAME", "CARD_ENV", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "draw_plots_here", "use_plot_helper", "plots_drawn_elsewhere", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card", "redraw_card"]
 
 log = logging.getLogger("shardflow.card")
 
 CARD_DIR = "card"
 CARD_NAME = "README.md"
-INSTALL_HINT = "pip install 'shardflow[card]'"
+INSTALL_HINT = "pip install 'shardflow[pipeline]'"
 PLOTS = ("lengths.png", "tokens_by_source.png", "shard_fill.png", "parent.png")
 _TOP = 15
 _DPI = 100
@@ -137,6 +137,8 @@ def _log_axes(ax: Any) -> None:
 # naming the place skips its automatic placement, which measured every tick label of the axes again
 # at each draw (a tenth of the card's drawing time), and leaves the PNGs' bytes as they were.
 _TITLE_Y = 1.0
+# The bottom of a log axis of document counts: below 1 (a bin of one document shows), above 0.5 (no tick at 0.1 or 0.5 of a document).
+_FEWEST = 0.7
 
 
 def _png(fig: Any) -> bytes:
@@ -156,12 +158,13 @@ def _plot_lengths(stats: dict[str, Any]) -> bytes:
             continue
         lo, hi = int(nz[0]), int(nz[-1]) + 1
         ax.stairs(hist[lo:hi], edges[lo : hi + 1], fill=split == "train", alpha=0.55 if split == "train" else 1.0,
-                  label=f"{split} ({s['documents']:,} documents)")
+                  label=f"{split} ({_plural(s['documents'], 'document')})")
     _log_axes(ax)
+    ax.set_ylim(bottom=_FEWEST)
     ax.set_xlabel("document length (tokens, boundary included)")
     ax.set_ylabel("documents per bin (4 bins per octave)")
-    ax.set_title("Document lengths", y=_TITLE_Y)
-    ax.legend()
+    ax.set_title("Document lengths", y=_TITLE_Y, loc="left")
+    _legend_above(ax, len(stats["splits"]))
     ax.grid(True, which="major", alpha=0.3)
     return _png(fig)
 
@@ -184,27 +187,58 @@ def _plot_sources(stats: dict[str, Any]) -> bytes:
     ax.barh(range(len(rows)), [r[1] for r in rows], color="#4878d0")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
-    ax.xaxis.set_major_formatter(_count_format())
+    _integer_ticks(ax.xaxis)  # whole tokens, however few
     ax.set_xlabel("tokens")
     ax.set_title(f"Tokens by {what}", y=_TITLE_Y)
     ax.grid(True, axis="x", alpha=0.3)
     return _png(fig)
 
 
+def _plural(n: int, word: str) -> str:
+    """``1 shard``, ``2 shards``, ``1,234 documents``."""
+    return f"{n:,} {word}{'s' * (n != 1)}"
+
+
+def _legend_above(ax: Any, columns: int) -> None:
+    """The legend above the axes, right of the title (placed left): it covers no bar, however low."""
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=max(1, columns), frameon=False, borderaxespad=0.1)
+
+
+def _integer_ticks(axis: Any) -> None:
+    """Ticks at whole numbers only (shards, documents), formatted as counts: never -0.25 or 0.5 of a shard."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    axis.set_major_formatter(_count_format())
+
+
 def _plot_fill(stats: dict[str, Any]) -> bytes:
     fig, ax = _figure(7, 3.2)
     cap = stats["shard_tokens"]
     x = 0
-    for split, s in stats["splits"].items():
-        fills = np.array(s["shards"], dtype=float) / cap
-        ax.bar(np.arange(x, x + len(fills)), fills * 100, label=f"{split} ({len(fills)} shards)")
-        x += len(fills)
-    ax.axhline(100, color="gray", linestyle="--", linewidth=1)
-    ax.set_ylim(0, 110)
-    ax.set_xlabel("shard (in manifest order)")
-    ax.set_ylabel(f"% of {cap:,} tokens")
-    ax.set_title("Shard fill", y=_TITLE_Y)
-    ax.legend(loc="lower left")
+    splits = [(split, np.array(s["shards"], dtype=float)) for split, s in stats["splits"].items()]
+    for i, (split, sizes) in enumerate(splits):
+        label, color = f"{split} ({_plural(len(sizes), 'shard')})", f"C{i}"
+        if len(sizes) > 200:  # thousands of bars: one outline per split, drawn at once
+            ax.stairs(sizes, np.arange(x, x + len(sizes) + 1) - 0.5, fill=True, color=color, label=label)
+        else:
+            ax.bar(np.arange(x, x + len(sizes)), sizes, color=color, label=label)
+        x += len(sizes)
+    biggest = max((float(sizes.max()) for _, sizes in splits if len(sizes)), default=0.0)
+    if biggest >= cap / 4:  # the shard size on the scale: how full each shard is
+        ax.axhline(cap, color="gray", linestyle="--", linewidth=1)
+        ax.set_ylim(0, cap * 1.1)
+        size = f"dashed: the shard size, {cap:,} tokens"
+    else:  # a few small shards: to their own scale, or they would be invisible under the shard size
+        ax.set_ylim(0, max(1.0, biggest) * 1.15)
+        size = f"the shard size, {cap:,} tokens, is off this scale"
+    ax.set_xlim(-0.5, max(1, x) - 0.5)
+    _integer_ticks(ax.xaxis)
+    _integer_ticks(ax.yaxis)
+    ax.set_xlabel(f"shard (in manifest order; {size})")
+    ax.set_ylabel("tokens")
+    ax.set_title("Tokens per shard", y=_TITLE_Y, loc="left")
+    _legend_above(ax, len(splits))
     return _png(fig)
 
 
@@ -218,6 +252,7 @@ def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, cha
     left.set_yticks(range(len(moved)), labels)
     left.invert_yaxis()
     left.axvline(0, color="gray", linewidth=1)
+    _integer_ticks(left.xaxis)  # whole documents
     left.set_xlabel("documents added (+) / removed (-)")
     left.set_title(f"Against {parent_ref}, per input", y=_TITLE_Y)
     edges = np.append(LENGTH_EDGES, LENGTH_EDGES[-1] * 2).astype(float)
@@ -230,9 +265,10 @@ def _plot_parent(stats: dict[str, Any], parent_stats: dict[str, Any] | None, cha
             lo, hi = int(nz[0]), int(nz[-1]) + 1
             right.stairs(hist[lo:hi], edges[lo : hi + 1], linestyle=style, linewidth=1.6, label=label)
     _log_axes(right)
+    right.set_ylim(bottom=_FEWEST)
     right.set_xlabel("document length (tokens)")
-    right.set_title("Length distributions", y=_TITLE_Y)
-    right.legend(loc="upper right")
+    right.set_title("Length distributions", y=_TITLE_Y, loc="left")
+    _legend_above(right, 2)
     return _png(fig)
 
 
@@ -262,7 +298,7 @@ def _markdown(manifest: Manifest, stats: dict[str, Any], plots: dict[str, bool],
         "",
     ]
     if not any(plots.values()):
-        lines += [f"> The plots need matplotlib: `{INSTALL_HINT}`, then build again.", ""]
+        lines += [f"> The plots need matplotlib: `{INSTALL_HINT}`, then draw them: `shardflow card {manifest.ref if manifest.version else manifest.name + '@latest'}`.", ""]
     lines += ["## Document lengths", ""]
     if plots.get("lengths.png"):
         lines += ["![Document-length histogram per split, log scale](lengths.png)", ""]
@@ -381,6 +417,18 @@ def draw_plots(
     return draw_plots_here(directory, manifest, parent=parent, parent_ref=parent_ref)
 
 
+def _makers(stats: dict[str, Any], pinfo: dict[str, Any] | None, parent_ref: str) -> dict[str, Callable[[], bytes]]:
+    """Each plot the card has (``parent.png`` only with a parent), by PNG name: a function that draws it."""
+    makers: dict[str, Callable[[], bytes]] = {
+        "lengths.png": lambda: _plot_lengths(stats),
+        "tokens_by_source.png": lambda: _plot_sources(stats),
+        "shard_fill.png": lambda: _plot_fill(stats),
+    }
+    if pinfo is not None:
+        makers["parent.png"] = lambda: _plot_parent(stats, pinfo["stats"], pinfo["changes"], parent_ref)
+    return makers
+
+
 def draw_plots_here(
     directory: Path | str, manifest: Manifest, *, parent: Path | None = None, parent_ref: str | None = None
 ) -> dict[str, bool]:
@@ -389,14 +437,7 @@ def draw_plots_here(
     stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
     card_dir = directory / CARD_DIR
     card_dir.mkdir(exist_ok=True)
-    pinfo = _parent_info(parent, manifest)
-    makers: dict[str, Callable[[], bytes]] = {
-        "lengths.png": lambda: _plot_lengths(stats),
-        "tokens_by_source.png": lambda: _plot_sources(stats),
-        "shard_fill.png": lambda: _plot_fill(stats),
-    }
-    if pinfo is not None:
-        makers["parent.png"] = lambda: _plot_parent(stats, pinfo["stats"], pinfo["changes"], parent_ref or str(manifest.parent))
+    makers = _makers(stats, _parent_info(parent, manifest), parent_ref or str(manifest.parent))
     plots = dict.fromkeys(makers, False)
     if plot_available():
         for name, make in makers.items():
@@ -416,6 +457,47 @@ def write_card_text(directory: Path | str, manifest: Manifest, plots: dict[str, 
     path = card_path(directory)
     atomic_write_text(path, _markdown(manifest, stats, plots, _parent_info(parent, manifest)))
     return path
+
+
+def redraw_card(directory: Path | str, *, catalog: Any = None) -> dict[str, bool]:
+    """Draw a published version's card again (``shardflow card REF``) from its ``stats.json``; which plots it has.
+
+    No card file is in the manifest's checksums (``stats.json`` is, checked here first): the version stays valid.
+    Everything is drawn in memory first, then each file renamed into place; ``catalog`` finds the parent.
+    """
+    from .catalog import Catalog
+    from .stats import stats_problems
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if "stats" not in manifest.extra or not (directory / STATS_NAME).is_file():
+        raise ShardflowError(f"{directory}: {manifest.ref} has no statistics ({STATS_NAME}), so no card: it was built "
+                             "with SHARDFLOW_STATS=0; build it again without that setting")
+    problems = stats_problems(directory, manifest, checksums=True)
+    if problems:
+        raise ShardflowError(f"{directory}: its statistics do not match the manifest, so no card was drawn: {problems[0]}; "
+                             f"run shardflow validate {manifest.ref}")
+    if not plot_available():
+        raise ShardflowError(f"the card's plots need matplotlib: {INSTALL_HINT}")
+    parent = None
+    if manifest.parent:
+        try:
+            parent = Catalog(catalog).resolve(manifest.parent)
+        except (OSError, ShardflowError):  # the parent went away: the card says so, without the comparison
+            parent = None
+    stats = json.loads((directory / STATS_NAME).read_text(encoding="utf-8"))
+    pinfo = _parent_info(parent, manifest)
+    pngs = {name: make() for name, make in _makers(stats, pinfo, str(manifest.parent)).items()}  # all, before any is written
+    plots = dict.fromkeys(pngs, True)
+    text = _markdown(manifest, stats, plots, pinfo)
+    card_dir = directory / CARD_DIR
+    card_dir.mkdir(exist_ok=True)
+    for name, data in pngs.items():
+        atomic_write_bytes(card_dir / name, data)
+    for stale in set(PLOTS) - set(pngs):
+        (card_dir / stale).unlink(missing_ok=True)
+    atomic_write_text(card_path(directory), text)
+    return plots
 
 
 def write_card(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.flows.build import build_dataset
-from shardflow.flows.report import artifact_key
+from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, creation_order
 from shardflow.build.staging import Staging
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -83,6 +83,20 @@ def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own
     directory = Catalog(where["catalog"]).resolve(result["ref"])
     assert sorted(p.name for p in (directory / "card").iterdir()) == [
         "README.md", "lengths.png", "shard_fill.png", "tokens_by_source.png"]
-    keys = {a["key"] for a in prefect_api.request("POST", "/artifacts/filter", {"limit": 200})}
-    for kind in ("lengths", "sources", "shard-fill", "card"):
-        assert artifact_key(name, kind) in keys, kind
+    # The run's artifacts, newest first (the UI's "Created" order): summary first, in a fixed order, the bar last.
+    (flow_run,) = prefect_api.flow_runs(f"build {name}")
+    arts = prefect_api.request("POST", "/artifacts/filter", {
+        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}, "sort": "CREATED_DESC", "limit": 200})
+    assert [a["key"] for a in arts] == [artifact_key(name, kind) for kind in (
+        "summary", "shards", "manifest", "card", "lengths", "sources", "shard-fill", "progress")]
+    assert len({a["created"] for a in arts}) == len(arts)  # each made after the last: no tie to break by chance
+    # No image artifact: the UI prints an image artifact's whole data: URL; markdown shows the picture.
+    assert {a["type"] for a in arts} == {"markdown", "table", "progress"}
+
+
+def test_creation_order_is_the_reverse_of_the_reading_order() -> None:
+    kinds = ["card", "summary", "vs-parent", "shards", "manifest", "lengths"]
+    assert creation_order(kinds) == ["vs-parent", "lengths", "card", "manifest", "shards", "summary"]
+    assert ARTIFACT_ORDER[0] == "summary" and ARTIFACT_ORDER[-1] == "progress"
+    with pytest.raises(ValueError, match=r"unknown artifact kinds \['other'\]"):
+        creation_order(["summary", "other"])

@@ -121,15 +121,19 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
                    f"{m.totals['tokens']:,}"):
         assert needle in summary["data"], needle
     assert ref in summary["description"]
-    link = arts["ops-flow-demo-manifest"]
-    assert (version / "metadata.yaml").resolve().as_uri() in link["data"]
-    # The card's plots: the PNGs of card/, byte for byte, inlined as data: URLs; the card as markdown.
+    link = arts["ops-flow-demo-manifest"]  # the path and the commands, not a file:// link the UI cannot open
+    assert link["type"] == "markdown" and "file://" not in link["data"]
+    assert f"`{(version / 'metadata.yaml').resolve()}`" in link["data"] and f"shardflow validate {ref} --catalog" in link["data"]
+    # The card's plots: the PNGs of card/, byte for byte, inlined as data: URLs in markdown (the UI
+    # prints an image artifact's URL, and draws a markdown image); the card as markdown.
     import base64
+    import re
 
     for kind, png in (("lengths", "lengths.png"), ("sources", "tokens_by_source.png"), ("shard-fill", "shard_fill.png")):
         image = arts[f"ops-flow-demo-{kind}"]
-        assert image["type"] == "image" and image["data"].startswith("data:image/png;base64,")
-        assert base64.b64decode(image["data"].split(",", 1)[1]) == (version / "card" / png).read_bytes()
+        assert image["type"] == "markdown"
+        (encoded,) = re.findall(r"!\[[^\]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", image["data"])
+        assert base64.b64decode(encoded) == (version / "card" / png).read_bytes()
     card = arts["ops-flow-demo-card"]
     assert card["type"] == "markdown" and "# Dataset card: " in card["data"]
     assert card["data"].count("](data:image/png;base64,") == 3

@@ -85,7 +85,17 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
         b.wait_for_text(f"{ref}: document-length histogram per split")
         size = _drawn_image(b)
         assert size[0] > 200 and size[1] > 100, size
+        # The picture, not its URL: an image artifact's page printed the whole data: URL across the sidebar.
+        assert "base64" not in b.text()
         b.screenshot(shots / "ui-card-lengths.png")
+
+        # The manifest: where it is and the commands that read it, not a file:// link the browser cannot open.
+        b.evaluate("history.back()")
+        b.click_text("Artifacts")
+        b.click_text(f"{name}-manifest")
+        page = b.wait_for_text(f"Manifest of {ref}", str(manifest_path), f"shardflow validate {ref} --catalog")
+        assert "file://" not in page
+        b.screenshot(shots / "ui-manifest.png")
 
         # The whole card as markdown, its plots inlined: the markdown renderer draws them too.
         b.evaluate("history.back()")
@@ -95,7 +105,7 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
         size = _drawn_image(b)
         assert size[0] > 200 and size[1] > 100, size
         b.screenshot(shots / "ui-card.png")
-    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png", "ui-card.png"):
+    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png", "ui-manifest.png", "ui-card.png"):
         assert (shots / png).stat().st_size > 10_000
 
 
