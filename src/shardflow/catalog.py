@@ -11,6 +11,10 @@ References: ``NAME@VERSION`` (``wikitext@v3``, or ``wikitext@3``), ``NAME@latest
 ``NAME`` (same as latest), or the path of a version directory or its
 ``metadata.yaml``.
 
+Catalog files are read with the bounded safe loader (``_yaml``: size limits,
+no alias bombs) and checked field by field; a malformed one is refused with
+one message naming the file and the field.
+
 A published version's ``metadata.yaml`` is checked against the SHA-256 its
 catalog entry recorded (``published_manifest_problems``) whenever it is opened.
 """
@@ -28,7 +32,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from ._io import atomic_write_text, is_stale_tmp, safe_load_yaml, sha256_file
+from ._io import atomic_write_text, is_stale_tmp, sha256_file
+from ._yaml import YamlRefused, describe_yaml_error, load_yaml_file
 from .config import check_name
 from .errors import CatalogError, ShardflowError
 from .faults import fault
@@ -46,6 +51,8 @@ __all__ = [
 ]
 
 CATALOG_SCHEMA_VERSION = 1
+MAX_CATALOG_BYTES = 64 << 20
+"""The largest catalog file read (one entry is about 400 bytes)."""
 
 
 def default_catalog(catalog: str | os.PathLike[str] | None = None) -> Path:
@@ -147,20 +154,23 @@ class Catalog:
         if not path.exists():
             return {"schema_version": CATALOG_SCHEMA_VERSION, "name": name, "latest": None, "versions": []}
         try:
-            data = safe_load_yaml(path.read_text(encoding="utf-8"))
+            data = load_yaml_file(path, max_bytes=MAX_CATALOG_BYTES)
+        except YamlRefused as exc:
+            raise CatalogError(f"{path}: the catalog file is refused: {exc}; restore it from a backup") from None
         except yaml.YAMLError as exc:
-            raise CatalogError(f"{path}: the catalog file is not valid YAML ({exc})") from None
+            raise CatalogError(f"{path}: the catalog file is not valid YAML ({describe_yaml_error(exc)})") from None
         if not isinstance(data, dict) or data.get("schema_version") != CATALOG_SCHEMA_VERSION:
             raise CatalogError(
                 f"{path}: unknown catalog schema_version {data.get('schema_version') if isinstance(data, dict) else None!r}; "
                 f"this shardflow reads {CATALOG_SCHEMA_VERSION}"
             )
+        _check_catalog(data, path)
         return data
 
     def versions(self, name: str) -> list[VersionEntry]:
         """The published versions of ``name``, oldest first."""
         known = set(VersionEntry.__dataclass_fields__)
-        return [VersionEntry(**{k: x for k, x in v.items() if k in known}) for v in self._load(name).get("versions", [])]
+        return [VersionEntry(**{k: x for k, x in v.items() if k in known}) for v in self._load(name)["versions"]]
 
     def latest(self, name: str) -> str | None:
         return self._load(name).get("latest")
@@ -223,6 +233,36 @@ class Catalog:
     def resolve(self, ref: str) -> Path:
         """The version directory a reference names; ``CatalogError`` says why not."""
         return resolve_ref(ref, catalog=self)
+
+
+def _check_catalog(data: dict[str, Any], path: Path) -> None:
+    """Refuse a catalog file whose fields are not what shardflow writes: one message naming the field."""
+
+    def bad(where: str, key: str, what: str, value: Any) -> CatalogError:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return CatalogError(f"{path}: {where}field {key!r} must be {what}, not {shown}; restore the catalog file from a backup")
+
+    def text(d: dict[str, Any], key: str, where: str, *, optional: bool = False) -> None:
+        if key not in d and not optional:
+            raise CatalogError(f"{path}: {where}missing field {key!r}; restore the catalog file from a backup")
+        value = d.get(key)
+        if (value is not None or not optional) and (not isinstance(value, str) or "\0" in value):
+            raise bad(where, key, "a string" + (" or null" if optional else ""), value)
+
+    versions = data.get("versions")
+    if not isinstance(versions, list):
+        raise bad("", "versions", "a list of versions", versions)
+    text(data, "latest", "", optional=True)
+    for i, entry in enumerate(versions):
+        where = f"versions[{i}]: "
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: {where}an entry must be a mapping, not {entry!r:.60}; restore the catalog file from a backup")
+        for key in ("version", "path", "created_at", "build_key"):
+            text(entry, key, where)
+        text(entry, "parent", where, optional=True)
+        text(entry, "manifest_sha256", where, optional=True)
+        if not isinstance(entry.get("totals", {}), dict):
+            raise bad(where, "totals", "a mapping", entry["totals"])
 
 
 def resolve_ref(ref: str | os.PathLike[str], catalog: Catalog | str | os.PathLike[str] | None = None) -> Path:

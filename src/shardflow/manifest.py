@@ -8,8 +8,11 @@ token and document counts and SHA-256 of every file, the totals, the inputs with
 their content fingerprints, the whole build configuration, tool versions,
 creation time and the parent version.
 
-It is written last, as the commit point of a version, and read only with
-``yaml.safe_load``. A schema version this code does not know is refused by name.
+It is written last, as the commit point of a version, and read only with a
+bounded safe loader (``_yaml``: size limits, no alias bombs). Every field is
+type-checked against the schema, and a bad one is refused with one message
+naming the file and the field. A schema version this code does not know is
+refused by name.
 
 Schema 2 (this code writes it) keeps each split's shards in their own
 directory (``train/``, ``val/``) and the embeddings in ``embeddings/``, so the
@@ -27,7 +30,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from ._io import atomic_write_text, safe_load_yaml
+from ._io import atomic_write_text
+from ._yaml import YamlRefused, describe_yaml_error, load_yaml_file
 from .errors import ManifestError
 
 __all__ = [
@@ -49,6 +53,9 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
 """1: every file flat in the version directory; 2: one directory per split, ``embeddings/``."""
 MANIFEST_NAME = "metadata.yaml"
+MAX_MANIFEST_BYTES = 256 << 20
+"""The largest ``metadata.yaml`` read (one of 100,000 shards is about 40 MB)."""
+TOKEN_DTYPES = ("uint16", "uint32")
 EMBEDDINGS_DIR = "embeddings"
 """The directory of a schema-2 version holding its embedding files, apart from every split's shards."""
 
@@ -59,13 +66,55 @@ def _require(d: dict[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(value: Any, what: str, key: str, where: str) -> ManifestError:
+    return ManifestError(f"{where}: field {key!r} must be {what}, not {_shown(value)}; restore the file or rebuild the version")
+
+
+def _int(d: dict[str, Any], key: str, where: str) -> int:
+    """A required non-negative integer field (``bytes: "lots"`` and ``True`` are refused)."""
+    value = _require(d, key, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _kind(value, "a non-negative integer", key, where)
+    return value
+
+
+def _str(d: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    """A required string field (``None`` too with ``optional``); no NUL characters."""
+    value = d.get(key) if optional else _require(d, key, where)
+    if optional and value is None:
+        return None
+    if not isinstance(value, str) or "\0" in value:
+        raise _kind(value, "a string" + (" or null" if optional else ""), key, where)
+    return value
+
+
+def _mapping(value: Any, key: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _kind(value, "a mapping", key, where)
+    return value
+
+
+def _list_of(value: Any, item: type, what: str, key: str, where: str) -> list[Any]:
+    if not isinstance(value, list) or not all(isinstance(x, item) for x in value):
+        raise _kind(value, what, key, where)
+    return value
+
+
 def check_relative_file(name: Any, where: str) -> str:
     """A file inside the version directory: ``FILE`` or ``DIR/FILE`` (schema 2's split directories).
 
     No absolute paths, no '..', no backslashes, at most one directory level.
     """
     if not isinstance(name, str) or not name:
-        raise ManifestError(f"{where}: file name {name!r} is not a string")
+        raise ManifestError(f"{where}: file name {_shown(name)} is not a string")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        raise ManifestError(f"{where}: file name {_shown(name)} holds a control character (NUL, newline...); "
+                            "restore the file or rebuild the version")
     norm = posixpath.normpath(name)
     parts = name.split("/")
     if (
@@ -92,11 +141,13 @@ class FileEntry:
     sha256: str
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> "FileEntry":
+    def from_dict(cls, d: Any, where: str) -> "FileEntry":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: a file entry must be a mapping of file, bytes and sha256, not {_shown(d)}")
         return cls(
             file=check_relative_file(_require(d, "file", where), where),
-            bytes=int(_require(d, "bytes", where)),
-            sha256=str(_require(d, "sha256", where)),
+            bytes=_int(d, "bytes", where),
+            sha256=_str(d, "sha256", where),
         )
 
 
@@ -131,13 +182,16 @@ class ShardEntry:
         return (self.index, *self.sidecars)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> "ShardEntry":
+    def from_dict(cls, d: Any, where: str) -> "ShardEntry":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: a shard must be a mapping of file, bytes, sha256, tokens, documents, "
+                                f"index, not {_shown(d)}; restore the file or rebuild the version")
         return cls(
             file=check_relative_file(_require(d, "file", where), where),
-            bytes=int(_require(d, "bytes", where)),
-            sha256=str(_require(d, "sha256", where)),
-            tokens=int(_require(d, "tokens", where)),
-            documents=int(_require(d, "documents", where)),
+            bytes=_int(d, "bytes", where),
+            sha256=_str(d, "sha256", where),
+            tokens=_int(d, "tokens", where),
+            documents=_int(d, "documents", where),
             index=FileEntry.from_dict(_require(d, "index", where), where),
             sidecars=_sidecars(d.get("sidecars", []), where),
         )
@@ -166,14 +220,17 @@ class SplitEntry:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> "SplitEntry":
-        shards = tuple(
-            ShardEntry.from_dict(s, f"{where}, shard {i}") for i, s in enumerate(_require(d, "shards", where))
-        )
+    def from_dict(cls, d: Any, where: str) -> "SplitEntry":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: a split must be a mapping of documents, tokens and shards, not {_shown(d)}")
+        shard_list = _require(d, "shards", where)
+        if not isinstance(shard_list, list):
+            raise _kind(shard_list, "a list of shards", "shards", where)
+        shards = tuple(ShardEntry.from_dict(s, f"{where}, shard {i}") for i, s in enumerate(shard_list))
         extra = {k: v for k, v in d.items() if k not in ("documents", "tokens", "shards")}
         return cls(
-            documents=int(_require(d, "documents", where)),
-            tokens=int(_require(d, "tokens", where)),
+            documents=_int(d, "documents", where),
+            tokens=_int(d, "tokens", where),
             shards=shards,
             extra=extra,
         )
@@ -297,31 +354,65 @@ class Manifest:
                 splits = _require(d, "splits", where)
                 if not isinstance(splits, dict):
                     raise ManifestError(f"{where}: 'splits' must be a mapping")
+                for k in splits:
+                    if not isinstance(k, str) or not k or any(ord(c) < 0x20 for c in k):
+                        raise ManifestError(f"{where}: split name {_shown(k)} must be a non-empty string")
                 kwargs["splits"] = {k: SplitEntry.from_dict(v, f"{where}, split {k!r}") for k, v in splits.items()}
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 kwargs[f.name] = _require(d, f.name, where)
             elif f.name in d:
                 kwargs[f.name] = d[f.name]
         kwargs["extra"] = {k: v for k, v in d.items() if k not in names}
-        m = cls(**kwargs)
-        for key in ("dtype", "vocab_size"):
-            _require(m.tokenized_info, key, f"{where}, tokenized_info")
-        return m
+        _check_fields(kwargs, where)
+        return cls(**kwargs)
+
+
+_STRINGS = ("name", "version", "description", "dataset_path", "data_content", "content_field", "build_key", "created_at")
+_MAPPINGS = ("tokenized_info", "format", "boundary", "totals", "config", "tools")
+
+
+def _check_fields(fields: dict[str, Any], where: str) -> None:
+    """The top-level fields' types, and the parts of them readers rely on (dtype, vocab size, boundary)."""
+    for key in _STRINGS:
+        _str(fields, key, where)
+    _str(fields, "parent", where, optional=True)
+    for key in _MAPPINGS:
+        _mapping(fields[key], key, where)
+    _list_of(fields["parent_datasets"], str, "a list of strings", "parent_datasets", where)
+    _list_of(fields["inputs"], dict, "a list of mappings", "inputs", where)
+    info, info_where = fields["tokenized_info"], f"{where}, tokenized_info"
+    if _require(info, "dtype", info_where) not in TOKEN_DTYPES:
+        raise _kind(info["dtype"], " or ".join(TOKEN_DTYPES), "dtype", info_where)
+    _int(info, "vocab_size", info_where)
+    for key in ("tokenizer_file", "rank_file"):
+        if key in info:
+            _str(info, key, info_where)
+    _str(fields["format"], "name", f"{where}, format")
+    boundary = fields["boundary"]
+    if boundary.get("placement") not in ("bos", "eos", "both"):
+        raise _kind(boundary.get("placement"), "bos, eos or both", "placement", f"{where}, boundary")
+    try:
+        boundary_tokens(boundary)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ManifestError(
+            f"{where}, boundary: not a boundary section ({type(exc).__name__}: {_shown(exc.args[0] if exc.args else '')}); "
+            "restore the file or rebuild the version"
+        ) from None
 
 
 def read_manifest(path: Path | str) -> Manifest:
-    """Parse a ``metadata.yaml`` (safe loader only) into a ``Manifest``."""
+    """Parse a ``metadata.yaml`` (bounded safe loader, ``_yaml``) into a ``Manifest``."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        data = load_yaml_file(path, max_bytes=MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest here; is this a published version directory?") from None
-    try:
-        data = safe_load_yaml(text)
+    except YamlRefused as exc:
+        raise ManifestError(f"{path}: refused: {exc}; restore the file or rebuild the version") from None
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML ({exc})") from None
+        raise ManifestError(f"{path}: not valid YAML ({describe_yaml_error(exc)})") from None
     return Manifest.from_dict(data, str(path))
 
 

@@ -68,6 +68,7 @@ What each line gives:
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -158,6 +159,10 @@ def _field(record: dict[str, Any], field: str) -> tuple[Any, str | None]:
     return value, None
 
 
+# Python refuses to convert integers of more digits than this from text (CVE-2020-10735).
+_INT_DIGITS = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+
+
 def _text(line: bytes, field: str) -> tuple[str | None, str | None]:
     """One line's text (``""`` for a blank line, None for a JSON null), or None and why the record is bad."""
     if not line.strip(_JSON_SPACE):
@@ -169,6 +174,10 @@ def _text(line: bytes, field: str) -> tuple[str | None, str | None]:
         return None, f"not valid JSON ({exc.msg}: column {exc.colno}); fix or remove the line"
     except RecursionError:
         return None, "not valid JSON (nested too deeply); fix or remove the line"
+    except ValueError as exc:  # json's other ValueError: an integer past Python's int-string limit
+        if "digits" not in str(exc):
+            return None, f"not valid JSON ({exc}); fix or remove the line"
+        return None, f"a JSON integer of more than {_INT_DIGITS:,} digits; fix or remove the line"
     if not isinstance(record, dict):
         return None, f"the record is {_kind_of(record)}, not a JSON object; each line must be one object"
     value, why = _field(record, field)
@@ -407,7 +416,7 @@ class JsonLinesKind(InputKind):
                     continue
                 try:
                     record = json.loads(line.removeprefix(_BOM).decode("utf-8", "surrogateescape"))
-                except (json.JSONDecodeError, RecursionError):
+                except (ValueError, RecursionError):  # JSONDecodeError, or an integer too long to convert
                     return  # a bad record: reported (or skipped) when it is read
                 if isinstance(record, dict) and _field(record, id_column)[1] is not None:
                     raise InputError(f"{inp.path} line {n + 1}: no id field {id_column!r}; its fields are {_fields(record)}")

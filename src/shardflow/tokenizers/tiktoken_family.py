@@ -23,12 +23,19 @@ encoding (``r50k_base.tiktoken``, ``cl100k_base.tiktoken``, ``o200k_base.tiktoke
 takes that encoding's pre-tokenizer and special tokens; any other file takes
 cl100k's pre-tokenizer and gets ``<|endoftext|>`` as the next free id.
 
+A rank file is checked line by line before anything uses it (``read_rank_file``):
+a duplicate rank or duplicate token bytes, a rank that is negative or too
+large, or an empty file is refused naming the file and the line, rather than
+failing inside tiktoken or gigatoken (an ``OverflowError``, a panic).
+
 tiktoken itself is imported on first use, not with this module, so that
 importing the package stays cheap.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hashlib
 import logging
@@ -232,6 +239,77 @@ def _routed_pattern(key: str, fast: Any, encoding: Any) -> Disputed | None:
 
 TIKTOKEN = TiktokenFamily()
 
+MAX_RANK = (1 << 24) - 1
+"""The largest rank a rank file may hold: far above any vocabulary (o200k has 200,000 tokens), and
+low enough that arrays indexed by token id (the build's statistics) stay small."""
+MAX_RANK_FILE_BYTES = 256 << 20
+
+
+def read_rank_file(path: Path, specials: dict[str, int] | None = None) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file (what tiktoken's ``load_tiktoken_bpe`` reads), checked line by line.
+
+    Each non-blank line is ``<base64 token> <rank>``; every rank in 0..MAX_RANK
+    and used once, every token's bytes ranked once, at least one line, and no
+    rank equal to a special token's id (``specials``). Anything else is a
+    ``ConfigError`` naming the file and the line.
+    """
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(
+            f"tokenizer rank file {str(path)!r} is not a valid .tiktoken file ({why}); "
+            "each line must be '<base64 token> <rank>', every token and every rank once"
+        )
+
+    with open(path, "rb") as f:
+        data = f.read(MAX_RANK_FILE_BYTES + 1)
+    if len(data) > MAX_RANK_FILE_BYTES:
+        raise refuse(f"larger than {MAX_RANK_FILE_BYTES:,} bytes")
+    # The common case at full speed; the line-by-line pass below only names what is wrong.
+    pairs = [fields for fields in (line.split() for line in data.split(b"\n")) if fields]
+    try:
+        ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in pairs}
+    except (ValueError, binascii.Error):  # also a line of 1 or 3 fields
+        ranks = {}
+    values = set(ranks.values())
+    if (
+        ranks
+        and len(ranks) == len(pairs) == len(values)
+        and 0 <= min(values)
+        and max(values) <= MAX_RANK
+        and not values & set((specials or {}).values())
+        and all(rank.isdigit() for _, rank in pairs)
+    ):
+        return ranks
+    ranks = {}
+    line_of_rank: dict[int, int] = {}
+    line_of_token: dict[bytes, int] = {}
+    special_ids = {v: k for k, v in (specials or {}).items()}
+    for n, line in enumerate(data.split(b"\n"), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise refuse(f"line {n} has {len(fields)} fields, not 2")
+        token_text, rank_text = fields
+        try:
+            token = base64.b64decode(token_text, validate=True)
+        except (binascii.Error, ValueError):
+            raise refuse(f"line {n}: {token_text[:40]!r} is not base64") from None
+        if not rank_text.isdigit() or len(rank_text) > 10 or int(rank_text) > MAX_RANK:
+            raise refuse(f"line {n}: rank {rank_text[:40].decode('ascii', 'replace')!r} is not an integer from 0 to {MAX_RANK:,}")
+        rank = int(rank_text)
+        if rank in line_of_rank:
+            raise refuse(f"line {n}: rank {rank} is already the rank of line {line_of_rank[rank]}")
+        if token in line_of_token:
+            raise refuse(f"line {n}: token {token!r:.40} is already ranked on line {line_of_token[token]}")
+        if rank in special_ids:
+            raise refuse(f"line {n}: rank {rank} is the id of the special token {special_ids[rank]}")
+        line_of_rank[rank] = line_of_token[token] = n
+        ranks[token] = rank
+    if not ranks:
+        raise refuse("it holds no ranks")
+    return ranks  # not reached: the fast path returns every file that passes the checks above
+
 
 def _is_rank_file(name: str) -> bool:
     return name.endswith(".tiktoken") or Path(name).expanduser().is_file()
@@ -261,23 +339,20 @@ def _pretokenizer_for(pattern: str) -> str | None:
 def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
     """Resolve a tokenizer name or rank-file path to a tiktoken ``Encoding``."""
     import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
 
     path = Path(name).expanduser()
     if _is_rank_file(name):
         if not path.is_file():
             raise ConfigError(f"tokenizer rank file {str(path)!r} does not exist; pass an existing .tiktoken file")
         stem = path.name.removesuffix(".tiktoken")
-        try:
-            ranks = load_tiktoken_bpe(str(path))
-        except Exception as exc:  # a malformed rank file: name it
-            raise ConfigError(
-                f"tokenizer rank file {str(path)!r} is not a valid .tiktoken file ({exc}); "
-                "each line must be '<base64 token> <rank>'"
-            ) from None
         # A file named after a known encoding takes its pattern and specials; any other
         # takes cl100k's pattern, with <|endoftext|> as the next free id.
-        pretok, pattern, specials = _KNOWN_FILES.get(stem, ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1}))
+        known = _KNOWN_FILES.get(stem)
+        try:
+            ranks = read_rank_file(path, known[2] if known else None)
+        except OSError as exc:
+            raise ConfigError(f"tokenizer rank file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
+        pretok, pattern, specials = known or ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1})
         encoding = tiktoken.Encoding(name=stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
         spec = TokenizerSpec(
             name=stem,

@@ -1,0 +1,347 @@
+"""Hostile files meet bounded parsing: alias bombs, malformed fields, bad rank files, oversized JSON integers.
+
+Every case is refused with one ``shardflow: error:`` line naming the file (and
+the field or line), exit status 2, no traceback, and nothing published; the
+alias bombs within a second and 50 MB (measured in a subprocess).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from rel_support import SAMPLE, build_in, small_vocab
+from shardflow.catalog import Catalog
+from shardflow.errors import CatalogError, ConfigError, ManifestError
+from shardflow.flows.cli import main
+from shardflow.manifest import read_manifest
+from shardflow.tokenizers import load_tokenizer
+
+NAME = "hostile"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> Path:
+    """A root with ``data/`` and ``catalog/`` holding ``hostile@v1`` (the sample, the 5000-rank vocabulary)."""
+    root = tmp_path_factory.mktemp("hostile")
+    vocab = small_vocab(root / "vocab")
+    build_in(root, SAMPLE, NAME, dict(tokenizer=str(vocab), shard_tokens=60_000, val_fraction=0.2, seed=1))
+    return root
+
+
+@pytest.fixture
+def root(published, tmp_path) -> Path:
+    """A private copy of the published root (the catalog's relative paths still hold)."""
+    copy = tmp_path / "root"
+    shutil.copytree(published, copy, symlinks=True)
+    return copy
+
+
+def version_dir(root: Path) -> Path:
+    return root / "data" / NAME / "v1"
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    rc = main(list(args))
+    return rc, capsys.readouterr().err
+
+
+def assert_one_error(rc: int, err: str, *patterns: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    assert err.count("shardflow: error:") == 1, err
+    line = err.strip()
+    assert "\n" not in line, err
+    for pattern in patterns:
+        assert re.search(pattern, line), f"{pattern!r} not in {line!r}"
+
+
+# --- alias bombs ------------------------------------------------------------------------------------------
+
+def laughs(indent: str) -> str:
+    """Billion laughs, ~600 bytes: nine levels of nine aliases, 9^9 ``lol`` when expanded."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def bomb_manifest(directory: Path, field: str) -> Path:
+    """The bomb as the manifest's ``description`` (a mapping) or inside its ``config``."""
+    path = directory / "metadata.yaml"
+    text = path.read_text()
+    if field == "description":
+        text = text.replace("description: ''\n", "description:\n" + laughs("  "), 1)
+    else:
+        text = text.replace("config:\n", "config:\n  bomb:\n" + laughs("    "), 1)
+    assert "*l8" in text
+    path.write_text(text)
+    return path
+
+
+def bomb_catalog(root: Path) -> Path:
+    path = root / "catalog" / f"{NAME}.yaml"
+    text = path.read_text().replace("  created_at:", "  bomb:\n" + laughs("    ") + "  created_at:", 1)
+    assert "*l8" in text
+    path.write_text(text)
+    return path
+
+
+# Runs in a fresh interpreter: each step's time, and the peak RSS over the baseline after imports.
+_MEASURE = textwrap.dedent(
+    """
+    import contextlib, io, json, resource, sys, time
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # today's code would take the machine
+    from shardflow.flows.cli import main
+    from shardflow.reader import open_version
+    import shardflow.validation, shardflow.diff
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = []
+    for step in json.loads(sys.argv[1]):
+        err = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            if step[0] == "open":
+                try:
+                    open_version(step[1], catalog=step[2])
+                    rc = 0
+                except Exception as exc:
+                    rc, err = 2, io.StringIO(f"shardflow: error: {exc}")
+            else:
+                rc = main(step)
+        out.append({"step": step, "rc": rc, "err": err.getvalue(), "seconds": time.perf_counter() - start})
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    print(json.dumps({"steps": out, "grown_kib": grown}))
+    """
+)
+
+
+def measure(steps: list[list[str]]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, json.dumps(steps)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_bombs_refused(result: dict[str, Any], bomb: Path) -> None:
+    for step in result["steps"]:
+        assert_one_error(step["rc"], step["err"], re.escape(str(bomb)), r"alias bomb")
+        assert step["seconds"] < 1.0, step
+    assert result["grown_kib"] < 50 * 1024, result
+
+
+@pytest.mark.parametrize("field", ["description", "config"])
+def test_an_alias_bomb_in_a_manifest_is_refused_quickly_in_bounded_memory(root, field):
+    # A copy the catalog does not list, so no published checksum stops the reader before the bomb does.
+    loose = root / "loose"
+    shutil.copytree(version_dir(root), loose)
+    bomb = bomb_manifest(loose, field)
+    directory, catalog = str(loose), str(root / "catalog")
+    assert bomb.stat().st_size < 10_000
+    result = measure([
+        ["show", directory, "--catalog", catalog],
+        ["validate", directory, "--catalog", catalog],
+        ["diff", directory, directory, "--catalog", catalog],
+        ["ls", NAME, "--catalog", catalog],
+        ["open", directory, catalog],
+    ])
+    ls = result["steps"].pop(3)  # ls reads the catalog, not the manifest: it works, and stays small
+    assert ls["rc"] == 0 and ls["seconds"] < 1.0, ls
+    assert_bombs_refused(result, bomb)
+
+
+def test_an_alias_bomb_in_a_catalog_file_is_refused_quickly_in_bounded_memory(root):
+    bomb = bomb_catalog(root)
+    catalog = str(root / "catalog")
+    ref = f"{NAME}@v1"
+    result = measure([
+        ["ls", "--catalog", catalog],
+        ["ls", NAME, "--catalog", catalog],
+        ["show", ref, "--catalog", catalog],
+        ["validate", ref, "--catalog", catalog],
+        ["diff", ref, ref, "--catalog", catalog],
+        ["open", ref, catalog],
+    ])
+    assert_bombs_refused(result, bomb)
+
+
+def test_aliases_that_safe_dump_writes_still_load(root):
+    """yaml.safe_dump anchors an object it meets twice; a few such aliases are fine."""
+    path = version_dir(root) / "metadata.yaml"
+    data = yaml.safe_load(path.read_text())
+    shared = {"note": "the same mapping twice"}
+    data["config"]["a"], data["config"]["b"] = shared, shared
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert "&id001" in path.read_text()
+    assert read_manifest(path).config["b"] == shared
+
+
+def test_a_recursive_alias_is_refused(root):
+    path = version_dir(root) / "metadata.yaml"
+    path.write_text(path.read_text().replace("description: ''\n", "description: &r [1, *r]\n", 1))
+    with pytest.raises(ManifestError, match=r"metadata\.yaml: refused: line \d+, column \d+: an alias refers to a collection that contains it"):
+        read_manifest(path)
+
+
+# --- malformed manifest and catalog fields -------------------------------------------------------------------
+
+def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(d: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            d = d[key]
+        d[path[-1]] = value
+    return edit
+
+
+MANIFEST_CASES = {
+    "tokenized_info": (_set(["tokenized_info"], 5), r"field 'tokenized_info' must be a mapping, not 5"),
+    "shard_int": (_set(["splits", "train", "shards", 0], 7), r"split 'train', shard 0: a shard must be a mapping .*not 7"),
+    "bytes": (_set(["splits", "train", "shards", 0, "bytes"], "lots"), r"split 'train', shard 0: field 'bytes' must be a non-negative integer, not 'lots'"),
+    "dtype": (_set(["tokenized_info", "dtype"], "float128"), r"tokenized_info: field 'dtype' must be uint16 or uint32, not 'float128'"),
+    "nul": (_set(["splits", "train", "shards", 0, "file"], "train/a\0b.bin"), r"split 'train', shard 0: file name 'train/a\\x00b.bin' holds a control character"),
+    "index_int": (_set(["splits", "train", "shards", 0, "index"], 3), r"shard 0: a file entry must be a mapping of file, bytes and sha256, not 3"),
+    "shards": (_set(["splits", "train", "shards"], "many"), r"split 'train': field 'shards' must be a list of shards, not 'many'"),
+    "vocab": (_set(["tokenized_info", "vocab_size"], -1), r"tokenized_info: field 'vocab_size' must be a non-negative integer, not -1"),
+    "boundary": (_set(["boundary", "placement"], "middle"), r"boundary: field 'placement' must be bos, eos or both, not 'middle'"),
+    "boundary_id": (_set(["boundary", "token_id"], [1]), r"boundary: not a boundary section"),
+    "name": (_set(["name"], ["x"]), r"field 'name' must be a string, not \['x'\]"),
+    "parents": (_set(["parent_datasets"], "x"), r"field 'parent_datasets' must be a list of strings"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST_CASES))
+@pytest.mark.parametrize("command", ["validate", "show"])
+def test_a_malformed_manifest_field_is_one_message_naming_the_field(root, capsys, case, command):
+    edit, pattern = MANIFEST_CASES[case]
+    path = version_dir(root) / "metadata.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, err = cli(capsys, command, str(version_dir(root)), "--catalog", str(root / "catalog"))
+    assert_one_error(rc, err, re.escape(str(path)), pattern)
+
+
+def test_a_malformed_manifest_field_is_refused_by_diff_and_the_runtime(root, capsys):
+    from shardflow.reader import open_version
+
+    path = version_dir(root) / "metadata.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["splits"]["train"]["shards"][0]["bytes"] = "lots"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, err = cli(capsys, "diff", str(version_dir(root)), str(version_dir(root)), "--catalog", str(root / "catalog"))
+    assert_one_error(rc, err, r"field 'bytes' must be a non-negative integer")
+    with pytest.raises(ManifestError, match=r"field 'bytes' must be a non-negative integer, not 'lots'"):
+        open_version(version_dir(root), catalog=root / "catalog")
+
+
+CATALOG_CASES = {
+    "versions": (lambda d: d.update(versions=5), r"field 'versions' must be a list of versions, not 5"),
+    "build_key": (lambda d: d["versions"][0].pop("build_key"), r"versions\[0\]: missing field 'build_key'"),
+    "entry": (lambda d: d["versions"].append("v2"), r"versions\[1\]: an entry must be a mapping, not 'v2'"),
+    "path": (lambda d: d["versions"][0].update(path=None), r"versions\[0\]: field 'path' must be a string, not None"),
+    "latest": (lambda d: d.update(latest=[1]), r"field 'latest' must be a string or null, not \[1\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CATALOG_CASES))
+@pytest.mark.parametrize("command", [["ls"], ["ls", NAME], ["show", f"{NAME}@v1"], ["validate", f"{NAME}@v1"]])
+def test_a_malformed_catalog_is_one_message_naming_the_field(root, capsys, case, command):
+    edit, pattern = CATALOG_CASES[case]
+    path = root / "catalog" / f"{NAME}.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, err = cli(capsys, *command, "--catalog", str(root / "catalog"))
+    assert_one_error(rc, err, re.escape(str(path)), pattern)
+    with pytest.raises(CatalogError, match=pattern):
+        Catalog(root / "catalog").versions(NAME)
+
+
+# --- .tiktoken rank files ----------------------------------------------------------------------------------
+
+def _rank_lines(tmp_path: Path) -> list[bytes]:
+    return small_vocab(tmp_path / "vocab").read_bytes().splitlines()[:300]
+
+
+def _extra(token: bytes, rank: str) -> bytes:
+    return base64.b64encode(token) + b" " + rank.encode()
+
+
+RANK_CASES = {
+    "duplicate_rank": (lambda ls: ls + [_extra(b"zqzq", "7")], r"line 301: rank 7 is already the rank of line 8"),
+    "duplicate_bytes": (lambda ls: ls + [ls[4].split()[0] + b" 300"], r"line 301: token b'%' is already ranked on line 5"),
+    "huge_rank": (lambda ls: ls + [_extra(b"zqzq", str(2**40))], r"line 301: rank '1099511627776' is not an integer from 0 to"),
+    "negative_rank": (lambda ls: ls + [_extra(b"zqzq", "-5")], r"line 301: rank '-5' is not an integer from 0 to"),
+    "empty": (lambda ls: [], r"it holds no ranks"),
+    "not_base64": (lambda ls: ls + [b"@@@@ 300"], r"line 301: b'@@@@' is not base64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANK_CASES))
+@pytest.mark.parametrize("backend", ["auto", "tiktoken"])
+def test_a_bad_rank_file_is_refused_naming_the_file_and_line(tmp_path, case, backend):
+    make, pattern = RANK_CASES[case]
+    lines = make(_rank_lines(tmp_path))
+    path = tmp_path / f"{case}.tiktoken"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
+    with pytest.raises(ConfigError, match=rf"tokenizer rank file '{re.escape(str(path))}' is not a valid \.tiktoken file \({pattern}"):
+        load_tokenizer(str(path), backend=backend)
+
+
+def test_a_bad_rank_file_stops_a_build_before_anything_is_tokenized(tmp_path, capsys):
+    path = tmp_path / "dup.tiktoken"
+    path.write_bytes(b"\n".join(_rank_lines(tmp_path) + [_extra(b"zqzq", "7")]) + b"\n")
+    rc, err = cli(capsys, "build", str(SAMPLE), "--name", "dup", "--tokenizer", str(path), "--no-prefect",
+                  "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"), "--progress", "none")
+    assert_one_error(rc, err, re.escape(str(path)), r"line 301: rank 7 is already the rank of line 8")
+    assert not (tmp_path / "catalog" / "dup.yaml").exists()
+    assert not list((tmp_path / "data").rglob("*.bin")) if (tmp_path / "data").exists() else True
+
+
+def test_a_rank_colliding_with_a_known_encodings_special_token_is_refused(tmp_path):
+    path = tmp_path / "r50k_base.tiktoken"
+    path.write_bytes(b"\n".join(_rank_lines(tmp_path) + [_extra(b"zqzq", "50256")]) + b"\n")
+    with pytest.raises(ConfigError, match=r"line 301: rank 50256 is the id of the special token <\|endoftext\|>"):
+        load_tokenizer(str(path), backend="tiktoken")
+
+
+# --- JSON integers past Python's limit ------------------------------------------------------------------------
+
+@pytest.fixture
+def big_int_jsonl(tmp_path) -> Path:
+    path = tmp_path / "in" / "big.jsonl"
+    path.parent.mkdir()
+    records = [json.dumps({"text": "The first document."}),
+               '{"text": "x", "n": ' + "7" * 5000 + "}",
+               json.dumps({"text": "The third document."})]
+    path.write_text("\n".join(records) + "\n")
+    return path
+
+
+def _build_jsonl(tmp_path: Path, capsys, source: Path, policy: str) -> tuple[int, str]:
+    return cli(capsys, "build", str(source), "--name", "big", "--tokenizer", str(small_vocab(tmp_path / "vocab")),
+               "--no-prefect", "--on-bad-record", policy, "--data-root", str(tmp_path / "data"),
+               "--catalog", str(tmp_path / "catalog"), "--progress", "none")
+
+
+def test_a_json_integer_over_4300_digits_fails_naming_the_line(tmp_path, capsys, big_int_jsonl):
+    rc, err = _build_jsonl(tmp_path, capsys, big_int_jsonl, "fail")
+    assert_one_error(rc, err, re.escape(str(big_int_jsonl)) + r" line 2: a JSON integer of more than 4,300 digits")
+    assert not (tmp_path / "catalog" / "big.yaml").exists()
+
+
+def test_a_json_integer_over_4300_digits_is_skipped_and_counted(tmp_path, capsys, big_int_jsonl):
+    rc, err = _build_jsonl(tmp_path, capsys, big_int_jsonl, "skip")
+    assert rc == 0, err
+    totals = read_manifest(tmp_path / "data" / "big" / "v1").totals
+    assert totals["bad_records"] == 1 and totals["documents"] == 2
