@@ -65,6 +65,7 @@ def _shardflow_sample_starts(doc_starts: list[int], ntokens: int, seq_len: int) 
     return out
 
 
+@pytest.mark.slow
 def test_nanogpt_split_past_the_int32_limit(tmp_path, real_corpus, real_texts, gpt2_sized, monkeypatch):
     limit = 50_000  # the val split (20 documents) stays under it, the train split (about 1.2 M tokens) does not
     monkeypatch.setattr(bosidx, "MAX_INT32_TOKENS", limit)
@@ -112,6 +113,7 @@ def test_nanogpt_split_past_the_int32_limit(tmp_path, real_corpus, real_texts, g
         validate_dir(v.directory, checksums=True)
 
 
+@pytest.mark.slow
 def test_bin_shards_of_both_widths(tmp_path, real_corpus, monkeypatch):
     # Full shards of 30,000 tokens get int64 entries, the shorter last one int32: one split, both widths.
     monkeypatch.setattr(bosidx, "MAX_INT32_TOKENS", 29_999)
@@ -140,6 +142,7 @@ def test_bin_shards_of_both_widths(tmp_path, real_corpus, monkeypatch):
     validate_dir(open_version(result.ref, catalog=tmp_path / "catalog").directory, checksums=True)
 
 
+@pytest.mark.slow
 def test_an_incremental_build_reads_its_int64_indexed_parent(tmp_path, real_corpus, gpt2_sized, monkeypatch):
     # The parent's train.bos.idx (int64) gives the document starts of the reused input's tokens.
     import pyarrow.parquet as pq

@@ -64,6 +64,7 @@ def _only_split_shards(version, split: str, pattern: str) -> None:
 # -- the six targets, each with its stack's reader ---------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2-sized"])
 def test_modded_nanogpt(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "modded-nanogpt", tokenizers[which], shard_tokens=150_000)
@@ -82,6 +83,7 @@ def test_modded_nanogpt(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert sorted(map(tuple, docs)) == _expected_documents(v, real_texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2-sized"])
 def test_nanogpt(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "nanogpt", tokenizers[which])
@@ -100,6 +102,7 @@ def test_nanogpt(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert sorted(map(tuple, docs)) == _expected_documents(v, real_texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["cl100k", "llama3"])
 def test_nemo(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "nemo", tokenizers[which], shard_tokens=150_000)
@@ -128,6 +131,7 @@ def test_nemo(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert len(TokenDataset(str(v.directory), seq_len=seq_len, align_to_bos=True)) >= nemo
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["cl100k", "llama3"])
 def test_kempnerforge(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "kempnerforge", tokenizers[which], shard_tokens=150_000)
@@ -145,6 +149,7 @@ def test_kempnerforge(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert sorted(map(tuple, docs)) == _expected_documents(v, real_texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["cl100k", "llama3"])
 def test_olmo_core(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "olmo-core", tokenizers[which], shard_tokens=150_000)
@@ -152,17 +157,17 @@ def test_olmo_core(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert m.format_name == "bin" and m.boundary_tokens.placement == "eos"
     settings = TARGETS["olmo-core"].settings(m, v.directory)
     assert f"dtype=NumpyDatasetDType.{m.dtype}" in settings and f"eos_token_id={m.boundary_tokens.eos[1]}" in settings
+    assert f'paths=["{v.directory}/train/*.bin"],' in settings and "expand_glob=True," in settings
     docs = []
     for split in ("train", "val"):
         paths = [v.directory / s.file for s in m.splits[split].shards]
-        if split == "train":
-            assert all(f'"{p}"' in settings for p in paths)
         tokens = spec.olmo_tokens(paths, m.dtype)
         assert tokens.tolist() == _manifest_tokens(v, split)
         docs += spec.split_after_eos(tokens, m.boundary_tokens.eos[1])
     assert sorted(map(tuple, docs)) == _expected_documents(v, real_texts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["cl100k", "llama3"])
 def test_megatron(tmp_path, real_corpus, real_texts, tokenizers, which):
     v = _build(tmp_path, real_corpus, "megatron", tokenizers[which], shard_tokens=150_000)
@@ -170,9 +175,8 @@ def test_megatron(tmp_path, real_corpus, real_texts, tokenizers, which):
     assert m.format_name == "megatron" and m.boundary_tokens.placement == "eos"
     eos = m.boundary_tokens.eos[1]
     settings = TARGETS["megatron"].settings(m, v.directory)
-    prefixes = [str(v.directory / s.file[: -len(".bin")]) for s in m.splits["train"].shards]
-    assert "--train-data-path " + " ".join(prefixes) in settings and f"EOD id {eos}" in settings
-    assert f"--vocab-size {m.tokenized_info['vocab_size']}" in settings
+    assert f"--per-split-data-args-path {v.directory}/megatron_data_args.json" in settings
+    assert f"--tokenizer-model {v.directory}/hf_tokenizer  # its eos_token is Megatron's EOD: id {eos}" in settings
     docs = []
     for split in ("train", "val"):
         _only_split_shards(v, split, "*.bin")
@@ -247,6 +251,7 @@ def test_explicit_options_may_refine_a_target(tmp_path, real_corpus, tokenizers)
 # -- printed settings, and the layout of split directories ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, real_corpus, gpt2_sized, capsys):
     cat = str(tmp_path / "catalog")
     rc = main(["build", "--name", "shared", str(real_corpus), "--tokenizer", str(gpt2_sized), "--val-count", "20",
@@ -268,6 +273,7 @@ def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, 
     assert "Rebuild it with --target olmo-core" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path):
     from core_support import SAMPLE
 

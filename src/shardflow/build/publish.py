@@ -36,6 +36,7 @@ from .model import BuildPlan, EmbedResult, UnitResult
 from .plan import build_key
 from .staging import Staging, as_plan
 from .stats import collecting
+from .target_files import write_target_files
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
 
 __all__ = ["finalize", "publish", "publish_out", "staged_manifest", "read_embed_result", "content_key"]
@@ -102,6 +103,7 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
     write_tokenizer_files(tokenizer, staging.out)
     manifest = staged_manifest(plan)
+    write_target_files(plan.config.target, manifest, staging.out, tokenizer)  # what its settings name (hf_tokenizer/)
     # The statistics (stats.json, named in the manifest with its SHA-256) and the card's plots: the
     # stats-card stage's, drawn beside the shard jobs; drawn here if that stage did not finish.
     card = (card_done(plan) or draw_card(plan)) if collecting() else None

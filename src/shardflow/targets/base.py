@@ -53,6 +53,9 @@ class Target:
     globs_split_dir: bool = True
     """The reader finds a split's shards by a glob over a directory (so that directory must hold only them);
     False where the settings list every shard (OLMo-core's paths, Megatron's prefixes)."""
+    hf_tokenizer: bool = False
+    """The settings name the version's ``hf_tokenizer/`` (what ``AutoTokenizer`` loads; see
+    ``targets.hf_tokenizer``), so a build for this target writes it."""
     settings_text: Callable[[Manifest, Path], str]
     """The stack's settings for a version (its manifest and directory)."""
     file_name: Callable[[str, str, int, str], str] = default_shard_path

@@ -4,7 +4,13 @@
 with the configured dtype (``NumpyDatasetDType``) and find document
 boundaries by searching for ``eos_token_id``. A ``.npy`` file's 128-byte
 header would be read as tokens, so: format ``bin``, EOS placement (or both),
-and the settings name every shard path and the dtype.
+and the settings name the dtype and the split's shards by one glob:
+``expand_glob=True`` makes ``NumpyDatasetConfig`` expand each path with
+``deterministic_glob_directory`` (sorted, so in manifest order: the shard
+names are zero-padded), and a version of tens of thousands of shards stays a
+one-line setting. (Checked against ai2-olmo-core 3.0.0's
+``olmo_core/data/numpy_dataset.py``; ``NumpyDatasetConfig`` had the same
+``expand_glob`` field in 1.x.)
 """
 
 from __future__ import annotations
@@ -13,16 +19,15 @@ from pathlib import Path
 
 from ..manifest import Manifest
 from .base import Target
-from .settings_support import boundary_ids, header
+from .settings_support import boundary_ids, header, split_dir, split_tokens
 
 
 def _settings(manifest: Manifest, directory: Path) -> str:
     bos, eos = boundary_ids(manifest)
     lines = header("OLMo-core (NumpyFSLDatasetConfig; NumpyDatasetConfig in older releases)", manifest)
     lines.append("NumpyFSLDatasetConfig(")
-    lines.append("    paths=[")
-    lines += [f'        "{directory / s.file}",' for s in manifest.splits["train"].shards]
-    lines.append("    ],")
+    lines.append(f'    paths=["{split_dir(manifest, directory, "train")}/*.bin"],')
+    lines.append(f"    expand_glob=True,  # {len(manifest.splits['train'].shards)} shards, sorted: manifest order")
     lines.append(f"    dtype=NumpyDatasetDType.{manifest.dtype},")
     lines.append("    sequence_length=2048,  # your sequence length")
     lines.append(
@@ -30,9 +35,8 @@ def _settings(manifest: Manifest, directory: Path) -> str:
         f"eos_token_id={eos}, pad_token_id={eos}, bos_token_id={bos}),"
     )
     lines.append(")")
-    if "val" in manifest.splits and manifest.splits["val"].shards:
-        lines.append("# val shards (an evaluator's paths):")
-        lines += [f"#   {directory / s.file}" for s in manifest.splits["val"].shards]
+    if split_tokens(manifest, "val"):
+        lines.append(f'# val shards (an evaluator\'s paths, expand_glob=True): "{split_dir(manifest, directory, "val")}/*.bin"')
     return "\n".join(lines)
 
 
