@@ -125,18 +125,24 @@ def cmd_show(args: argparse.Namespace) -> int:
     for split, entry in m.splits.items():
         print(f"  {split}: {entry.documents} documents, {entry.tokens} tokens in {len(entry.shards)} shards")
     _print_embeddings(m)
+    from shardflow.runtime.inspect import inspect_version
+
+    # inspect_version takes a reference; the resolved version directory is one.
+    report = inspect_version(version.directory, split=args.split or "train", samples=args.samples)
     stats = read_stats(version.directory, m)
     if stats is not None:
+        if _LENGTHS in report:
+            # The report's length histogram is exact (from the document index); the statistics' one has
+            # quarter-octave bins (p50 <= 2,047 where the median is 1,881). Printed once: the exact one.
+            stats = {**stats, "splits": {}}
         print("\n".join(summary_lines(stats)))
         print(f"  card: {card_path(version.directory)}")
-    try:
-        from shardflow.runtime.inspect import inspect_version
-    except ImportError:
-        inspect_version = None  # type: ignore[assignment]
-    if inspect_version is not None:
-        # inspect_version takes a reference; the resolved version directory is one.
-        print(inspect_version(version.directory, split=args.split or "train", samples=args.samples))
+    print(report)
     return 0
+
+
+_LENGTHS = "Document lengths in tokens"
+"""How ``inspect_version``'s exact length histogram begins (absent where a version has no document index)."""
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -12,7 +12,10 @@ bar on a terminal, plain lines when piped or under CI.
 file, or one dataset from the command line) and runs their flow runs.
 
 A user error (bad input, bad option, failed validation) is one message on
-standard error and exit status 2, never a traceback.
+standard error and exit status 2, never a traceback. A rebuild that finds the identical
+version prints ``nothing new: NAME@vN is identical`` instead of ``published``.
+Output cut short by its reader (``| head``) ends quietly with status 141; what
+else is kept off the terminal is in ``flows/terminal.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -30,7 +32,13 @@ from typing import Any, Iterator, Sequence
 from shardflow.errors import ShardflowError
 
 from shardflow.flows.catalog_cli import cmd_diff, cmd_ls, cmd_show, cmd_validate
-from shardflow.flows.options import _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options
+from shardflow.flows.card_cli import add_card_parser, cmd_card
+from shardflow.flows.terminal import (
+    PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
+)
+from shardflow.flows.options import (
+    _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -39,7 +47,10 @@ EXIT_IO_ERROR = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from shardflow import __version__
+
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"shardflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("build", help="tokenize sources into a new published version")
@@ -105,24 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("ref_b")
     d.add_argument("--all", action="store_true", help="list unchanged inputs too")
     _add_catalog(d)
+    add_card_parser(sub)
     return parser
-
-
-class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed task's traceback; for a ShardflowError the message is enough."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], ShardflowError):
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def _quiet_prefect_tracebacks() -> None:
-    flt = _NoTracebackForUserErrors()
-    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", ""):
-        for handler in logging.getLogger(name).handlers:
-            handler.addFilter(flt)
 
 
 def _check_runner(args: argparse.Namespace) -> None:
@@ -186,16 +181,21 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
     # temporary server starting: its start-up needs the cores, and this process imports matplotlib
     # anyway while it waits for that server (preload); 0.9 s slower on the sample with the helper.
     temporary_server = early is not None and early.process is not None
-    with plot_helper(enabled=not temporary_server):
-        ref = _build(args, config, early, threads)
     from shardflow.catalog import Catalog
 
-    directory = Catalog(args.catalog).resolve(ref)
+    catalog = Catalog(args.catalog)
+    # What was published before: a build that ends on one of these published nothing new (both paths:
+    # the flow returns only the reference).
+    before = {f"{config.name}@{v.version}" for v in catalog.versions(config.name)} \
+        if config.name in catalog.datasets() else set()
+    with plot_helper(enabled=not temporary_server):
+        ref = _build(args, config, early, threads)
+    directory = catalog.resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from shardflow.flows.targets_cli import print_target_settings
 
         print_target_settings(config.target, directory)
-    print(f"published {ref}")
+    print(f"nothing new: {ref} is identical" if ref in before else f"published {ref}")
     print(str(directory / "metadata.yaml"))
     return 0
 
@@ -246,6 +246,7 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, w
 
     from shardflow.flows.build import build_dataset, dataset_tag, require_real_api
     from shardflow.flows.progress import listening
+    from shardflow.flows.terminal import filtered_console, quiet_prefect_tracebacks, recorded_note
     from shardflow.tasks.build import TAGS
 
     if args.runner == "dask":
@@ -254,27 +255,46 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, w
         if importlib.util.find_spec("prefect_dask") is None:
             raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
         require_real_api(args.runner, args.address)
-    _quiet_prefect_tracebacks()
+    quiet_prefect_tracebacks()
     if early is not None and early.process is not None and warming is not None:
         warming.join()  # a temporary server is still starting: this costs nothing (the head start's threads run on)
-    with early.serve() if early else contextlib.nullcontext(), display, listening(display), \
-            tags(*TAGS, dataset_tag(config.name)):
-        # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
-        ref = build_dataset(
-            config=config,
-            workers=args.workers,
-            data_root=args.data_root,
-            catalog=args.catalog,
-            runner=args.runner,
-            address=args.address,
-        )
+    launched = early is not None and early.process is not None  # a temporary server, not one already running
+    with filtered_console() as console:
+        try:
+            with early.serve() if early else contextlib.nullcontext(None) as on_early, display, \
+                    listening(display), tags(*TAGS, dataset_tag(config.name)):
+                console.hide_links = _on_temporary_server(launched, on_early)
+                # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
+                ref = build_dataset(
+                    config=config,
+                    workers=args.workers,
+                    data_root=args.data_root,
+                    catalog=args.catalog,
+                    runner=args.runner,
+                    address=args.address,
+                )
+        finally:
+            if console.hide_links and console.run_path:  # the server is gone: its link would be dead
+                print(recorded_note(console.run_path), file=sys.stderr, flush=True)
     return str(ref)
+
+
+def _on_temporary_server(launched: bool, on_early: bool | None) -> bool:
+    """Whether the flow runs on a temporary server: ours (``launched``), or Prefect's own when we launched none."""
+    if on_early is not None:
+        return launched and on_early
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    return not settings.api.url and settings.server.ephemeral.enabled
 
 
 def _checked_build_config(args: argparse.Namespace) -> Any:
     if args.workers < 1:
         raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
     _check_runner(args)
+    check_local_paths(args)
+    check_pipeline_installed(args)
     if not args.no_prefect:
         _prefect_defaults()
     return _config(args)
@@ -353,6 +373,7 @@ COMMANDS = {
     "ls": cmd_ls,
     "show": cmd_show,
     "diff": cmd_diff,
+    "card": cmd_card,
     "serve": cmd_serve,
 }
 
@@ -379,11 +400,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             return cmd_build(args, early=early)
+        check_local_paths(args)
         return COMMANDS[args.command](args)
     except ShardflowError as exc:
         print(f"shardflow: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in PIPELINE_MODULES:
+            raise  # a bug (or a damaged install): keep its traceback
+        embeds = args.command == "embed" or getattr(args, "embed", False)
+        hint = PIPELINE_HINT.replace("[pipeline]", "[pipeline,embed]") if embeds else PIPELINE_HINT
+        print(f"shardflow: error: shardflow {args.command} needs {exc.name}, which is not installed here; {hint}",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            return quiet_broken_pipe()  # `| head`: not an error (another pipe's is one, below)
         # A full disk, a read-only or flaky mount: one line, no traceback. Nothing partial is published.
         from shardflow.errors import describe_os_error
 

@@ -9,7 +9,35 @@ which holds the commands.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from typing import Any
+
+from shardflow.errors import ConfigError
+
+# A scheme and "://": s3://, gs://, file://, https://... (a Windows drive letter has no "//").
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_local_paths(args: argparse.Namespace) -> None:
+    """Refuse a URL where only a local directory works: --data-root, --catalog and their environment variables.
+
+    ``Path("s3://bucket/data")`` is the relative path ``s3:/bucket/data``: without
+    this check a build would write a local directory named ``s3:``.
+    """
+    for option, env in (("--data-root", "SHARDFLOW_DATA_ROOT"), ("--catalog", "SHARDFLOW_CATALOG")):
+        attr = option[2:].replace("-", "_")
+        if not hasattr(args, attr):
+            continue  # the command has no such option (and does not use the variable)
+        value, given = getattr(args, attr), f"{option} {getattr(args, attr)}"
+        if not value:
+            value, given = os.environ.get(env), f"{env}={os.environ.get(env)}"
+        if value and _URL.match(str(value)):
+            raise ConfigError(
+                f"{given}: a URL, but {option} must be a local directory (output to object storage is not "
+                f"supported yet){'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
+            )
+
 
 def _add_catalog(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="catalog directory (default: $SHARDFLOW_CATALOG or ./manifests)")

@@ -29,6 +29,7 @@ def cli(tmp_path, monkeypatch, capsys):
 BUILD = ("--data-root", "data", "--catalog", "cat", "--no-prefect")
 
 
+@pytest.mark.slow
 def test_build_prints_the_ref_and_last_the_absolute_manifest_path(cli, tmp_path):
     status, out, err = cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", "--workers", "2", *BUILD)
     assert status == 0, err
@@ -36,12 +37,13 @@ def test_build_prints_the_ref_and_last_the_absolute_manifest_path(cli, tmp_path)
     assert lines[0] == "published demo@v1"
     last = Path(lines[-1])
     assert last.is_absolute() and last == tmp_path / "data" / "demo" / "v1" / "metadata.yaml" and last.is_file()
-    # An identical rebuild reports the same version.
+    # An identical rebuild publishes nothing and says so; the last line is still the manifest's path.
     status, out, _ = cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)
     assert status == 0
-    assert out.strip().splitlines() == ["published demo@v1", str(last)]
+    assert out.strip().splitlines() == ["nothing new: demo@v1 is identical", str(last)]
 
 
+@pytest.mark.slow
 def test_build_options_reach_the_manifest(cli, small_vocab, tmp_path):
     from shardflow.manifest import read_manifest
 
@@ -55,6 +57,7 @@ def test_build_options_reach_the_manifest(cli, small_vocab, tmp_path):
     assert m.splits["val"].documents == 5 and m.config["seed"] == 3 and m.description == "a test"
 
 
+@pytest.mark.slow
 def test_validate_prints_training_settings(cli):
     assert cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)[0] == 0
     status, out, err = cli("validate", "demo@latest", "--catalog", "cat")
@@ -74,6 +77,7 @@ def test_validate_prints_training_settings(cli):
     assert cli("validate", "demo@v1", "--catalog", "cat", "--no-checksums")[0] == 0
 
 
+@pytest.mark.slow
 def test_validate_fails_on_a_corrupted_version(cli, tmp_path):
     assert cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)[0] == 0
     shard = tmp_path / "data" / "demo" / "v1" / "train" / "demo_train_000001.bin"
@@ -87,6 +91,7 @@ def test_validate_fails_on_a_corrupted_version(cli, tmp_path):
     assert "demo_train_000001.bin: SHA-256" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_ls_and_show(cli, tmp_path):
     status, out, _ = cli("ls", "--catalog", "cat")
     assert status == 0 and out.strip() == f"no datasets in {tmp_path / 'cat'}"
@@ -146,6 +151,7 @@ def test_usage_errors_exit_2(cli, capsys):
     assert "--name" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tmp_path, monkeypatch):
     """The one Prefect test: the ``build_dataset`` flow (directly and via ``shardflow build``) vs ``--no-prefect``.
 
@@ -188,6 +194,9 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     lines = run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat")
     assert lines[0] == "published pf@v1"
     cli_dir = Path(lines[-1]).parent
+    # Again: the flow finds the identical version, and the command line says it published nothing.
+    assert run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat") == \
+        ["nothing new: pf@v1 is identical", lines[-1]]
     assert cli_dir == tmp_path / "cli" / "data" / "pf" / "v1"
     assert files(cli_dir) == files(plain)
 
@@ -195,6 +204,7 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     assert (a.splits, a.totals, a.build_key, a.boundary) == (b.splits, b.totals, b.build_key, b.boundary)
 
 
+@pytest.mark.slow
 def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     """`shardflow build tests/assets/sample.parquet --name sample` with no Prefect server running.
 
@@ -217,8 +227,20 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     both = proc.stdout + proc.stderr
     assert "Starting temporary server" in both  # it really ran as a flow on the temporary server
     assert "ERROR" not in both and "Traceback" not in both, both[-3000:]
+    # Not the temporary server's link, dead once the command exits, but where the run is recorded and how to
+    # see it: `prefect server start` serves that database with the UI (checked by hand: the link opens the run).
+    assert "View at" not in both
+    note = re.search(r"shardflow: the run is recorded in (/\S+) \(Prefect's temporary server has stopped\); "
+                     r"to see it, run: (?:PREFECT_HOME=\S+ )?prefect server start and open "
+                     r"http://127\.0\.0\.1:4200/runs/flow-run/([0-9a-f-]{36})\n", proc.stderr)
+    assert note, proc.stderr[-2000:]
+    import sqlite3
+
+    with sqlite3.connect(f"file:{note[1]}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT name FROM flow_run WHERE id = ?", (note[2],)).fetchall() == [("build sample",)]
 
 
+@pytest.mark.slow
 def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp_path):
     """``shardflow.flows.cli.run`` (the ``shardflow`` script) ends through ``exit_now`` on every path: the piped
     stdout is complete, the status is main's, and a thread that is not a daemon is waited for."""
@@ -252,3 +274,117 @@ def test_the_console_script_exits_quickly_with_the_status_and_all_its_output(tmp
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )
     assert pooled.returncode == 4 and pooled.stdout == "3\n", pooled.stderr
+
+
+# -- a clean terminal (issue 25, item 8) -------------------------------------------------------------
+
+
+def test_version_is_the_package_version(capsys):
+    import shardflow
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"shardflow {shardflow.__version__}\n"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", shardflow.__version__)
+
+
+def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(cli, tmp_path):
+    """``shardflow show x@latest | head -3``: no message, status 141 (128 + SIGPIPE) as ``cat`` or ``seq`` give."""
+    import os
+    import subprocess
+    import sys
+
+    assert cli("build", str(SAMPLE), "--name", "demo", *BUILD)[0] == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write (head -3 after its lines), every time
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "show", "demo@latest", "--catalog", "cat"],
+                              cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "args,env,named",
+    [
+        (("build", "{sample}", "--name", "x", "--data-root", "s3://bucket/data", "--catalog", "cat", "--no-prefect"),
+         {}, "--data-root s3://bucket/data"),
+        (("build", "{sample}", "--name", "x", "--data-root", "data", "--catalog", "s3://bucket/cat", "--no-prefect"),
+         {}, "--catalog s3://bucket/cat"),
+        (("build", "{sample}", "--name", "x", "--catalog", "cat", "--no-prefect"),
+         {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"}, "SHARDFLOW_DATA_ROOT=s3://bucket/data"),
+        (("build", "{sample}", "--name", "x", "--data-root", "data", "--no-prefect"),
+         {"SHARDFLOW_CATALOG": "gs://bucket/cat"}, "SHARDFLOW_CATALOG=gs://bucket/cat"),
+        (("ls", "--catalog", "s3://bucket/cat"), {}, "--catalog s3://bucket/cat"),
+        (("show", "x@latest"), {"SHARDFLOW_CATALOG": "s3://bucket/cat"}, "SHARDFLOW_CATALOG=s3://bucket/cat"),
+        (("validate", "x@v1", "--catalog", "s3://bucket/cat"), {}, "--catalog s3://bucket/cat"),
+    ],
+)
+def test_a_url_where_only_a_local_directory_works_is_refused(cli, tmp_path, monkeypatch, args, env, named):
+    """Not a local directory named ``s3:`` (what ``Path("s3://bucket/data")`` is), silently."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    status, out, err = cli(*(a.replace("{sample}", str(SAMPLE)) for a in args))
+    assert status == 2 and out == ""
+    assert err.splitlines() == [err.strip()] and err.startswith(f"shardflow: error: {named}: a URL, but ")
+    assert "output to object storage is not supported yet" in err
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
+
+
+def test_show_prints_one_exact_length_histogram(cli, tmp_path):
+    import numpy as np
+
+    from shardflow.runtime import open_shards
+
+    assert cli("build", str(SAMPLE), "--name", "demo", *BUILD)[0] == 0
+    status, out, err = cli("show", "demo@latest", "--catalog", "cat")
+    assert status == 0, err
+    # Before: the statistics' quarter-octave summary too ("p50 <= 2,047") beside the exact "median 1,881".
+    assert "p50 <=" not in out and "document lengths (tokens)" not in out
+    assert out.count("Document lengths in tokens") == 1
+    shards = open_shards(tmp_path / "data" / "demo" / "v1", split="train")
+    starts = shards.all_doc_starts()
+    lengths = np.diff(np.append(starts, shards.num_tokens))
+    line = next(line for line in out.splitlines() if line.startswith("Document lengths in tokens"))
+    assert f"min {lengths.min():,}, median {int(np.median(lengths)):,}" in line and f"max {lengths.max():,}" in line
+    assert "vocabulary:" in out and "top sources" in out  # the rest of the statistics stays
+
+
+_WITHOUT_PIPELINE = (
+    "import sys\n"
+    "for name in ('pyarrow', 'prefect', 'tiktoken', 'tokenizers', 'sentencepiece', 'gigatoken', 'ml_dtypes',\n"
+    "             'datasets', 'fastapi', 'matplotlib', 'torch', 'rich'):\n"
+    "    sys.modules[name] = None  # import fails as if not installed; find_spec returns None\n"
+    "from shardflow.flows.cli import main\n"
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.slow
+def test_without_the_pipeline_extra_build_says_what_to_install_and_the_read_commands_work(cli, tmp_path):
+    """The runtime-only install (numpy and PyYAML): the pipeline's modules made unimportable in a subprocess."""
+    import subprocess
+    import sys
+
+    assert cli("build", str(SAMPLE), "--name", "demo", *BUILD)[0] == 0
+
+    def runtime_only(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _WITHOUT_PIPELINE, *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
+    for extra in ((), ("--no-prefect",)):
+        proc = runtime_only("build", str(SAMPLE), "--name", "other", "--data-root", "data", "--catalog", "cat", *extra)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("shardflow: error: shardflow build needs the build pipeline (pyarrow")
+        assert proc.stderr.rstrip().endswith("pip install 'shardflow[pipeline]'")
+    assert not (tmp_path / "data" / "other").exists()
+    validate = runtime_only("validate", "demo@v1", "--catalog", "cat")
+    assert validate.returncode == 0 and validate.stdout.startswith("OK demo@v1: 1 shards"), validate.stderr
+    listed = runtime_only("ls", "--catalog", "cat")
+    assert listed.returncode == 0 and listed.stdout.startswith("demo\t1 version"), listed.stderr
+    shown = runtime_only("show", "demo@v1", "--catalog", "cat")
+    assert shown.returncode == 0 and "Document lengths in tokens" in shown.stdout, shown.stderr

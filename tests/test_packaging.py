@@ -6,6 +6,7 @@ fast check of its contents, so a subpackage left out of the wheel fails the suit
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,8 +23,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    # Built from a copy of what the wheel is made of: setuptools reuses a build/ directory in the
+    # source tree, where a module deleted since the last build would still be found.
+    src = tmp_path_factory.mktemp("source")
+    for name in ("src", "flows", "tasks"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(out)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(out)],
                    check=True, capture_output=True, cwd=out)
     (path,) = out.glob("shardflow-*.whl")
     return zipfile.ZipFile(path)

@@ -35,11 +35,10 @@ import numpy as np
 
 from ._io import BackgroundSha256, sha256_file
 from .catalog import published_manifest_problems
-from .embedding_files import validate_embeddings
-from .errors import ValidationError
+from .errors import ManifestError, ValidationError
 from .faults import fault
 from .formats import ShardFormat, bosidx, get_format
-from .manifest import Manifest, ShardEntry, read_manifest
+from .manifest import Manifest, ShardEntry, read_manifest, version_file
 from .shardset import ShardSet
 from .stats import stats_problems
 
@@ -115,12 +114,15 @@ def validate_shard(
     directory: Path, manifest: Manifest, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
 ) -> list[str]:
     """Problems with one shard and its index (empty list when both are right)."""
-    fault("validate", directory / entry.file)
+    try:  # the one confinement check (relative, inside the version, no symlink out of it)
+        path = version_file(directory, entry.file, f"shard {k} of split {split!r}")
+        idx_path = version_file(directory, entry.index.file, f"the index of shard {k} of split {split!r}")
+    except ManifestError as exc:
+        return [str(exc)]
+    fault("validate", path)
     problems: list[str] = []
     fmt = get_format(manifest.format_name)
     dtype = np.dtype(manifest.dtype).newbyteorder("<")
-    path = directory / entry.file
-    idx_path = directory / entry.index.file
     if not path.exists():
         return [f"{path}: shard {k} of split {split!r} is missing"]
     size = path.stat().st_size
@@ -262,7 +264,11 @@ def _sidecar_problems(
         if name not in listed:
             problems.append(f"{directory / name}: format {fmt.name!r} keeps it beside {entry.file}, but the manifest does not list it")
     for f in entry.sidecars:
-        p = directory / f.file
+        try:
+            p = version_file(directory, f.file, f"a file beside {entry.file}")
+        except ManifestError as exc:
+            problems.append(str(exc))
+            continue
         if f.file not in expected:
             problems.append(f"{p}: the manifest lists it beside {entry.file}, but format {fmt.name!r} has no such file")
         elif not p.exists():
@@ -286,7 +292,10 @@ def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
     name = info.get(key)
     if not name:
         return []
-    path = directory / name
+    try:  # an absolute or '../' name would hash (and the reader load) a file outside the version
+        path = version_file(directory, name, f"tokenized_info.{key}")
+    except ManifestError as exc:
+        return [str(exc)]
     if not path.is_file():
         return [f"{path}: missing; the manifest names it as {named}"]
     if sha256_file(path) != info.get(f"{key}_sha256"):
@@ -338,7 +347,12 @@ def validate_dir(
         report.tokens += tokens
         report.documents += documents
     report.problems.extend(_rank_file_problems(directory, manifest))
-    report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
+    if manifest.extra.get("embeddings"):
+        # Imported here: the embedding codecs need ml_dtypes, which the runtime-only install
+        # (numpy and PyYAML) lacks, and a version without embeddings validates there too.
+        from .embedding_files import validate_embeddings
+
+        report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
     report.problems.extend(stats_problems(directory, manifest, checksums=checksums))
     totals: dict[str, Any] = manifest.totals
     if totals.get("tokens") != report.tokens or totals.get("documents") != report.documents:

@@ -203,6 +203,7 @@ def _binary_corpus(path: Path) -> tuple[Path, list[bytes]]:
     return _parquet(path, {"text": pa.array(raw, type=pa.binary())}), raw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["replace", "skip"])
 def test_invalid_utf8_in_a_binary_column_follows_the_policy_and_is_counted(tmp_path, capsys, policy):
     f, raw = _binary_corpus(tmp_path / "in" / "bin.parquet")
@@ -250,3 +251,36 @@ def test_an_arrow_file_with_a_missing_column(tmp_path, capsys):
     f.parent.mkdir()
     feather.write_feather(pa.table({"content": ["a", "b"]}), f)
     refused(tmp_path, capsys, rf"{re.escape(str(f))}: no column 'text'; the columns are content", str(f))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("no_prefect", [False, True], ids=["prefect-temporary-server", "no-prefect"])
+def test_an_input_error_is_printed_once_on_both_paths(tmp_path, no_prefect):
+    """The ``shardflow`` command in a subprocess, as a user runs it: a JSON Lines file with a bad line, and a
+    --text-column that is not there. Before: on the Prefect path the message came four times (the failed
+    task's state, the flow's exception, the flow's state, then the command line's own line)."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "hello"}\n{"text": bad\n{"text": "x"}\n')
+    cases = [
+        ([str(bad)], f"{bad} line 2: not valid JSON"),
+        ([str(SAMPLE), "--text-column", "nope"], f"{SAMPLE}: no column 'nope'; the columns are id, text, source"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SHARDFLOW_"))}
+    # A new database: its first start migrates it, slower than the default 20 s on a busy machine.
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), SHARDFLOW_REUSE_LOCAL_SERVER="0",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    for k, (sources, message) in enumerate(cases):
+        name = f"bad{k}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardflow.flows.cli", "build", *sources, "--name", name, "--data-root", "data",
+             "--catalog", "cat", "--progress", "none", *(["--no-prefect"] if no_prefect else [])],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+        assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
+        assert proc.stderr.rstrip().splitlines()[-1].startswith(f"shardflow: error: {message}")
+        assert "Traceback" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-3000:]
+        assert not (tmp_path / "cat" / f"{name}.yaml").exists()
