@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,13 @@ __all__ = [
     "resolve_ref",
     "published_manifest_problems",
     "file_lock",
+    "FILE_STATS_NAME",
+    "recorded_file_stats",
 ]
+
+FILE_STATS_NAME = ".published"
+"""The catalog's directory of records ``NAME@VERSION.json``: ``{"files": {FILE: [size, inode, mtime_ns]}}``
+of each version's shard files as published (kept beside the catalog, so version directories are unchanged)."""
 
 CATALOG_SCHEMA_VERSION = 1
 MAX_CATALOG_BYTES = 64 << 20
@@ -124,6 +131,10 @@ class VersionEntry:
     manifest_sha256: str = ""
     """SHA-256 of the version's ``metadata.yaml`` as published (empty in older catalogs): an edited
     manifest is detected against it."""
+    files_sha256: str = ""
+    """SHA-256 of the version's record in ``<catalog>/.published/`` (``files_record``): size, inode and mtime of each
+    shard file when it was published, which an incremental build checks instead of reading them
+    (empty in older catalogs)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +189,17 @@ class Catalog:
     def version_dir(self, entry: VersionEntry) -> Path:
         path = Path(entry.path)
         return path if path.is_absolute() else (self.path / path).resolve()
+
+    def files_record(self, name: str, version: str) -> Path:
+        """Where the size, inode and mtime of ``name@version``'s shard files as published are recorded."""
+        return self.path / FILE_STATS_NAME / f"{check_name(name)}@{version}.json"
+
+    def entry(self, name: str, version: str) -> VersionEntry | None:
+        """The catalog entry of ``name@version`` (None if it lists no such version)."""
+        for entry in self.versions(name):
+            if entry.version == version:
+                return entry
+        return None
 
     def find_build(self, name: str, build_key: str) -> VersionEntry | None:
         """The published version of ``name`` built from exactly these inputs and options, if any."""
@@ -261,6 +283,7 @@ def _check_catalog(data: dict[str, Any], path: Path) -> None:
             text(entry, key, where)
         text(entry, "parent", where, optional=True)
         text(entry, "manifest_sha256", where, optional=True)
+        text(entry, "files_sha256", where, optional=True)
         if not isinstance(entry.get("totals", {}), dict):
             raise bad(where, "totals", "a mapping", entry["totals"])
 
@@ -298,21 +321,52 @@ def published_manifest_problems(directory: Path | str, manifest: Manifest, catal
 
     A manifest edited after publication (even consistently with the files, or
     together with them) no longer has the SHA-256 the catalog entry of its
-    version recorded. Versions the catalog does not list, or lists without a
-    checksum (older catalogs), are not checked.
+    version recorded. The entry is the one whose directory this is (the
+    reference being opened), and the manifest's name and version must be that
+    entry's. Versions the catalog does not list are not checked; without a
+    checksum (older catalogs) only the name and version are.
     """
     directory = Path(directory)
     try:
         cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-        found = cat.entry_for_dir(directory, name=manifest.name)
+        # The entry whose directory this is, over the whole catalog: never the one the manifest's own
+        # ``name`` points at, or an edited manifest would choose what it is checked against.
+        # The manifest's name is only where to look first (one file, not the whole catalog): a match
+        # is still by directory, so it finds the same entry the full search would.
+        found = cat.entry_for_dir(directory, name=manifest.name) if isinstance(manifest.name, str) else None
+        found = found or cat.entry_for_dir(directory)
     except (ShardflowError, OSError):
         return []
-    if found is None or not found[1].manifest_sha256:
+    if found is None:
         return []
     path = directory / MANIFEST_NAME
+    if (manifest.name, manifest.version) != (found[0], found[1].version):
+        return [
+            f"{path}: the manifest calls itself {manifest.name!r}@{manifest.version!r}, but the catalog {cat.path} "
+            f"published this directory as {found[0]}@{found[1].version}; versions are immutable: restore the file, "
+            "or rebuild"
+        ]
+    if not found[1].manifest_sha256:
+        return []
     if sha256_file(path) != found[1].manifest_sha256:
         return [
             f"{path}: the manifest was changed after {found[0]}@{found[1].version} was published (its SHA-256 is not "
             f"the one recorded in the catalog {cat.path}); versions are immutable: restore the file, or rebuild"
         ]
     return []
+
+
+def recorded_file_stats(cat: Catalog, name: str, entry: VersionEntry) -> dict[str, tuple[int, int, int]] | None:
+    """``{file: (size, inode, mtime_ns)}`` of a version's shard files as published, checked against the
+    catalog entry's ``files_sha256``; None where the entry records none (older versions) or the record
+    does not match it."""
+    if not entry.files_sha256:
+        return None
+    path = cat.files_record(name, entry.version)
+    try:
+        if path.is_symlink() or sha256_file(path) != entry.files_sha256:
+            return None
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        return {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None

@@ -36,7 +36,7 @@ from . import codecs
 from ._io import load_npy, sha256_file
 from .config import EmbedOptions
 from .errors import ValidationError
-from .manifest import EMBEDDINGS_DIR, Manifest, check_relative_file
+from .manifest import EMBEDDINGS_DIR, Manifest, version_file
 from .pca import Projection
 
 __all__ = [
@@ -68,7 +68,7 @@ def pca_file_names(name: str) -> tuple[str, str]:
 
 def _open_npy(directory: Path, entry: dict[str, Any], what: str, *, mmap: bool = True) -> np.ndarray:
     """The ``.npy`` file a manifest entry (``file``, ``bytes``) names, after checking it is there, whole and readable."""
-    path = directory / check_relative_file(entry["file"], str(directory))
+    path = version_file(directory, entry["file"], f"the {what} file")  # the one confinement check
     if not path.exists():
         raise ValidationError(f"{path}: the {what} file is missing")
     if path.stat().st_size != entry["bytes"]:

@@ -23,6 +23,7 @@ in the version directory) are still read, validated and reused as parents.
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "boundary_tokens",
     "read_manifest",
     "write_manifest",
+    "version_file",
 ]
 
 SCHEMA_VERSION = 2
@@ -130,6 +132,41 @@ def check_relative_file(name: Any, where: str) -> str:
             "or SPLIT/FILE"
         )
     return name
+
+
+def version_file(directory: Path | str, name: Any, what: str) -> Path:
+    """The one confinement check for every path a manifest names: ``directory / name``, inside the version.
+
+    ``name`` must be relative, without ``..``, ``.``, empty parts, backslashes or
+    control characters (``what`` says which field it came from), and the path,
+    symlinks resolved, must lie inside the version directory, itself resolved: a
+    symlinked data root, or a user's link *to* a version directory, keeps working,
+    but a shard, a split directory or a tokenizer file linked outside the version
+    is refused. Raises ``ManifestError`` naming the path and the field.
+    """
+    directory = Path(directory)
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{directory}: {what} names {_shown(name)}, not a file name; restore the file or rebuild the version")
+    parts = name.split("/")
+    if (
+        any(ord(c) < 0x20 or c == "\x7f" for c in name)
+        or "\\" in name
+        or Path(name).is_absolute()
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ManifestError(
+            f"{directory}: {what} names {name!r}, which is not a relative path inside the version directory; "
+            "restore the manifest or rebuild the version"
+        )
+    path = directory / name
+    root = os.path.realpath(directory)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise ManifestError(
+            f"{path}: {what} resolves to {real}, outside the version directory {root} (through a symlink); "
+            "a version's files must be inside it: restore the file or rebuild the version"
+        )
+    return path
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .catalog import Catalog, published_manifest_problems, resolve_ref
 from .errors import ValidationError
-from .manifest import Manifest, SplitEntry, read_manifest
+from .manifest import Manifest, SplitEntry, read_manifest, version_file
 from .shardset import ShardSet
 
 __all__ = ["Version", "Split", "open_version"]
@@ -126,9 +126,10 @@ class Version:
 
         info = self.manifest.tokenized_info
         if info.get("rank_file"):  # a local rank file, copied into the version when it was built
-            return load_tokenizer(str(self.directory / info["rank_file"]), backend="tiktoken")
+            path = version_file(self.directory, info["rank_file"], "tokenized_info.rank_file")
+            return load_tokenizer(str(path), backend="tiktoken")
         if info.get("tokenizer_file"):  # a tokenizer.json or .model, copied likewise
-            return load_reference_tokenizer(str(self.directory / info["tokenizer_file"]))
+            return load_reference_tokenizer(str(version_file(self.directory, info["tokenizer_file"], "tokenized_info.tokenizer_file")))
         return load_tokenizer(self.manifest.config.get("tokenizer", info["tokenizer"]), backend="tiktoken")
 
     def __repr__(self) -> str:
@@ -140,7 +141,7 @@ def check_files(directory: Path, manifest: Manifest) -> None:
     for split, entry in manifest.splits.items():
         for shard in entry.shards:
             for name, size in ((shard.file, shard.bytes), *((f.file, f.bytes) for f in shard.files)):
-                path = directory / name
+                path = version_file(directory, name, f"a file of split {split!r}")
                 try:
                     actual = path.stat().st_size
                 except FileNotFoundError:

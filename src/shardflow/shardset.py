@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ConfigError, ValidationError
 from .formats import ShardFormat, bosidx, get_format
-from .manifest import Manifest, ShardEntry
+from .manifest import Manifest, ShardEntry, version_file
 
 if TYPE_CHECKING:
     from .reader import Version
@@ -138,8 +138,13 @@ class ShardSet:
         return cls(
             name=manifest.ref,
             shards=[
-                ShardInfo(path=directory / s.file, tokens=s.tokens, index=directory / s.index.file, entry=s)
-                for s in entry.shards
+                ShardInfo(
+                    path=version_file(directory, s.file, f"shard {k} of split {split!r}"),
+                    tokens=s.tokens,
+                    index=version_file(directory, s.index.file, f"the index of shard {k} of split {split!r}"),
+                    entry=s,
+                )
+                for k, s in enumerate(entry.shards)
             ],
             fmt=get_format(manifest.format_name),
             dtype=np.dtype(manifest.dtype).newbyteorder("<"),

@@ -31,7 +31,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import ValidationError
+from .errors import ManifestError, ValidationError
+from .manifest import version_file
 
 __all__ = [
     "MIN_REPEAT_RUN",
@@ -241,7 +242,11 @@ def stats_problems(directory: Path, manifest: Any, *, checksums: bool) -> list[s
         if name not in (STATS_NAME, VOCAB_NAME):
             problems.append(f"{directory}: the manifest's 'stats' section names {name!r}, not a statistics file")
             continue
-        path = directory / name
+        try:  # the one confinement check: no symlink out of the version
+            path = version_file(directory, name, "the 'stats' section")
+        except ManifestError as exc:
+            problems.append(str(exc))
+            continue
         if not path.is_file():
             problems.append(f"{path}: missing; the manifest names it in 'stats'")
         elif path.stat().st_size != entry.get("bytes"):

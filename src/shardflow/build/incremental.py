@@ -16,15 +16,16 @@ import functools
 import hashlib
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 import numpy as np
 
-from ..catalog import Catalog
+from ..catalog import Catalog, published_manifest_problems, recorded_file_stats
 from ..config import BuildConfig
 from ..errors import ShardflowError, ValidationError
 from ..formats.writer import ShardWriter
-from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, version_file
 from ..shardset import ShardSet
 from ..sources import InputFile
 from ..tokenizers import Tokenizer
@@ -107,6 +108,11 @@ def plan_reuse(
     except (ShardflowError, TypeError, ValueError, KeyError) as exc:
         log.warning("not reusing %s: %s", ref, exc)
         return None
+    untrusted = parent_problem(cat, config.name, version, directory, parent)
+    if untrusted:
+        # Never a dead end: the inputs it holds are tokenized again, so this build's bytes are a full build's.
+        log.warning("not reusing %s, tokenizing its inputs again: %s", ref, untrusted)
+        return None
     ours = {k: v for k, v in config.key_fields().items() if k != "embed"}
     theirs = {k: v for k, v in parent_config.key_fields().items() if k != "embed"}
     info = parent.tokenized_info
@@ -145,6 +151,43 @@ def plan_reuse(
     return Reuse(parent=ref, directory=str(directory), build_key=parent.build_key, inputs=reused)
 
 
+def parent_problem(cat: Catalog, name: str, version: str, directory: Path, manifest: Manifest) -> str | None:
+    """Why the parent ``name@version`` cannot be trusted without reading its shards (None: it can).
+
+    The catalog is the root of trust: the parent's manifest must be the one its
+    catalog entry recorded (``published_manifest_problems``, looked up by the
+    reference, not by the manifest's name), and each of its shard files must be
+    a regular file inside it with the size, inode and mtime recorded when it was
+    published (``Catalog.files_record``). Nothing is read but that record: bytes
+    changed in place with size and mtime restored are left to
+    ``shardflow validate`` of the parent. Later, as the build reads the parent,
+    a file modified after the parent's manifest was written is read and checked
+    by SHA-256 again (``ParentVersion``), as for versions published before the record.
+    """
+    entry = cat.entry(name, version)
+    if entry is None or cat.version_dir(entry) != Path(directory).resolve():
+        return f"the catalog does not list {directory} as {name}@{version}"
+    problems = published_manifest_problems(directory, manifest, cat)
+    if problems:
+        return problems[0]
+    recorded = recorded_file_stats(cat, name, entry)
+    if recorded is None:
+        if entry.files_sha256:
+            return f"its record of published files ({cat.files_record(name, version)}) does not match the catalog"
+        return None
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            for fname in (shard.file, *(f.file for f in shard.files)):
+                try:
+                    path = version_file(directory, fname, "a shard file")
+                    st = os.lstat(path)
+                except (ShardflowError, OSError) as exc:
+                    return str(exc)
+                if stat.S_ISLNK(st.st_mode) or (st.st_size, st.st_ino, st.st_mtime_ns) != recorded.get(fname):
+                    return f"{path} changed since {name}@{version} was published (size, inode or mtime)"
+    return None
+
+
 # Parent shards already checked against their SHA-256 in this process: (path, inode, size, mtime).
 _verified: set[tuple[str, int, int, int]] = set()
 _verified_lock = threading.Lock()
@@ -171,6 +214,7 @@ class ParentVersion:
         # The parent's splits, read through the one shard-set type; every file is checked
         # against its manifest entry (``ShardInfo.entry``) before its bytes are used.
         self.splits = {split: ShardSet.from_manifest(self.directory, self.manifest, split) for split in self.manifest.splits}
+
 
     def damaged(self, path: Path, what: str) -> ValidationError:
         return ValidationError(
@@ -210,6 +254,9 @@ class ParentVersion:
 
         Its bytes were validated then (size and SHA-256 against the manifest);
         the same rule lets a hard-linked parent shard go unread (``check.py``).
+        Planning checked each against its size, inode and mtime recorded at
+        publish (``parent_problem``); this re-check, by mtime against the
+        manifest's, catches a file changed since.
         """
         published = self.published_ns()
         return published is not None and st.st_mtime_ns <= published

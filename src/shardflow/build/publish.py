@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .._io import fsync_dir, sha256_file
+from .._io import atomic_write_text, fsync_dir, sha256_file
 from ..card import CARD_DIR, stamp_card, write_card_text
 from ..catalog import Catalog, VersionEntry
 from ..errors import ValidationError
@@ -151,6 +151,42 @@ def _stamp(out: Path, version: str, final: Path, build_key: str) -> None:
     stamp_card(out, f"{manifest.name}@{version}")
 
 
+def _refuse_symlinks(out: Path) -> None:
+    """A version holds no symlink: publishing one would make a later read (or a hard link) follow it anywhere."""
+    for root, dirs, files in os.walk(out):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):
+                raise ValidationError(
+                    f"{os.path.join(root, name)}: a symlink in the version being published; a version's files must "
+                    "be regular files inside it. Nothing was published: remove it and build again"
+                )
+
+
+def _seal(final: Path, manifest: Manifest, record: Path) -> str:
+    """Make every file of the version read-only, and record its shard files' size, inode and mtime.
+
+    Read-only: hard links share one inode across versions, so a write through one
+    version would change them all. The record (``record``, beside the catalog; its
+    SHA-256 in the catalog entry) lets an incremental build check the shards it reuses
+    without reading them (``build/incremental.py``). Returns that SHA-256.
+    """
+    stats: dict[str, list[int]] = {}
+    for entry in manifest.splits.values():
+        for shard in entry.shards:
+            for name in (shard.file, *(f.file for f in shard.files)):
+                st = os.lstat(final / name)
+                stats[name] = [st.st_size, st.st_ino, st.st_mtime_ns]
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(record, json.dumps({"files": stats}, sort_keys=True))
+    for root, _dirs, files in os.walk(final):
+        for name in files:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if mode & 0o222:
+                os.chmod(path, mode & ~0o222)  # chmod changes ctime only: the recorded mtimes stay true
+    return sha256_file(record)
+
+
 def publish_out(
     out: Path,
     *,
@@ -192,12 +228,14 @@ def publish_out(
             version = f"v{int(version[1:]) + 1}"
             final = dataset_dir / version
         if not final.exists():
+            _refuse_symlinks(out)
             _stamp(out, version, final, build_key)
             fault("publish-stamped", out)
             os.replace(out, final)
             fsync_dir(dataset_dir)
             fault("publish-renamed", final)
         manifest = read_manifest(final)
+        files_sha256 = _seal(final, manifest, cat.files_record(name, version))
         cat.add(
             name,
             VersionEntry(
@@ -208,6 +246,7 @@ def publish_out(
                 parent=manifest.parent,
                 totals={k: manifest.totals[k] for k in ("documents", "tokens", "shards", "bytes")},
                 manifest_sha256=sha256_file(final / MANIFEST_NAME),
+                files_sha256=files_sha256,
             ),
         )
         fault("publish-cataloged", final)
