@@ -52,6 +52,7 @@ def test_bool_array_refuses_nulls():
         bool_array(pa.array([True, None]))
 
 
+@pytest.mark.slow
 def test_tokenizing_a_parquet_or_jsonl_input_imports_no_pandas(tmp_path):
     """pandas (0.5 s of import on the GIL) is not imported by reading, cleaning and tokenizing texts."""
     from core_support import SAMPLE

@@ -27,6 +27,7 @@ def two_versions(tmp_path_factory, tiny_parquet):
     return root, v1, v2
 
 
+@pytest.mark.slow
 def test_references_resolve(two_versions, monkeypatch):
     root, v1, v2 = two_versions
     cat = Catalog(root / "catalog")

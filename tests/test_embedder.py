@@ -166,6 +166,7 @@ def test_embed_options_dicts_are_unchanged() -> None:
 # ---------------------------------------------------------------- the real model
 
 
+@pytest.mark.slow
 def test_shape_dtype_normalization_and_stats(fp32: Embedder, paragraphs: list[str]) -> None:
     v = fp32.embed(paragraphs)
     assert v.shape == (len(paragraphs), 384) and v.dtype == np.float32
@@ -177,10 +178,12 @@ def test_shape_dtype_normalization_and_stats(fp32: Embedder, paragraphs: list[st
     assert sims[~np.eye(len(v), dtype=bool)].max() < 0.99
 
 
+@pytest.mark.slow
 def test_deterministic(fp32: Embedder, paragraphs: list[str]) -> None:
     np.testing.assert_array_equal(fp32.embed(paragraphs), fp32.embed(paragraphs))
 
 
+@pytest.mark.slow
 def test_order_restored_after_length_sorting(fp32: Embedder, paragraphs: list[str]) -> None:
     v = fp32.embed(paragraphs)
     perm = np.random.default_rng(0).permutation(len(paragraphs))
@@ -191,6 +194,7 @@ def test_order_restored_after_length_sorting(fp32: Embedder, paragraphs: list[st
     assert cos(single, v[:4]).min() > 0.99999
 
 
+@pytest.mark.slow
 def test_matches_sentence_transformers_encode(fp32: Embedder, paragraphs: list[str], long_passage: str) -> None:
     """Our tokenization, truncation and pooling equal the library's own path."""
     from sentence_transformers import SentenceTransformer  # noqa: F401  (skip-guarded by fixture)
@@ -201,6 +205,7 @@ def test_matches_sentence_transformers_encode(fp32: Embedder, paragraphs: list[s
     assert cos(fp32.embed(texts), ref).min() > 0.99999
 
 
+@pytest.mark.slow
 def test_truncation_counted(fp32: Embedder, paragraphs: list[str], long_passage: str) -> None:
     huge = (long_passage + "\n") * 40  # ~160 KB: exercises the tokenize-a-prefix shortcut
     before = EmbedStats(**vars(fp32.stats))
@@ -214,6 +219,7 @@ def test_truncation_counted(fp32: Embedder, paragraphs: list[str], long_passage:
     assert fp32.stats.documents == before.documents + 3
 
 
+@pytest.mark.slow
 def test_chunk_mode_differs_but_stays_close(fp32: Embedder, paragraphs: list[str], long_passage: str) -> None:
     chunker = Embedder(config=EmbedConfig(precision="fp32", device="cpu", long_docs="chunk"))
     texts = [paragraphs[1], long_passage]
@@ -227,6 +233,7 @@ def test_chunk_mode_differs_but_stays_close(fp32: Embedder, paragraphs: list[str
     assert 0.6 < cos(vc[1], vt[1]) < 0.99  # long doc: sees the whole scene
 
 
+@pytest.mark.slow
 def test_bf16_close_to_fp32(fp32: Embedder, paragraphs: list[str]) -> None:
     bf16 = Embedder(config=EmbedConfig(precision="bf16", device="cpu", batch_size=8))
     vb = bf16.embed(paragraphs)

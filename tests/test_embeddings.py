@@ -50,6 +50,7 @@ def cat(root: Path) -> str:
     return str(root / "manifests")
 
 
+@pytest.mark.slow
 def test_build_with_embed_records_one_row_per_document(root: Path, embedded: str) -> None:
     directory = resolve_ref(embedded, cat(root))
     m = read_manifest(directory)
@@ -68,6 +69,7 @@ def test_build_with_embed_records_one_row_per_document(root: Path, embedded: str
     validate_dir(directory)
 
 
+@pytest.mark.slow
 def test_row_i_is_document_i(root: Path, embedded: str) -> None:
     from shardflow.embedder import EmbedConfig, Embedder
 
@@ -82,6 +84,7 @@ def test_row_i_is_document_i(root: Path, embedded: str) -> None:
     assert (np.argmax(direct @ stored.T, axis=1) == np.arange(len(store))).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["e4m3", "e5m2", "float16"])
 def test_embed_existing_version_reuses_shards_and_lands_in_the_measured_quality_range(
     root: Path, embedded: str, codec: str
@@ -117,6 +120,7 @@ def test_embed_existing_version_reuses_shards_and_lands_in_the_measured_quality_
     assert not again.created and again.ref == result.ref
 
 
+@pytest.mark.slow
 def test_store_get_rows_order_repeats_and_range(root: Path, embedded: str) -> None:
     store = EmbeddingStore(embedded, catalog=cat(root))
     rows = store.get_rows([7, 2, 7])
@@ -136,6 +140,7 @@ def _copy_version(root: Path, ref: str, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_validation_names_changed_embeddings_bad_scales_nan_and_row_count(root: Path, embedded: str, tmp_path: Path) -> None:
     d = _copy_version(root, embedded, tmp_path / "v")
     m = read_manifest(d)
@@ -163,6 +168,7 @@ def test_validation_names_changed_embeddings_bad_scales_nan_and_row_count(root: 
         validate_dir(d, checksums=False)
 
 
+@pytest.mark.slow
 def test_nan_after_decoding_is_refused(root: Path, embedded: str, tmp_path: Path) -> None:
     result = embed_version(embedded, EmbedOptions(codec="float16"), catalog=cat(root))
     d = _copy_version(root, result.ref, tmp_path / "v")
@@ -174,6 +180,7 @@ def test_nan_after_decoding_is_refused(root: Path, embedded: str, tmp_path: Path
     assert any("row 1 decodes to NaN or inf" in p for p in problems)
 
 
+@pytest.mark.slow
 def test_codec_below_the_quality_floor_fails_validation(root: Path, embedded: str) -> None:
     with pytest.raises(ValidationError, match=r"codec e5m2 mean cosine 0\.99\d+ is below the floor 0\.99999"):
         embed_version(embedded, EmbedOptions(codec="e5m2", min_mean_cosine=0.99999), catalog=cat(root))
@@ -193,6 +200,7 @@ def test_unknown_codec_is_a_config_error() -> None:
         EmbedOptions(codec="fp4")
 
 
+@pytest.mark.slow
 def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -208,6 +216,7 @@ def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from shardflow.flows.cli import main
 
@@ -254,6 +263,7 @@ def reduced(tmp_path_factory: pytest.TempPathFactory, real_corpus: Path) -> tupl
     return build(cfg, data_root=root / "data", catalog=root / "manifests", workers=2).ref, str(root / "manifests")
 
 
+@pytest.mark.slow
 def test_pca_files_and_quality_are_in_the_manifest(reduced: tuple[str, str]) -> None:
     from shardflow._io import sha256_file
 
@@ -288,6 +298,7 @@ def test_pca_files_and_quality_are_in_the_manifest(reduced: tuple[str, str]) -> 
     validate_dir(directory)
 
 
+@pytest.mark.slow
 def test_project_maps_a_later_query_onto_the_stored_rows(reduced: tuple[str, str]) -> None:
     from shardflow.embedder import EmbedConfig, Embedder
 
@@ -311,6 +322,7 @@ def test_project_maps_a_later_query_onto_the_stored_rows(reduced: tuple[str, str
         store.project(stored)
 
 
+@pytest.mark.slow
 def test_project_without_a_pca_is_the_identity(root: Path, embedded: str) -> None:
     store = EmbeddingStore(embedded, catalog=cat(root))
     assert store.pca is None and store.pca_quality is None and store.model_dim == store.dim == 384
@@ -321,6 +333,7 @@ def test_project_without_a_pca_is_the_identity(root: Path, embedded: str) -> Non
         store.project(np.zeros((2, 128)))
 
 
+@pytest.mark.slow
 def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: str) -> None:
     from shardflow.catalog import Catalog
 
@@ -349,6 +362,7 @@ def test_embed_dim_is_part_of_the_embedding_key_and_absent_without_a_pca() -> No
     assert len(keys) == 3
 
 
+@pytest.mark.slow
 def test_validation_names_a_missing_damaged_or_unusable_projection(reduced: tuple[str, str], tmp_path: Path) -> None:
     ref, catalog = reduced
     d = shutil.copytree(resolve_ref(ref, catalog), tmp_path / "v")
@@ -379,6 +393,7 @@ def test_validation_names_a_missing_damaged_or_unusable_projection(reduced: tupl
                for p in validate_embeddings(d, m, checksums=False))
 
 
+@pytest.mark.slow
 def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) -> None:
     import copy
 
@@ -393,6 +408,7 @@ def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) ->
     assert any("recall@10 0." in p and "below the floor 0.99" in p for p in problems)
 
 
+@pytest.mark.slow
 def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from shardflow.catalog import Catalog
 

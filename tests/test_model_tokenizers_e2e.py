@@ -49,6 +49,7 @@ def model(request, llama3_dir, bpe_json, sp_model):
     return {"llama3": llama3_dir, "bpe": bpe_json, "sentencepiece": sp_model}[request.param]
 
 
+@pytest.mark.slow
 def test_every_document_is_bos_reference_ids_eos(model, tmp_path):
     directory = _cli_build(tmp_path, model)
     reference = load_tokenizer(str(model), backend={".model": "sentencepiece"}.get(Path(model).suffix, "hf"))

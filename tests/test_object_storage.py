@@ -113,6 +113,7 @@ OPTIONS = dict(shard_tokens=40_000, val_fraction=0.2, seed=3, unit_bytes=60_000)
 # --- Same bytes as a local copy, and no copy anywhere ---
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["parquet", "jsonl", "jsonl.zst", "arrow"])
 def test_an_s3_build_is_byte_identical_to_a_build_of_a_local_copy(tmp_path, s3, bucket, docs, kind):
     local = make_local(kind, tmp_path / "corpus", docs)
@@ -135,6 +136,7 @@ def test_an_s3_build_is_byte_identical_to_a_build_of_a_local_copy(tmp_path, s3, 
     assert not list((tmp_path / "s3" / "data").rglob(".sources"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jsonl", "jsonl.zst"])
 def test_a_json_lines_object_is_read_once_its_hash_made_from_the_same_bytes(tmp_path, s3, bucket, docs, kind):
     local = make_local(kind, tmp_path / "corpus", docs)
@@ -155,6 +157,7 @@ def test_a_json_lines_object_is_read_once_its_hash_made_from_the_same_bytes(tmp_
     assert {i["relname"]: i["sha256"] for i in read_manifest(b.directory).inputs} == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unit_bytes", [700, 6000])
 def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes(tmp_path, s3, bucket, docs, unit_bytes):
     # Blank lines, CRLF, a line longer than many ranges, no newline after the last line.
@@ -186,6 +189,7 @@ def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes
     assert sorted(by_column) == ["(null)", "s0", "s1", "s2"] and by_column["(null)"][0] == 2 and sum(d for d, _ in by_column.values()) == entry["documents"]
 
 
+@pytest.mark.slow
 def test_a_bad_line_in_a_later_byte_range_is_named_by_its_byte_offset(tmp_path, s3, bucket, docs):
     lines = [json.dumps({"text": t}) for t in docs[:30]]
     lines[20] = '{"text": "unterminated'
@@ -202,6 +206,7 @@ def test_a_bad_line_in_a_later_byte_range_is_named_by_its_byte_offset(tmp_path, 
 # --- Incremental: only the changed object is read again ---
 
 
+@pytest.mark.slow
 def test_an_incremental_rebuild_reads_only_the_changed_object(tmp_path, s3, bucket, real_texts):
     docs = real_texts  # all of them: objects of about 1 MB, so that a footer is a small part of one
     local = make_local("parquet", tmp_path / "corpus", docs)
@@ -278,6 +283,7 @@ def test_denied_access_is_one_message(tmp_path, s3, bucket, capsys, monkeypatch)
         cli_refuses(tmp_path, capsys, f"s3://{bucket}/d/", rf"s3://{bucket}/d/: access denied .*credentials")
 
 
+@pytest.mark.slow
 def test_an_object_deleted_mid_build_is_one_message(tmp_path, s3, bucket, docs):
     local = make_local("jsonl", tmp_path / "corpus", docs)
     upload(s3, local, f"{bucket}/del")
@@ -293,6 +299,7 @@ def test_an_object_deleted_mid_build_is_one_message(tmp_path, s3, bucket, docs):
     assert not published(root, "del") and not list((root / "data").glob("del/v*"))
 
 
+@pytest.mark.slow
 def test_an_object_changed_mid_build_is_one_message(tmp_path, s3, bucket, docs):
     local = make_local("jsonl", tmp_path / "corpus", docs)
     upload(s3, local, f"{bucket}/chg")
@@ -319,6 +326,7 @@ def test_a_bad_json_line_names_the_object_and_line(tmp_path, s3, bucket, docs, c
     cli_refuses(tmp_path, capsys, f"s3://{bucket}/j/x.jsonl", rf"s3://{bucket}/j/x\.jsonl line 8: not valid JSON")
 
 
+@pytest.mark.slow
 def test_a_saved_datasets_directory_on_s3_is_refused_with_what_to_do(tmp_path, s3, bucket, capsys):
     s3.fs().pipe(f"{bucket}/hf/state.json", b'{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
     s3.fs().put_file(str(SAMPLE), f"{bucket}/hf/x.parquet")
@@ -346,6 +354,7 @@ def planning_bytes(tmp_path: Path, s3: S3Server, url: str, name: str) -> int:
         proxy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["parquet", "jsonl.zst", "arrow"])
 def test_planning_reads_a_bounded_amount_per_object_whatever_the_object_sizes(tmp_path, s3, bucket, kind):
     sizes = {}
@@ -373,6 +382,7 @@ def test_planning_reads_a_bounded_amount_per_object_whatever_the_object_sizes(tm
     assert large < sizes[6] / 10, (large, sizes[6])
 
 
+@pytest.mark.slow
 def test_a_json_lines_object_cut_finer_when_it_is_all_there_is_to_do_plans_and_builds_as_a_local_copy(
     tmp_path, s3, bucket, docs, monkeypatch
 ):

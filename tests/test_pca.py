@@ -20,6 +20,7 @@ def vectors(sample_texts: list[str]) -> np.ndarray:
     return Embedder().embed(sample_texts)
 
 
+@pytest.mark.slow
 def test_fit_is_reproducible_to_the_byte_and_sign_fixed(vectors: np.ndarray) -> None:
     a, b = fit_pca(vectors, 32), fit_pca(vectors.copy(), 32)
     assert a.mean.tobytes() == b.mean.tobytes() and a.components.tobytes() == b.components.tobytes()

@@ -56,6 +56,7 @@ def _pngs(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((directory / card.CARD_DIR).glob("*.png"))}
 
 
+@pytest.mark.slow
 def test_the_helper_draws_the_same_bytes_as_this_process(helper, two_versions, tmp_path):
     v1, v2 = two_versions
     manifest = read_manifest(v2)
@@ -109,6 +110,7 @@ def test_ctrl_c_is_left_to_the_build(helper, two_versions, tmp_path):
     assert helper.draw(_fresh(v1, tmp_path / "d"), read_manifest(v1), parent=None, parent_ref=None)["shard_fill.png"]
 
 
+@pytest.mark.slow
 def test_a_script_calling_main_without_a_main_guard_builds_once(tmp_path):
     """The helper is ``python -m shardflow.plot_helper``: it never imports the caller's ``__main__`` again."""
     import subprocess
@@ -181,6 +183,7 @@ def test_a_request_that_does_not_pickle_is_drawn_here_and_the_helper_stays(helpe
     assert helper.draw(_fresh(v1, tmp_path / "b"), read_manifest(v1), parent=None, parent_ref=None)["lengths.png"]
 
 
+@pytest.mark.slow
 def test_the_helper_ends_when_the_build_is_killed(tmp_path):
     """No orphan: a build killed mid-run (SIGKILL, no finally) takes its helper with it (Linux's parent-death signal)."""
     import subprocess

@@ -70,6 +70,7 @@ def test_a_schema_1_version_opens_validates_and_reads(old_root, capsys):
     assert "OK old@v1: 4 shards, 9627 tokens" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_schema_1_parent_serves_an_incremental_build_of_the_new_layout(old_root, tmp_path):
     new = write_parquet(tmp_path / "new.parquet", [f"an added passage number {i}, " * (i + 3) for i in range(12)])
     sources = (str(old_root / "old.parquet"), str(new))

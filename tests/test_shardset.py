@@ -216,6 +216,7 @@ def sample_stream(sample_built: Built) -> tuple[ShardSet, np.ndarray]:
     return s, _everything(s)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_read_matches_the_concatenated_shards(sample_stream, data):

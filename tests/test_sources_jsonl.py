@@ -101,6 +101,7 @@ def refused(tmp_path: Path, capsys, pattern: str, *args: str, name: str = "bad")
     [("corpus.jsonl", "text"), ("corpus.jsonl.gz", "text"), ("corpus.json.zst", "text"), ("corpus.jsonl", "meta.text")],
     ids=["jsonl", "jsonl.gz", "json.zst", "nested"],
 )
+@pytest.mark.slow
 def test_jsonl_gives_the_shards_of_a_parquet_build_of_the_same_texts(tmp_path, docs, file_name, column):
     if column == "meta.text":
         records = [{"id": i, "meta": {"source": "real", "text": t}} for i, t in enumerate(docs)]
@@ -123,6 +124,7 @@ def test_jsonl_gives_the_shards_of_a_parquet_build_of_the_same_texts(tmp_path, d
     assert "on_bad_record" not in mb.config
 
 
+@pytest.mark.slow
 def test_one_unit_or_many_give_identical_bytes_with_a_validation_split(tmp_path, docs):
     # Blank lines, CRLF line ends, no newline after the last line: the cuts must still fall between lines.
     records = []
@@ -204,6 +206,7 @@ def test_a_bad_record_is_one_error_with_file_and_line(tmp_path, k):
         read_all(src, unit_bytes=1)
 
 
+@pytest.mark.slow
 def test_bad_records_via_the_cli_fail_with_file_and_line_then_skip_and_count(tmp_path, capsys, small_vocab):
     src = write_jsonl(tmp_path / "in" / "b.jsonl", [r for r, _ in BAD] + ['{"text": "after the bad ones"}', "not json at all"])
     refused(tmp_path, capsys, rf"^shardflow: error: {re.escape(str(src))} line 2: not valid JSON", str(src), "--tokenizer", str(small_vocab))
@@ -318,6 +321,7 @@ def test_a_50mb_file_is_read_in_batches_bounded_by_the_batch_size(tmp_path, real
     assert arrow_peak < 16 << 20, arrow_peak  # Arrow buffers held while a batch is in hand
 
 
+@pytest.mark.slow
 def test_a_jsonl_file_builds_with_small_batches(tmp_path, docs, small_vocab):
     src = write_jsonl(tmp_path / "in" / "c.jsonl", [{"text": t} for t in docs])
     small = make_builder(tmp_path / "s")(src, name="b", tokenizer=str(small_vocab), batch_bytes=4096, unit_bytes=100_000)
@@ -336,6 +340,7 @@ def _struct_table(texts: list[str | None]) -> pa.Table:
     return pa.table({"id": list(range(len(texts))), "meta": meta})
 
 
+@pytest.mark.slow
 def test_parquet_struct_column_with_a_dotted_text_column(tmp_path, docs):
     nested = tmp_path / "nested" / "c.parquet"
     nested.parent.mkdir()
@@ -375,6 +380,7 @@ def test_a_column_named_with_a_dot_wins_over_the_struct(tmp_path):
     assert texts == ["flat"]
 
 
+@pytest.mark.slow
 def test_an_incremental_build_reuses_unchanged_jsonl_inputs(tmp_path, docs):
     """A JSON Lines input taken from the parent keeps its counts (bad_records included) and bytes."""
     src = tmp_path / "src"

@@ -78,6 +78,7 @@ def _expected_hist(lengths: np.ndarray) -> dict[int, int]:
     return dict(Counter(_lower_edge(int(n)) for n in lengths))
 
 
+@pytest.mark.slow
 def test_lengths_per_split_and_input_match_the_bos_idx_files(one_worker):
     d = one_worker.directory
     m, stats = read_manifest(d), _stats(d)
@@ -172,6 +173,7 @@ def test_one_and_two_workers_draw_the_same_card(one_worker, two_workers):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
@@ -382,6 +384,7 @@ def _runs_of_one_token(tokens: np.ndarray, starts: np.ndarray, min_run: int) -> 
     return found
 
 
+@pytest.mark.slow
 def test_odd_documents_and_runs_of_one_token_are_counted_as_the_shards_hold_them(tmp_path, real_texts):
     texts = list(real_texts[:40])
     texts[3] = "Intro." + " the" * 300 + " end."  # a run of 300 ' the' tokens

@@ -148,6 +148,7 @@ def _split(tokens: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
 # -- exactness ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_encode_batch_is_the_reference_on_every_corpus_document(case, documents, backend):
     assert len(documents) > 300
@@ -179,6 +180,7 @@ _PIECES = st.sampled_from(["<s>", "</s>", "<|begin_of_text|>", "<|endoftext|>", 
 _TEXTS = st.one_of(st.text(max_size=200), st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=30).map("".join))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(_TEXTS, min_size=1, max_size=6))
@@ -190,6 +192,7 @@ def test_encode_batch_is_the_reference_on_hypothesis_strings(case, backend, text
         assert not set(ids) & case.special_ids
 
 
+@pytest.mark.slow
 def test_characters_gigatoken_classes_differently_are_encoded_by_the_reference(case, documents):
     import gigatoken
 
@@ -204,6 +207,7 @@ def test_characters_gigatoken_classes_differently_are_encoded_by_the_reference(c
         assert raw.encode("\U000323b0's").tolist() != case.ids("\U000323b0's")
 
 
+@pytest.mark.slow
 def test_decoding_restores_every_document(case, documents):
     tok = _load(case, "reference")
     for doc in [*documents, *case.special_documents()]:
@@ -227,6 +231,7 @@ def test_boundary_defaults_token_lookups_and_dtype(case):
     assert token_dtype(tok).name == case.dtype
 
 
+@pytest.mark.slow
 def test_llama3_ids_and_lookups(llama3_dir):
     tok = load_tokenizer(str(llama3_dir), backend="hf")
     assert isinstance(tok, HFTokenizer) and tok.name == "llama3"
@@ -239,6 +244,7 @@ def test_llama3_ids_and_lookups(llama3_dir):
     assert tok.library_versions()["tokenizers"] and tok.library_versions()["gigatoken"] is None
 
 
+@pytest.mark.slow
 def test_the_bare_llama3_file_has_no_defaults_and_asks_for_a_token(llama3_dir, tmp_path):
     bare = tmp_path / "tokenizer.json"
     shutil.copyfile(llama3_dir / "tokenizer.json", bare)
@@ -288,6 +294,7 @@ def test_sentencepiece_lookups(sp_model):
     assert tok.library_versions()["sentencepiece"] and tok.library_versions()["gigatoken"]
 
 
+@pytest.mark.slow
 def test_a_file_edited_in_place_is_loaded_anew(bpe_json, sp_model, tmp_path):
     directory = tmp_path / "edited"
     directory.mkdir()
@@ -334,6 +341,7 @@ def _private_copy(case: Case, directory: Path) -> Path:
     return Path(shutil.copyfile(case.path, directory / case.path.name))
 
 
+@pytest.mark.slow
 def test_builds_carry_the_tokenizer_and_agree_across_backends_and_workers(case, built, tmp_path, sample_texts):
     tokenizer = _private_copy(case, tmp_path / "tok")
     json_or_model = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
@@ -395,6 +403,7 @@ def test_show_decodes_with_the_copy_and_validation_checks_it(sp_model, built, tm
         validate_dir(b.directory)
 
 
+@pytest.mark.slow
 def test_an_incremental_build_reuses_its_parent_with_the_same_tokenizer_file(bpe_json, built, tmp_path, sample_texts):
     inputs = tmp_path / "in"
     a = write_parquet(inputs / "a.parquet", sample_texts[:30])
@@ -458,6 +467,7 @@ def refusals(bpe_json: Path, wordpiece_json: Path, tmp_path: Path) -> list[tuple
     return cases
 
 
+@pytest.mark.slow
 def test_refusals_are_one_config_error_each(bpe_json, wordpiece_json, tmp_path):
     for name, backend, pattern in refusals(bpe_json, wordpiece_json, tmp_path):
         with pytest.raises(ConfigError, match=pattern) as info:
@@ -467,6 +477,7 @@ def test_refusals_are_one_config_error_each(bpe_json, wordpiece_json, tmp_path):
     assert load_tokenizer(str(wordpiece_json), backend="auto").backend == "hf"
 
 
+@pytest.mark.slow
 def test_refusals_through_the_command_line_exit_2_and_publish_nothing(bpe_json, wordpiece_json, tmp_path):
     cases = refusals(bpe_json, wordpiece_json, tmp_path)
     picked = [c for c in cases if re.search(r"truncated|garbage|WordPiece|nowhere/|tiktoken rank file", c[2])]

@@ -80,6 +80,7 @@ def test_auto_picks_gigatoken_for_cl100k(giga):
     assert token_dtype(tok) == np.dtype("<u4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["tinyshakespeare.txt", "wikitext2_valid.txt", "wikitext2_test.txt"])
 def test_shared_corpora_exact(corpus, reference, giga, tik):
     path = CORPORA / corpus
@@ -137,6 +138,7 @@ _PIECES = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40).map("".join))
 def test_hypothesis_adversarial_mixtures_exact(giga, reference, text):

@@ -73,6 +73,7 @@ def _check_version(b, texts: list[str], bos: int, eos: int) -> None:
     validate_dir(b.directory, published=True, catalog=b.catalog)
 
 
+@pytest.mark.slow
 def test_both_with_chosen_tokens(built, corpus):
     src, texts = corpus
     tok = load_tokenizer("cl100k_base", backend="tiktoken")
@@ -94,6 +95,7 @@ def test_both_with_chosen_tokens(built, corpus):
     assert read_manifest(by_id.directory).boundary == m.boundary
 
 
+@pytest.mark.slow
 def test_both_with_the_default_token_and_workers(built, corpus):
     """tiktoken's default for both is <|endoftext|>: [E] ids [E], still indexed and validated."""
     src, texts = corpus
@@ -106,6 +108,7 @@ def test_both_with_the_default_token_and_workers(built, corpus):
     _check_version(one, texts, eot, eot)
 
 
+@pytest.mark.slow
 def test_single_placements_keep_their_manifest_and_key(built, tiny_parquet):
     for placement in ("bos", "eos"):
         b = built(tiny_parquet, name=placement, boundary=placement, root=Path(str(tiny_parquet) + f".{placement}"))
@@ -117,6 +120,7 @@ def test_single_placements_keep_their_manifest_and_key(built, tiny_parquet):
     assert BuildConfig(name="k", sources=("x",), bos_token="<|fim_prefix|>").key_fields()["bos_token"] == "<|fim_prefix|>"
 
 
+@pytest.mark.slow
 def test_a_chosen_single_token_is_recorded(built, tiny_parquet, tmp_path):
     b = built(tiny_parquet, name="e", boundary="eos", eos_token=FIM_SUFFIX)
     m = read_manifest(b.directory)
@@ -127,6 +131,7 @@ def test_a_chosen_single_token_is_recorded(built, tiny_parquet, tmp_path):
     assert s.document(0, with_boundary=True)[-1] == eos
 
 
+@pytest.mark.slow
 def test_validation_catches_a_corrupted_boundary(built, corpus, tmp_path):
     src, _ = corpus
     b = built(src, name="bad", boundary="both", bos_token=FIM_PREFIX, eos_token=FIM_SUFFIX, shard_tokens=20_000)
@@ -151,6 +156,7 @@ def test_validation_catches_a_corrupted_boundary(built, corpus, tmp_path):
         validate_dir(copy, checksums=False)
 
 
+@pytest.mark.slow
 def test_same_token_both_validation_catches_a_bad_index(built, tiny_parquet, tmp_path):
     b = built(tiny_parquet, name="same", boundary="both")
     copy = tmp_path / "copy"
@@ -230,6 +236,7 @@ def test_missing_defaults_name_the_flag(monkeypatch, tmp_path, tiny_parquet):
     assert (got.bos, got.eos) == ((FIM_PREFIX, 100258), (FIM_SUFFIX, tok.token_id(FIM_SUFFIX)))
 
 
+@pytest.mark.slow
 def test_cli_both_and_refusal(tmp_path, tiny_parquet, capsys):
     from shardflow.flows.cli import main
 
@@ -254,6 +261,7 @@ def test_cli_both_and_refusal(tmp_path, tiny_parquet, capsys):
     }
 
 
+@pytest.mark.slow
 def test_incremental_reuse_compares_the_whole_boundary(tmp_path, corpus, monkeypatch):
     from core_support import make_builder
 

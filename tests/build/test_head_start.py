@@ -28,6 +28,7 @@ def _roots(tmp_path: Path) -> dict:
     return dict(data_root=tmp_path / "data", catalog=tmp_path / "catalog")
 
 
+@pytest.mark.slow
 def test_a_head_start_and_its_build_give_the_bytes_of_a_build_without_one(tmp_path: Path) -> None:
     config = _config(tmp_path)
     plain = build(config, workers=2, **_roots(tmp_path / "plain"))

@@ -53,6 +53,7 @@ def test_bos_idx_points_at_every_bos_and_only_at_bos(sample_built):
     assert total == m.totals["documents"] == 61
 
 
+@pytest.mark.slow
 def test_val_split_by_count_is_deterministic_from_the_seed(built, tmp_path, sample_texts):
     a = _split_texts(built(SAMPLE, name="vc", val_count=10, seed=1, root=tmp_path / "a"))
     b = _split_texts(built(SAMPLE, name="vc", val_count=10, seed=1, unit_bytes=1, workers=2, root=tmp_path / "b"))
@@ -65,6 +66,7 @@ def test_val_split_by_count_is_deterministic_from_the_seed(built, tmp_path, samp
         assert split["val"] == [t for t in sample_texts if t in set(split["val"])]
 
 
+@pytest.mark.slow
 def test_val_split_by_fraction_is_deterministic_from_the_seed(built, tmp_path, sample_texts):
     a = _split_texts(built(SAMPLE, name="vf", val_fraction=0.3, seed=3, root=tmp_path / "a"))
     b = _split_texts(built(SAMPLE, name="vf", val_fraction=0.3, seed=3, unit_bytes=1, root=tmp_path / "b"))

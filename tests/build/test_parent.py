@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from core_support import SAMPLE
 
@@ -26,6 +27,7 @@ def _split(src: Path, parts: int) -> None:
         pq.write_table(table.slice(i * n, n if i < 2 else None), src / f"p{i}.parquet")
 
 
+@pytest.mark.slow
 def test_the_parent_is_the_version_the_reused_tokens_come_from(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -57,6 +59,7 @@ def test_the_parent_is_the_version_the_reused_tokens_come_from(tmp_path):
     assert entry.parent == "par@v1"
 
 
+@pytest.mark.slow
 def test_a_build_that_reuses_nothing_has_the_latest_version_at_planning_as_parent(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

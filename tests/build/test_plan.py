@@ -39,6 +39,7 @@ def test_identical_rebuild_publishes_nothing_new(built, tmp_path):
     assert not list((first.data_root / "same" / ".staging").glob("*"))
 
 
+@pytest.mark.slow
 def test_changed_input_publishes_a_new_version_with_its_parent(built, tmp_path):
     src = write_parquet(tmp_path / "in" / "c.parquet", ["one", "two"])
     v1 = built(src, name="grow")
@@ -66,6 +67,7 @@ def test_shard_size_beyond_the_format_limit_is_refused():
         BuildConfig(name="x", sources=("a",), shard_tokens=0)
 
 
+@pytest.mark.slow
 def test_dtype_follows_the_vocabulary(built, tiny_parquet, small_vocab, tmp_path):
     big = read_manifest(built(tiny_parquet, name="big").directory)
     small = read_manifest(built(tiny_parquet, name="small", tokenizer=str(small_vocab)).directory)
@@ -75,6 +77,7 @@ def test_dtype_follows_the_vocabulary(built, tiny_parquet, small_vocab, tmp_path
     assert small.totals["max_token_id"] == 5000 and big.totals["max_token_id"] == 100257
 
 
+@pytest.mark.slow
 def test_resume_with_other_work_units_does_not_reuse_stale_parts(tmp_path, sample_texts):
     # unit_bytes is not part of the build key: a rerun with another cut of the same
     # build must not take the old plan's unit 0 (one row group) for the new unit 0 (all).
@@ -95,6 +98,7 @@ def test_workers_must_be_positive(tiny_parquet, tmp_path):
         build(BuildConfig(name="w", sources=(str(tiny_parquet),)), data_root=tmp_path, catalog=tmp_path, workers=0)
 
 
+@pytest.mark.slow
 def test_inputs_and_fingerprints_in_the_manifest(built, tmp_path, sample_texts):
     import hashlib
 

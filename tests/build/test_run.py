@@ -18,6 +18,7 @@ def _split_texts(b) -> dict[str, list[str]]:
     return {s: [v.split(s).text(i) for i in range(v.split(s).num_documents)] for s in v.splits}
 
 
+@pytest.mark.slow
 def test_identical_output_for_1_and_2_workers_and_both_backends(built, tmp_path):
     # unit_bytes=1: one work unit per row group (4), so 2 workers really run units in parallel.
     a = built(SAMPLE, workers=1, backend="tiktoken", root=tmp_path / "a", **OPTIONS)
@@ -33,6 +34,7 @@ def test_identical_output_for_1_and_2_workers_and_both_backends(built, tmp_path)
     assert a.ref == b.ref == c.ref == "det@v1"
 
 
+@pytest.mark.slow
 def test_interrupted_build_resumes_to_the_same_bytes(built, tmp_path, monkeypatch):
     import shardflow.build.tokenize as tokenize_mod
 
@@ -63,6 +65,7 @@ def test_interrupted_build_resumes_to_the_same_bytes(built, tmp_path, monkeypatc
     assert not Path(plan.staging).exists()
 
 
+@pytest.mark.slow
 def test_build_resumes_after_the_layout_and_some_shards(built, tmp_path, monkeypatch):
     import shardflow.build.write as write_mod
 

@@ -30,6 +30,7 @@ def test_the_stages_their_order_fan_out_and_retry_classes():
         stage("nope")
 
 
+@pytest.mark.slow
 def test_run_stages_hands_typed_results_from_stage_to_stage(tmp_path):
     config = BuildConfig(name="stg", sources=(str(SAMPLE),), shard_tokens=40_000, unit_bytes=1, val_count=5)
     plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "cat")

@@ -58,6 +58,7 @@ def test_id_overflow_is_refused(tmp_path, small_vocab):
     assert not list((Path(plan.staging) / "parts").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_bos_default_and_eos_option_recorded(built, sample_texts):
     bos = read_manifest(built(SAMPLE, name="bos", shard_tokens=40_000).directory)
     eos_b = built(SAMPLE, name="eos", shard_tokens=40_000, boundary="eos")
@@ -74,6 +75,7 @@ def test_bos_default_and_eos_option_recorded(built, sample_texts):
     assert train.doc_starts.tolist() == [0, *(ends[:-1] + 1).tolist()]
 
 
+@pytest.mark.slow
 def test_same_texts_from_every_source_kind_give_the_same_shards(built, tmp_path):
     import datasets
     import pyarrow as pa
@@ -101,6 +103,7 @@ def test_same_texts_from_every_source_kind_give_the_same_shards(built, tmp_path)
     dtype=st.sampled_from([np.uint16, np.uint32]),
     same=st.booleans(),
 )
+@pytest.mark.slow
 def test_boundaries_are_inserted_like_np_insert(lengths: list[int], placement: str, dtype: type, same: bool) -> None:
     """The fast boundary insertion is ``np.insert`` at each document's start (BOS) and/or end (EOS)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -147,6 +150,7 @@ def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_v
         validate_dir(b.directory, checksums=False)
 
 
+@pytest.mark.slow
 def test_the_token_file_is_handed_to_the_writeback_in_order_as_it_grows(built, monkeypatch, tmp_path):
     # Each work unit's token file asks the kernel to start writing what it has so far (_io.start_writeback),
     # piece after piece with no gap or overlap, so its fsync waits only for the tail; the bytes are the same.

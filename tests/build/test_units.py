@@ -164,6 +164,7 @@ def test_compressed_json_lines_and_arrow_objects_are_not_planned_twice():
 # --- same bytes, however cut ---
 
 
+@pytest.mark.slow
 def test_a_finer_cut_publishes_the_bytes_of_the_default_cut_for_1_or_2_workers(corpus, small_floor, default_cut, tmp_path):
     plan = _plan(tmp_path / "p", corpus["grown"])
     big = [u for u in plan.units if u.input == 2]
@@ -180,6 +181,7 @@ def test_a_finer_cut_publishes_the_bytes_of_the_default_cut_for_1_or_2_workers(c
     assert_same_version(two, default_cut)
 
 
+@pytest.mark.slow
 def test_the_statistics_of_a_finer_cut_count_each_source_value_at_its_rows(corpus, small_floor, tmp_path):
     """Documents per ``--stats-column`` value of the cut file, counted from the Parquet file itself."""
     version = _build(tmp_path / "b", corpus["grown"])
@@ -194,6 +196,7 @@ def test_the_statistics_of_a_finer_cut_count_each_source_value_at_its_rows(corpu
 # --- incremental: the added file cut finer, nothing else planned ---
 
 
+@pytest.mark.slow
 def test_an_incremental_build_cuts_only_the_added_file_into_several_units(corpus, small_floor, default_cut, tmp_path):
     root = tmp_path / "sched"
     src = tmp_path / "src"
@@ -212,6 +215,7 @@ def test_an_incremental_build_cuts_only_the_added_file_into_several_units(corpus
 # --- resume after a kill ---
 
 
+@pytest.mark.slow
 def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it_again(
     corpus, small_floor, default_cut, tmp_path, caplog
 ):
@@ -243,6 +247,7 @@ def test_a_build_killed_after_its_first_finer_unit_resumes_without_tokenizing_it
 # --- Arrow IPC: record batches are the pieces ---
 
 
+@pytest.mark.slow
 def test_an_arrow_file_is_cut_at_record_batches_and_publishes_the_default_cuts_bytes(corpus, small_floor, tmp_path):
     import pyarrow as pa
 

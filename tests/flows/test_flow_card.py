@@ -38,6 +38,7 @@ def _task_runs(server: PrefectServer, name: str, timeout: float = 20) -> dict[st
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,7 @@ def _task_names(server: PrefectServer, name: str, timeout: float = 20) -> list[s
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,6 +83,7 @@ def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
     validate_dir(tmp_path / "data" / name / "v2", checksums=True)  # raises on any problem
 
 
+@pytest.mark.slow
 def test_a_resumed_flow_build_spends_no_task_run_on_units_already_tokenized(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:

@@ -72,6 +72,7 @@ def _same_json(params: dict[str, object]) -> dict[str, object]:
     return ours
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(config=configs(), workers=st.integers(1, 64), data_root=st.none() | words, runner=st.sampled_from(["threads", "dask"]))
 def test_parameters_serialize_as_prefects_own(config: BuildConfig, workers: int, data_root: str | None, runner: str) -> None:
@@ -90,6 +91,7 @@ def test_any_other_value_goes_through_prefects_method() -> None:
     assert build_dataset.serialize_parameters(odd) == Flow.serialize_parameters(build_dataset, odd)
 
 
+@pytest.mark.slow
 def test_the_server_records_prefects_serialization_and_the_command_line_never_imports_fastapi_or_pandas(
     prefect_server: PrefectServer, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional e
 distributed = pytest.importorskip("distributed")
 
 
+@pytest.mark.slow
 def test_dask_runner_output_is_byte_identical_to_the_local_runner(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,6 +54,7 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
     assert dask_files == local_files
 
 
+@pytest.mark.slow
 def test_dask_runner_refuses_the_temporary_server_and_a_missing_address(tmp_path: Path, corpus: Path) -> None:
     import os
 

@@ -23,6 +23,7 @@ distributed = pytest.importorskip("distributed")
 from s3_support import CountingProxy, S3Server, environment  # noqa: E402
 
 
+@pytest.mark.slow
 def test_an_s3_build_on_the_dask_runner_equals_a_local_build(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -70,6 +70,7 @@ def _logs(server: PrefectServer, flow_run_id: str, want: str, timeout: float = 1
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_and_core_logs(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
@@ -165,6 +166,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert ref2 in latest["data"] and f"parent `{ref}`" in latest["data"]
 
 
+@pytest.mark.slow
 def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
     prefect_api: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -225,6 +227,7 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
         assert t["state"]["data"] is None, t["name"]
 
 
+@pytest.mark.slow
 def test_a_nightly_rebuild_of_a_grown_directory_tokenizes_only_the_new_file(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
@@ -250,6 +253,7 @@ def test_a_nightly_rebuild_of_a_grown_directory_tokenizes_only_the_new_file(
     assert f"Incremental: {tok[-1].tokens:,} tokens were tokenized in this run" in latest["data"]
 
 
+@pytest.mark.slow
 def test_units_of_the_command_lines_head_start_keep_their_task_runs_and_log_lines(
     prefect_api: PrefectServer, tmp_path: Path
 ) -> None:

@@ -11,9 +11,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from ops_support import PYTHON, SHARDFLOW, PrefectServer
 
 
+@pytest.mark.slow
 def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:

@@ -146,6 +146,7 @@ def test_bar_shows_units_tokens_per_second_and_eta():
     assert "\x1b[" in text  # drawn for a terminal
 
 
+@pytest.mark.slow
 def test_cli_without_prefect_prints_plain_progress_and_keeps_stdout_clean(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SHARDFLOW_PROGRESS_INTERVAL", "0")
@@ -214,6 +215,7 @@ def test_bad_urls_are_user_errors(memfs, tmp_path):
         discover_inputs(["nosuchscheme://bucket/x.parquet"])
 
 
+@pytest.mark.slow
 def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, monkeypatch, capsys):
     fs, root = memfs
     local = tmp_path / "local-corpus"

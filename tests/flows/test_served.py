@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ops_support import SAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +22,7 @@ def _python(code: str) -> str:
     return res.stdout.strip()
 
 
+@pytest.mark.slow
 def test_served_runs_fork_from_a_process_with_the_flow_preloaded() -> None:
     out = _python("""
         import multiprocessing
@@ -38,6 +41,7 @@ def test_served_runs_fork_from_a_process_with_the_flow_preloaded() -> None:
     assert out == "ok"
 
 
+@pytest.mark.slow
 def test_a_changed_prefect_keeps_its_own_spawn() -> None:
     """Only where Prefect's function still asks for spawn in the one place replaced."""
     out = _python("""
@@ -53,6 +57,7 @@ def test_a_changed_prefect_keeps_its_own_spawn() -> None:
     assert out == "ok"
 
 
+@pytest.mark.slow
 def test_the_flow_still_validates_its_parameters_after_a_cloudpickle_round_trip(tmp_path: Path) -> None:
     """A registered flow reaches its run's process pickled by value (cloudpickle): its parameter
     annotations must be objects, not strings only resolvable in flows/build.py's namespace."""

@@ -59,12 +59,14 @@ def test_once_prefect_is_imported_its_settings_decide(tmp_path: Path, monkeypatc
         assert not startup._would_use_temporary_server()  # Prefect would refuse to run: leave that to it
 
 
+@pytest.mark.slow
 def test_running_server_answers_only_for_a_prefect_server(prefect_server: PrefectServer) -> None:
     assert startup.running_server(prefect_server.api_url)
     assert not startup.running_server(f"http://127.0.0.1:{free_port()}/api")  # nothing listens
     assert not startup.running_server(f"{prefect_server.url}/nothing-here")  # something else answers
 
 
+@pytest.mark.slow
 def test_the_early_temporary_server_runs_the_build_and_is_gone_after(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "home"), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true")
@@ -111,6 +113,7 @@ def test_block_types_are_registered_only_where_the_database_has_none(tmp_path: P
     assert not startup._blocks_already_registered()
 
 
+@pytest.mark.slow
 def test_a_server_already_running_at_the_default_address_is_used(
     prefect_server: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,6 +211,7 @@ def test_an_invalid_option_stops_the_server_launched_before_it_was_read(tmp_path
     assert not (tmp_path / "data").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_the_flow_waits_for_the_command_lines_warm_up_right_before_planning(
     prefect_api: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

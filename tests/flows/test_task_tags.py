@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shardflow.flows.build import build_dataset
 from shardflow.flows.task_tags import limited_tags
 from shardflow.config import BuildConfig
@@ -31,6 +33,7 @@ def _runs(server: PrefectServer, name: str, timeout: float = 20) -> tuple[dict[s
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_task_runs_are_tagged_only_when_a_tag_concurrency_limit_exists(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
@@ -63,6 +66,7 @@ def test_task_runs_are_tagged_only_when_a_tag_concurrency_limit_exists(
         server.request("DELETE", f"/v2/concurrency_limits/{limit['id']}")
 
 
+@pytest.mark.slow
 def test_with_no_server_to_ask_the_tags_are_kept(tmp_path: Path) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

@@ -80,6 +80,7 @@ def _tokenizer(which: str, small_vocab: Path) -> str:
     return "cl100k_base" if which == "cl100k" else str(small_vocab)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,which", list(GOLDEN))
 def test_golden_bytes(built, tiny_parquet, small_vocab, fmt, which):
     b = built(tiny_parquet, name="tiny", format=fmt, tokenizer=_tokenizer(which, small_vocab))
@@ -120,6 +121,7 @@ def test_golden_bytes_across_shards(built, tiny_parquet):
 @pytest.mark.parametrize(
     "fmt,which", [("nanogpt", "cl100k"), ("nanogpt-legacy", "small"), ("npy", "cl100k"), ("bin", "small")]
 )
+@pytest.mark.slow
 def test_round_trip_every_format(built, small_vocab, sample_texts, fmt, which):
     # Small shards so that documents continue across shard boundaries.
     b = built(SAMPLE, name="rt", format=fmt, tokenizer=_tokenizer(which, small_vocab), shard_tokens=20_011)

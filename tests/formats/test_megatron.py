@@ -185,6 +185,7 @@ def test_one_shard_build_reads_token_for_token(built, sample_texts):
         assert v.tokenizer.decode(seq[1:].astype(np.int64).tolist()) == sample_texts[i] == train.text(i)
 
 
+@pytest.mark.slow
 def test_documents_across_shards_give_consistent_sequences(sample_megatron, sample_texts):
     v = sample_megatron.open()
     train = v.split("train")
@@ -353,6 +354,7 @@ def test_registry_and_parse_errors(tmp_path):
     assert encode_idx(0, np.dtype("<u2"), np.array([], dtype=np.int64)) == idx_bytes(CODE_UINT16, [], 2)
 
 
+@pytest.mark.slow
 def test_incremental_build_equals_a_full_one(tmp_path, sample_texts):
     # Shards linked from the parent version keep their .idx too: the bytes are a full build's.
     from core_support import files_of, write_parquet

@@ -64,6 +64,7 @@ def test_a_block_may_be_reused_once_the_next_update_returns() -> None:
     assert h.hexdigest() == hashlib.sha256(b"".join(d.tobytes() for d in data)).hexdigest()
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     pieces=st.lists(st.tuples(st.sampled_from(["copy", "write"]), st.integers(0, 300_000)), min_size=1, max_size=6),

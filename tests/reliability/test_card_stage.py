@@ -61,6 +61,7 @@ def _run_until_finalize(plan) -> dict:
     raise AssertionError("no validate stage")
 
 
+@pytest.mark.slow
 def test_the_card_is_drawn_while_the_shards_are_written_and_without_a_worker_slot(corpus, reference, tmp_path, monkeypatch):
     """One worker; the card's drawing blocked at its first plot: every shard is still written and validated."""
     src, options = corpus
@@ -102,6 +103,7 @@ def test_the_card_is_drawn_while_the_shards_are_written_and_without_a_worker_slo
         assert (directory / name).read_bytes() == (reference / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_build_killed_while_drawing_the_card_resumes_to_the_same_card(corpus, reference, tmp_path):
     src, options = corpus
     proc = build_cli(src, tmp_path, NAME, options, fault="card-plot:2")
@@ -118,6 +120,7 @@ def test_a_build_killed_while_drawing_the_card_resumes_to_the_same_card(corpus, 
     assert _card_files(directory) == _card_files(reference)
 
 
+@pytest.mark.slow
 def test_finalize_redraws_a_card_that_is_incomplete_or_damaged(corpus, reference, tmp_path):
     src, options = corpus
     plan = plan_build(_config(src, options), data_root=tmp_path / "data", catalog=tmp_path / "cat")
@@ -136,6 +139,7 @@ def test_finalize_redraws_a_card_that_is_incomplete_or_damaged(corpus, reference
     assert _card_files(tmp_path / "data" / NAME / "v1") == _card_files(reference)
 
 
+@pytest.mark.slow
 def test_a_card_drawn_with_other_settings_is_drawn_again(corpus, tmp_path, monkeypatch):
     src, options = corpus
     plan = plan_build(_config(src, options), data_root=tmp_path / "data", catalog=tmp_path / "cat")
@@ -153,6 +157,7 @@ def test_a_card_drawn_with_other_settings_is_drawn_again(corpus, tmp_path, monke
     assert text.startswith(f"# Dataset card: {NAME}@v1\n") and all(f"]({png})" in text for png in PNGS)
 
 
+@pytest.mark.slow
 def test_an_incremental_card_is_drawn_from_the_final_statistics_with_the_parent(corpus, tmp_path):
     src, options = corpus
     first = tmp_path / "first"
@@ -187,6 +192,7 @@ def test_an_incremental_card_is_drawn_from_the_final_statistics_with_the_parent(
         assert (v2 / name).read_bytes() == (full_dir / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_with_a_background_runner_the_stage_starts_after_the_layout_and_is_joined_before_validate(corpus, tmp_path):
     src, options = corpus
     plan = plan_build(_config(src, options), data_root=tmp_path / "data", catalog=tmp_path / "cat")

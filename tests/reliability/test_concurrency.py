@@ -70,6 +70,7 @@ def races(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"base": base, "procs": out, "options": options, "src": src, "waiting": waiting}
 
 
+@pytest.mark.slow
 def test_the_same_build_twice_at_once_publishes_once(races):
     root = races["base"] / "same"
     assert races["waiting"] == 3  # the winner of the duplicate pair and both different builds
@@ -89,6 +90,7 @@ def test_the_same_build_twice_at_once_publishes_once(races):
     assert not again.created and again.ref == f"{NAME}@v1"
 
 
+@pytest.mark.slow
 def test_different_builds_of_one_dataset_at_once_both_publish(races):
     root = races["base"] / "diff"
     procs = races["procs"]["diff"]
@@ -116,6 +118,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_catalog_writers_lose_no_entry(tmp_path):
     procs = [
         subprocess.Popen([sys.executable, "-c", _ADDER, str(tmp_path), f"p{n}-", "10"], stderr=subprocess.PIPE)
@@ -131,6 +134,7 @@ def test_concurrent_catalog_writers_lose_no_entry(tmp_path):
     assert not list(tmp_path.glob(".*.tmp-*"))
 
 
+@pytest.mark.slow
 def test_a_second_run_waits_when_asked_to(tmp_path):
     options = fault_options(small_vocab(tmp_path))
     config = BuildConfig(name="wait", sources=(str(split_sample(tmp_path / "src")),), **options)
@@ -153,6 +157,7 @@ def test_a_second_run_waits_when_asked_to(tmp_path):
     holder.join()
 
 
+@pytest.mark.slow
 def test_a_run_that_waited_reports_what_the_other_published(tmp_path):
     options = fault_options(small_vocab(tmp_path))
     config = BuildConfig(name="w2", sources=(str(split_sample(tmp_path / "src")),), **options)

@@ -61,6 +61,7 @@ def _resize(mnt: Path, size_bytes: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(mnt)], check=True, capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_real_full_disk(tmpfs, tmp_path, capsys):
     vocab = small_vocab(tmp_path)
     src = tmp_path / "src"
@@ -97,6 +98,7 @@ def test_a_real_full_disk(tmpfs, tmp_path, capsys):
     "point",
     ["enospc:tokenize-batch", "enospc:tokenize-tokens", "enospc:layout", "enospc:shard-mid:2", "enospc:atomic-write:6", "enospc:finalize-manifest", "enospc:catalog-write"],
 )
+@pytest.mark.slow
 def test_injected_disk_full(tmp_path, capsys, monkeypatch, point):
     vocab = small_vocab(tmp_path)
     src = split_sample(tmp_path / "src", (30, 31))

@@ -246,6 +246,7 @@ def _calls(tree: ast.AST, text: str) -> list[tuple[int, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_nothing_on_the_read_path_unpickles_or_loads_unsafe_yaml():
     offenders = []
     for path in sorted(SRC_DIR.rglob("*.py")):

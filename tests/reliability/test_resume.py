@@ -131,6 +131,7 @@ def _redone(caplog: pytest.LogCaptureFixture) -> tuple[set[int], set[tuple[str, 
     return units, shards
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sid", list(SCENARIOS))
 def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
     root = crashes["base"] / sid
@@ -167,6 +168,7 @@ def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
     assert sorted(p.name for p in (root / "data" / NAME).iterdir() if not p.name.startswith(".")) == ["v1"]
 
 
+@pytest.mark.slow
 def test_kill_after_the_catalog_entry_leaves_a_published_version(crashes, caplog):
     root = crashes["base"] / "after-catalog-entry"
     (proc,) = crashes["procs"]["after-catalog-entry"]
@@ -183,6 +185,7 @@ def test_kill_after_the_catalog_entry_leaves_a_published_version(crashes, caplog
     assert leftovers(root / "data") == []
 
 
+@pytest.mark.slow
 def test_catalog_entry_records_the_manifest_checksum(crashes):
     import hashlib
 
@@ -192,6 +195,7 @@ def test_catalog_entry_records_the_manifest_checksum(crashes):
     assert entry.manifest_sha256 == hashlib.sha256(manifest.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_killed_incremental_build_resumes_to_the_same_bytes_as_a_full_build(tmp_path, caplog):
     """Kill an incremental build right after it hard-linked a shard from its parent, then finish it."""
     src = split_sample(tmp_path / "src")

@@ -86,6 +86,7 @@ def _retry_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "transient I/O error" in r.getMessage()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["eio:tokenize-tokens:2", "eio:shard-mid:1", "eio:shard-indexed:3", "eio:publish-stamped:1", "eio:catalog-write:1", "eio:atomic-write:4"])
 def test_a_transient_error_is_retried_and_the_result_is_unchanged(setup, monkeypatch, caplog, spec):
     tmp_path, src, options, reference = setup
@@ -98,6 +99,7 @@ def test_a_transient_error_is_retried_and_the_result_is_unchanged(setup, monkeyp
     assert_same_version(Path(result.manifest_path).parent, reference, ("created_at", "dataset_path"))
 
 
+@pytest.mark.slow
 def test_retries_are_bounded(setup, monkeypatch, caplog, capsys):
     tmp_path, src, options, _ = setup
     # Every attempt of the first shard fails: 1 try + 2 retries, then the error surfaces.
@@ -143,6 +145,7 @@ def test_bad_input_is_not_retried(setup, monkeypatch, caplog):
     assert calls == [1] and _retry_warnings(caplog) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_not_retried(setup, monkeypatch, caplog):
     tmp_path, src, options, _ = setup
     monkeypatch.setenv(faults.ENV, "enospc:shard-mid")

@@ -84,6 +84,7 @@ def test_aligned_samples_start_with_bos(lengths, shard_tokens, seq_len):
             assert ds[i]["input_ids"][0] == BOS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq_len", [256, 1024, 4096])
 def test_real_version_every_sample_starts_with_bos(cat, seq_len):
     ds = TokenDataset("wiki@v1", seq_len=seq_len, align_to_bos=True, catalog=cat.path)

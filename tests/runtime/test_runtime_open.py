@@ -83,6 +83,7 @@ def test_missing_index_is_refused_naming_the_file(private_version):
         StreamingTokenDataset("dmg@latest", seq_len=64, catalog=catalog)
 
 
+@pytest.mark.slow
 def test_verify_checks_checksums(private_version):
     catalog, directory = private_version
     shard = sorted(directory.glob("*/*_000000.bin"))[0]
@@ -166,6 +167,7 @@ def _reshard(directory: Path, shard_tokens: int) -> int:
     return len(entries)
 
 
+@pytest.mark.slow
 def test_thousands_of_shards_open_lazily(private_version):
     """About 2100 shards: opening stats the files and reads the manifest, and maps no shard."""
     _, directory = private_version

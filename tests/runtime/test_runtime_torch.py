@@ -38,6 +38,7 @@ def test_missing_torch_is_explained():
     assert "pip install 'shardflow[torch]'" in out.stdout and "torch==2.13.0" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("pack", [False, True])
 def test_map_style_through_a_dataloader(cat, num_workers, pack):
@@ -109,6 +110,7 @@ def test_streaming_loader_delivers_the_rank_stream_in_order(cat, num_workers):
     assert stream.position == n and stream.epoch == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_workers,second_workers", [(2, 2), (2, 0), (0, 2)])
 def test_resume_through_the_loader(cat, first_workers, second_workers):
     n = make_stream(cat).samples_per_epoch
@@ -128,6 +130,7 @@ def test_resume_through_the_loader(cat, first_workers, second_workers):
     assert part1 + part2 + rest == reference
 
 
+@pytest.mark.slow
 def test_plain_dataloader_with_matching_batch_size(cat):
     """Without StreamingLoader: DataLoader(batch_size=B) over TorchStreamingDataset(batch_size=B) is in order too."""
     stream = make_stream(cat)
@@ -155,6 +158,7 @@ def test_persistent_workers_are_refused_rather_than_repeating_data(cat):
         TorchStreamingDataset(make_stream(cat, num_workers=2))
 
 
+@pytest.mark.slow
 def test_mixture_through_the_loader(cat):
     def make():
         return MixtureDataset({"wiki@v1": 0.7, "eos@v1": 0.3}, seq_len=256, catalog=cat.path, seed=1, pack_sequences=True)
@@ -169,6 +173,7 @@ def test_mixture_through_the_loader(cat):
     assert batch["cu_seqlens"][-1] == 6 * 256 and batch["position_ids"].shape == (6, 256)
 
 
+@pytest.mark.slow
 def test_phased_mixture_resumes_across_the_boundary_through_the_loader(cat):
     """Five batches of 6 end before the phase boundary at sample 40; the resumed loader reads across it."""
     phases = [(0, {"wiki@v1": 0.7, "eos@v1": 0.3}), (40, {"wiki@v1": 0.2, "eos@v1": 0.8})]
@@ -193,6 +198,7 @@ def test_tensors_share_nothing_with_the_maps(cat):
     assert np.array_equal(ds[0]["input_ids"].numpy(), ds.dataset[0]["input_ids"])
 
 
+@pytest.mark.slow
 def test_spawned_workers_get_a_small_copy_and_the_same_order(cat):
     """macOS and CUDA jobs use spawn: the dataset is pickled (no maps, no cached permutations) and reopened."""
     reference = read_loader(StreamingLoader(make_stream(cat), batch_size=4), 6)

@@ -242,6 +242,7 @@ def test_contradicting_options_are_refused_on_the_command_line(tmp_path, real_co
     _nothing_published(tmp_path)
 
 
+@pytest.mark.slow
 def test_explicit_options_may_refine_a_target(tmp_path, real_corpus, tokenizers):
     v = _build(tmp_path, real_corpus, "megatron", tokenizers["cl100k"], boundary="both", shard_tokens=400_000)
     m = v.manifest

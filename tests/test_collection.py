@@ -1,0 +1,48 @@
+"""CI's test collection: every ``test_*.py`` under ``tests/`` contributes tests to the README's ``python -m pytest -q``.
+
+pytest's default ``norecursedirs`` holds ``build``, which once dropped all of
+``tests/build/`` (golden bytes, resume) from CI without a sound. This runs the
+collection exactly as CI does (repository root, no path arguments, so
+pyproject's ``testpaths`` and ``norecursedirs`` apply) and compares it with the
+files on disk, so a directory name can't silently drop tests again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core_support import REPO
+
+TESTS = REPO / "tests"
+
+
+def collected_files(*extra_args: str) -> tuple[set[Path], str]:
+    """The test files that ``python -m pytest --collect-only -q`` from the repository root takes tests from, and its output."""
+    env = dict(os.environ)
+    # The outer run's options (say PYTEST_ADDOPTS='-m "not slow"') would deselect tests; CI sets none.
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra_args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"collection failed (exit {done.returncode}):\n{output[-4000:]}"
+    files = {(REPO / line.split("::", 1)[0]).resolve() for line in done.stdout.splitlines() if "::" in line}
+    return files, output
+
+
+@pytest.mark.slow
+def test_ci_collection_includes_every_test_file():
+    collected, output = collected_files()
+    on_disk = {p.resolve() for p in TESTS.rglob("test_*.py")}
+    missing = sorted(str(p.relative_to(REPO)) for p in on_disk - collected)
+    assert not missing, (
+        "`python -m pytest -q` from the repository root collects no test from these files; "
+        f"check norecursedirs/testpaths in pyproject.toml or the file's test names: {missing}\n{output[-2000:]}"
+    )
+    assert any(p.parent.name == "build" for p in collected)
