@@ -36,24 +36,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._bytelevel import bytes_to_unicode
 from ..manifest import BoundaryTokens
 
 __all__ = ["HF_DIR", "hf_dir", "write_hf_dir", "tiktoken_to_tokenizer_json"]
 
 HF_DIR = "hf_tokenizer"
-
-
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte-to-character table: the alphabet a byte-level BPE ``tokenizer.json`` spells its tokens in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return dict(zip(printable, map(chr, chars)))
 
 
 def _merge_of(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
@@ -85,7 +73,7 @@ def tiktoken_to_tokenizer_json(ranks: dict[bytes, int], pattern: str, specials: 
     """A ``tokenizer.json`` encoding exactly as tiktoken does with these ranks, split pattern and special tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    chars = _byte_chars()
+    chars = bytes_to_unicode()
 
     def spell(b: bytes) -> str:
         return "".join(chars[x] for x in b)

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
+from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
 from .base import (
     COMMON_SPECIAL_TEXTS,
@@ -194,7 +195,7 @@ class HFTokenizer(Tokenizer):
         """id -> bytes for a byte-level file (its ``decoder`` is ByteLevel), else None."""
         if not _has_type(self._source.config.get("decoder"), "ByteLevel"):
             return None
-        inverse = {ch: b for b, ch in _bytes_to_unicode().items()}
+        inverse = {ch: b for b, ch in bytes_to_unicode().items()}
         table: dict[int, bytes] = {}
         for token, tid in self._ref.get_vocab(with_added_tokens=False).items():
             try:
@@ -433,17 +434,4 @@ def _has_type(component: Any, kind: str) -> bool:
     inner = component.get("decoders") or component.get("processors") or []
     return any(_has_type(c, kind) for c in inner)
 
-
-@functools.lru_cache(maxsize=1)
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, in which byte-level vocabularies are spelled."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return dict(zip(printable, map(chr, chars)))
 
