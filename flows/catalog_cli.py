@@ -106,6 +106,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     version = open_version(args.ref, catalog=args.catalog)
     m = version.manifest
+    if args.split and args.split not in m.splits:  # checked before anything is printed
+        raise ShardflowError(f"{m.ref} has no split {args.split!r}; give --split one of {', '.join(m.splits)}")
     if args.card:
         card = card_path(version.directory)
         if not card.is_file():

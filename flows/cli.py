@@ -388,6 +388,18 @@ def _start_server_first(words: Sequence[str]) -> Any:
     return startup.start_early()
 
 
+def _places(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's directories by option, for a full disk's message (only those the command has)."""
+    from shardflow.catalog import default_catalog, default_data_root
+
+    places: dict[str, Any] = {}
+    if hasattr(args, "data_root"):
+        places["--data-root"] = default_data_root(args.data_root)
+    if hasattr(args, "catalog"):
+        places["--catalog"] = default_catalog(args.catalog)
+    return places
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` command; returns the exit status."""
     early = _start_server_first(sys.argv[1:] if argv is None else argv)
@@ -419,11 +431,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A full disk, a read-only or flaky mount: one line, no traceback. Nothing partial is published.
         from shardflow.errors import describe_os_error
 
-        print(f"shardflow: error: {describe_os_error(exc)}", file=sys.stderr)
+        print(f"shardflow: error: {describe_os_error(exc, places=_places(args))}", file=sys.stderr)
         return EXIT_IO_ERROR
     except KeyboardInterrupt:
         print("shardflow: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # An object store's failures are not OSErrors: no credentials, its endpoint down or gone mid-build.
+        from shardflow.errors import describe_storage_error, network_unreachable
+
+        message = describe_storage_error(exc)
+        if message is None:
+            raise  # a bug: keep its traceback
+        print(f"shardflow: error: {message}", file=sys.stderr)
+        return EXIT_IO_ERROR if network_unreachable(exc) else EXIT_USER_ERROR
 
 
 def exit_now(code: int) -> None:

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from shardflow.errors import ShardflowError
+from shardflow.flows.watcher import watched
 
 __all__ = ["EarlyServer", "start_early", "running_server", "warm_up", "WarmUp", "preload", "LOCAL_SERVER", "REUSE_ENV", "LATER_IMPORTS", "wait_for_warm_up", "runs_flow_here"]
 
@@ -171,15 +172,26 @@ class EarlyServer:
             # them registered in this database already, by an earlier start. The user's own setting wins.
             env.setdefault("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "false")
             env.setdefault("PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION", "false")
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "uvicorn", "--app-dir", self._app_dir,
-                "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
-            ],
-            env=env,
-            stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,  # stdout's last line is the manifest path
-        )
+        server = [
+            sys.executable, "-m", "uvicorn", "--app-dir", self._app_dir,
+            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+            "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
+        ]
+        # The server runs under a watcher (flows/watcher.py) that stops it when this process dies, however it
+        # dies: kill -9 and kill -TERM run no atexit handler. The watcher reads a pipe whose only write
+        # end this process holds; its EOF (or a new parent pid) means the build is gone.
+        with contextlib.suppress(AttributeError, OSError):
+            os.close(self._lifeline)  # a relaunch (the port was taken): the last watcher has exited
+        read_end, self._lifeline = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                watched(server),
+                env=env,
+                stdin=read_end,
+                stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None,  # stdout's last line is the manifest path
+            )
+        finally:
+            os.close(read_end)
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[bool]:
@@ -250,7 +262,9 @@ class EarlyServer:
             return
         if not quiet:
             log.info("Stopping temporary server on http://127.0.0.1:%d", self.port)
-        process.terminate()
+        process.terminate()  # the watcher stops the server, then exits
+        with contextlib.suppress(OSError):
+            os.close(self._lifeline)
         try:
             _wait_exit(process, timeout=5)
         except subprocess.TimeoutExpired:

@@ -61,13 +61,14 @@ _PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O failures (a flaky disk or network mount), never bad input or bad config."""
+    """Retry I/O failures (a flaky disk or network mount, an object store's endpoint down), never bad input or bad config."""
     exc = state.data
+    # The same rule as the core's in-process retries (a full disk is not transient; an unreachable
+    # object store, whose botocore errors are not OSErrors, is).
     return (
-        isinstance(exc, OSError)
-        and not isinstance(exc, ShardflowError)
-        and not isinstance(exc, _PERMANENT_OS_ERRORS)
-        and core_is_transient(exc)  # the same rule as the core's in-process retries (a full disk is not transient)
+        isinstance(exc, BaseException)
+        and not isinstance(exc, (ShardflowError, _PERMANENT_OS_ERRORS))
+        and core_is_transient(exc)
     )
 
 

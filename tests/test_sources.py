@@ -326,7 +326,7 @@ class TextLines(InputKind):
         sizes = [(len(p), sum(len(x.encode()) for x in p)) for p in pieces]
         return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
 
-    def iter_batches(self, inp, unit, *, text_column, batch_rows):
+    def iter_batches(self, inp, unit, *, text_column, batch_rows, batch_bytes=32 << 20):
         lines = self._lines(inp)[unit.start * self.PIECE : unit.stop * self.PIECE]
         for k in range(0, len(lines), batch_rows):
             yield pa.array(lines[k : k + batch_rows], pa.string())

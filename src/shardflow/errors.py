@@ -8,7 +8,12 @@ traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
+import os
+import sys
+from pathlib import Path
+from typing import Mapping
 
 __all__ = [
     "ShardflowError",
@@ -19,6 +24,9 @@ __all__ = [
     "CatalogError",
     "is_transient",
     "describe_os_error",
+    "network_unreachable",
+    "missing_credentials",
+    "describe_storage_error",
 ]
 
 
@@ -75,17 +83,90 @@ def is_transient(exc: BaseException) -> bool:
     and bad configuration (every ``ShardflowError``) never are, nor OSErrors
     that need a person (missing paths, permissions, a full or read-only disk).
     """
+    if network_unreachable(exc):
+        return True
     return isinstance(exc, OSError) and not isinstance(exc, ShardflowError) and exc.errno not in _PERMANENT_ERRNOS
 
 
-def describe_os_error(exc: OSError) -> str:
-    """One line for an I/O error at the command line: what failed, where, and what to do."""
+def _botocore(*names: str) -> tuple[type, ...]:
+    """botocore's exception classes ``names``, if botocore is loaded (else no exception can be one of them)."""
+    module = sys.modules.get("botocore.exceptions")
+    return tuple(getattr(module, name) for name in names if hasattr(module, name)) if module else ()
+
+
+def network_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` is an object store that could not be reached or dropped the connection.
+
+    botocore's connection errors (endpoint down, refused, reset, timed out) are
+    not ``OSError``s; a retry a few seconds later may find the endpoint back.
+    """
+    classes = _botocore("ConnectionError", "HTTPClientError")
+    return bool(classes) and isinstance(exc, classes)
+
+
+def missing_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` is an object store's client finding no (or partial) credentials."""
+    return isinstance(exc, _botocore("NoCredentialsError", "PartialCredentialsError"))
+
+
+def describe_storage_error(exc: BaseException) -> str | None:
+    """One line for an object-store failure the command line met (no credentials, endpoint down), else None."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if missing_credentials(exc):
+        return (
+            f"no usable credentials for the object store ({detail}); set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL for an S3-compatible store)"
+        )
+    if network_unreachable(exc):
+        return (
+            f"the object store could not be reached ({detail}); check AWS_ENDPOINT_URL and the network. "
+            "Nothing partial was published; run the same command again: finished work is reused"
+        )
+    return None
+
+
+def _full_place(filename: str | None, places: Mapping[str, Path]) -> tuple[str | None, str]:
+    """Which of ``places`` (option -> directory) a full disk is: ``(path to name, option to change)``.
+
+    The file that failed if it is known (a write() names none), else the place
+    whose filesystem has the least space left.
+    """
+    if not places:
+        return filename, "--data-root"
+    if filename:
+        target = Path(os.path.abspath(os.fsdecode(filename)))
+        for option, place in sorted(places.items(), key=lambda kv: -len(str(kv[1]))):
+            if target == place or place in target.parents:
+                return filename, option
+        return filename, " or ".join(places)
+
+    def free(place: Path) -> tuple[int, int]:
+        for candidate in (place, *place.parents):  # the place itself may not exist yet
+            with contextlib.suppress(OSError):
+                st = os.statvfs(candidate)
+                return st.f_bavail * st.f_frsize, os.stat(candidate).st_dev
+        return 1 << 62, -1
+
+    state = {option: free(Path(place)) for option, place in places.items()}
+    option = min(state, key=lambda o: state[o][0])
+    same = [o for o in places if state[o][1] == state[option][1]]
+    return str(places[option]), " and ".join(same)
+
+
+def describe_os_error(exc: OSError, *, places: Mapping[str, Path] | None = None) -> str:
+    """One line for an I/O error at the command line: what failed, where, and what to do.
+
+    ``places``: the command's directories by option (``{"--data-root": ..., "--catalog": ...}``), so a
+    full disk names the path on the full filesystem and the option that moves it.
+    """
     where = f"{exc.filename}: " if exc.filename else ""
     what = exc.strerror or str(exc)
     if exc.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        path, option = _full_place(exc.filename, {o: Path(p).absolute() for o, p in (places or {}).items()})
+        where = f"{path}: " if path else ""
         return (
             f"{where}{what} (the disk or quota is full). Nothing was published and the catalog is unchanged; "
-            "free some space (or use another --data-root) and run the same command again: finished work is reused"
+            f"free some space there (or use another {option}) and run the same command again: finished work is reused"
         )
     if exc.errno == _errno.EROFS:
         return f"{where}{what}; write to a writable --data-root and --catalog"

@@ -44,7 +44,7 @@ def retrying(step: Callable[..., _T], *args: Any, retries: int | None = None, **
     for attempt in range(retries + 1):
         try:
             return step(*args, **kwargs)
-        except OSError as exc:
+        except Exception as exc:  # OSErrors, and an object store's connection errors (not OSErrors)
             if attempt >= retries or not is_transient(exc):
                 raise
             name = getattr(step, "name", None) or getattr(step, "__name__", step)

@@ -38,7 +38,7 @@ from ..errors import ConfigError, InputError
 from ..manifest import Manifest
 from ..sources import InputFile, WorkUnit
 from ..sources import input_kind
-from ..sources.base import ParsedColumn
+from ..sources.base import DEFAULT_BATCH_BYTES, ParsedColumn
 from ..stats import (
     BINS_PER_OCTAVE,
     COLLECT_ENV,
@@ -108,9 +108,10 @@ class UnitCollector:
         # never occurs inside one, so no run spans two batches or two documents.
         self.runs.add(tokens)
 
-    def commit(self, staging: Staging, unit: int, *, column: str | None, inp: InputFile, wu: WorkUnit, docs: np.ndarray, batch_rows: int) -> None:
+    def commit(self, staging: Staging, unit: int, *, column: str | None, inp: InputFile, wu: WorkUnit, docs: np.ndarray, batch_rows: int,
+               batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
         """Write the unit's statistics file (before its marker)."""
-        by_column = _column_counts(inp, wu, column, docs, batch_rows) if column else {}
+        by_column = _column_counts(inp, wu, column, docs, batch_rows, batch_bytes) if column else {}
         buf = io.BytesIO()
         np.savez(buf, vocab=sparse_vocab(self.vocab),
                  column=np.frombuffer(json.dumps(by_column, sort_keys=True).encode("utf-8"), dtype=np.uint8),
@@ -124,12 +125,15 @@ def _npy_bytes(rows: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _column_counts(inp: InputFile, wu: WorkUnit, column: str, docs: np.ndarray, batch_rows: int) -> dict[str, list[int]]:
+def _column_counts(
+    inp: InputFile, wu: WorkUnit, column: str, docs: np.ndarray, batch_rows: int, batch_bytes: int
+) -> dict[str, list[int]]:
     """Documents and tokens per value of ``column`` in this unit (one more read of that one column)."""
     kind = input_kind(inp)
     pieces = []
     try:
-        for col in kind.iter_batches(inp, wu, text_column=column, batch_rows=batch_rows):
+        # The tokenize stage's budget: a document it read is read here too (a value over it is a null).
+        for col in kind.iter_batches(inp, wu, text_column=column, batch_rows=batch_rows, batch_bytes=batch_bytes):
             values = col.values if isinstance(col, ParsedColumn) else col
             pieces.append(pc.cast(values, pa.string()) if not pa.types.is_string(values.type) else values)
     except InputError as exc:

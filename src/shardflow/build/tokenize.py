@@ -131,7 +131,7 @@ def tokenize_unit_now(plan: BuildPlan | str | os.PathLike[str], unit: int) -> Un
     if collector is not None:
         collector.commit(
             staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=load_npy(docs_path),
-            batch_rows=_rows_per_batch(plan.config, wu),
+            batch_rows=_rows_per_batch(plan.config, wu), batch_bytes=plan.config.batch_bytes,
         )
     result = UnitResult(unit=unit, **counts, **extra)
     atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
@@ -160,7 +160,7 @@ def _tokenize_into(
     with open(tmp_tok, "wb") as out:
         for batch in iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
-            on_bad_record=cfg.on_bad_record,
+            on_bad_record=cfg.on_bad_record, batch_bytes=cfg.batch_bytes,
         ):
             counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid + batch.bad_records
             counts["bad_records"] += batch.bad_records

@@ -25,6 +25,7 @@ The modules:
     base         InputFile, WorkUnit, TextBatch, the InputKind contract, text cleaning, split scores
     parquet      Parquet files (row groups)          arrow        Arrow IPC files and streams (record batches)
     jsonl        JSON Lines, plain, .gz or .zst (byte ranges of whole lines)
+    lines        a byte stream's lines in bounded memory (a line over the limit is read past, not held)
     hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
     fingerprint  content hashes of the inputs
     storage      objects on object storage (s3://, gs://, memory://): listing, identity, reading in place
@@ -52,6 +53,7 @@ from ..errors import InputError
 from . import discover as _discover
 from .arrow import ARROW_FILE, ARROW_STREAM, ARROW_SUFFIXES
 from .base import (
+    DEFAULT_BATCH_BYTES,
     READ_ERRORS,
     DirectoryLayout,
     InputFile,
@@ -173,16 +175,18 @@ def iter_text_batches(
     batch_rows: int,
     utf8_errors: str = "replace",
     on_bad_record: str = "fail",
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> Iterator[TextBatch]:
     """The unit's texts in batches of at most ``batch_rows`` rows, in file order.
 
     A bad record (``ParsedColumn``) raises one ``InputError`` naming the file and
     the line (``on_bad_record="fail"``), or is skipped and counted (``"skip"``).
+    A record larger than ``batch_bytes`` is a bad record (see ``InputKind.iter_batches``).
     """
     kind = input_kind(inp)
     row = max(unit.first_row, 0)  # -1: numbered from the unit's first line (see sources/jsonl.py)
     try:
-        for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows):
+        for col in kind.iter_batches(inp, unit, text_column=text_column, batch_rows=batch_rows, batch_bytes=batch_bytes):
             if isinstance(col, ParsedColumn):
                 if col.bad_records and on_bad_record != "skip":
                     raise InputError(

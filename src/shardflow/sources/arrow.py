@@ -6,6 +6,7 @@ Feather v2, which is that format, start with ``ARROW1``), so either kind's
 work unit. Files are memory-mapped, so holding a file's batches costs address
 space, not memory, until their buffers are touched. An object on object storage
 is one unit, planned from its schema alone and read batch by batch in place.
+A text larger than the batch budget is a bad record (``base.within_budget``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import pyarrow as pa
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 from .base import (
+    DEFAULT_BATCH_BYTES,
     READ_ERRORS,
     InputFile,
     InputKind,
+    ParsedColumn,
     WorkUnit,
     check_schema,
     column_path,
@@ -30,6 +33,7 @@ from .base import (
     file_name,
     has_suffix,
     select_column,
+    within_budget,
 )
 
 __all__ = ["ARROW_SUFFIXES", "ArrowFileKind", "ArrowStreamKind", "ARROW_FILE", "ARROW_STREAM"]
@@ -103,14 +107,17 @@ class _ArrowIPCKind(InputKind):
             yield from reader
 
     def iter_batches(
-        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
-    ) -> Iterator[pa.Array | pa.ChunkedArray]:
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
+    ) -> Iterator[pa.Array | pa.ChunkedArray | ParsedColumn]:
         # (rows -1: a whole object on object storage, planned without reading its batches)
         batches = self._each(inp) if unit.rows < 0 else self._batches(inp)[unit.start : unit.stop]
+        row = max(unit.first_row, 0)
         for b in batches:
             col = select_column(b, column_path(inp, b.schema, text_column))
             for k in range(0, b.num_rows, batch_rows):
-                yield col.slice(k, batch_rows)
+                piece = col.slice(k, batch_rows)
+                yield within_budget(piece, batch_bytes=batch_bytes, first_row=row)  # a text over budget: a bad record
+                row += len(piece)
 
 
 class ArrowFileKind(_ArrowIPCKind):

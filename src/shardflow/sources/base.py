@@ -43,11 +43,18 @@ __all__ = [
     "cut_units",
     "clean_texts",
     "split_scores",
+    "DEFAULT_BATCH_BYTES",
+    "budget_words",
+    "record_limit",
+    "within_budget",
 ]
 
 # What a damaged or truncated file raises while pyarrow reads it. An OSError
 # with an errno is the disk's or the mount's, not the data's: callers re-raise it.
 READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError)
+
+DEFAULT_BATCH_BYTES = 32 << 20
+"""The batch budget when the caller names none (``BuildConfig.batch_bytes``'s default, ``--batch-mb 32``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +143,68 @@ class ParsedColumn:
         return len(self.values)
 
 
+def record_limit(batch_bytes: int) -> int:
+    """The largest record a batch budget admits: the budget, but never under 1 MiB.
+
+    The command line's budget is whole megabytes; a smaller one (the API's, to
+    tune batching) is no reason to refuse a record that costs next to nothing.
+    """
+    return max(batch_bytes, 1 << 20)
+
+
+def budget_words(size: int, batch_bytes: int) -> str:
+    """Why a record of ``size`` bytes is bad, and how to fix it, for a ``ParsedColumn.first_bad``."""
+    limit = record_limit(batch_bytes)
+    return (
+        f"a record of {size:,} bytes, larger than the batch budget of {limit:,} bytes (--batch-mb "
+        f"{limit / (1 << 20):g}); raise --batch-mb above it, or remove the record"
+    )
+
+
+def _lengths(col: pa.Array) -> np.ndarray:
+    """The byte length of every value of a text array (0 for a null), without a Python scalar."""
+    if isinstance(col, pa.ChunkedArray):
+        return np.concatenate([_lengths(c) for c in col.chunks]) if col.num_chunks else np.zeros(0, np.int64)
+    ty = col.type
+    if pa.types.is_string(ty) or pa.types.is_binary(ty) or pa.types.is_large_string(ty) or pa.types.is_large_binary(ty):
+        wide = pa.types.is_large_string(ty) or pa.types.is_large_binary(ty)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int64 if wide else np.int32)
+        lengths = np.diff(offsets[col.offset : col.offset + len(col) + 1]).astype(np.int64)
+    elif str(ty) in ("string_view", "binary_view"):  # no length kernel for views
+        return _lengths(col.cast(pa.large_string() if str(ty) == "string_view" else pa.large_binary()))
+    else:  # dictionary-encoded: its lengths computed
+        out = pc.binary_length(col.dictionary_decode() if pa.types.is_dictionary(ty) else col)
+        wide = out.type == pa.int64()
+        lengths = np.frombuffer(out.buffers()[1], dtype=np.int64 if wide else np.int32)[out.offset : out.offset + len(out)]
+        lengths = lengths.astype(np.int64)
+    if col.null_count:
+        lengths = np.where(bool_array(pc.is_valid(col)), lengths, 0)
+    return lengths
+
+
+def within_budget(
+    col: pa.Array | pa.ChunkedArray, *, batch_bytes: int, first_row: int
+) -> pa.Array | pa.ChunkedArray | ParsedColumn:
+    """``col`` itself, or, when a value is over ``record_limit(batch_bytes)``, a ``ParsedColumn`` with those values bad.
+
+    The texts of columnar files are read before this check (a page or a
+    batch is decompressed whole), but never tokenized: one document larger
+    than the budget would take many times its size to tokenize.
+    """
+    lengths = _lengths(col)
+    limit = record_limit(batch_bytes)
+    if not len(lengths) or int(lengths.max()) <= limit:
+        return col
+    over = lengths > limit
+    k = int(np.argmax(over))
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    values = pc.replace_with_mask(col, pa.array(over), pa.nulls(int(over.sum()), col.type))
+    return ParsedColumn(values, int(over.sum()), f"row {first_row + k}: {budget_words(int(lengths[k]), batch_bytes)}")
+
+
 def file_name(path: Path | str) -> str:
     """The last component of a local path or a URL (``Path`` would fold ``s3://`` into ``s3:/``)."""
     return str(path).rstrip("/").rsplit("/", 1)[-1]
@@ -182,7 +251,7 @@ class InputKind(ABC):
 
     @abstractmethod
     def iter_batches(
-        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
     ) -> Iterator[pa.Array | pa.ChunkedArray | ParsedColumn]:
         """The unit's raw text column, in file order, in slices of at most ``batch_rows`` rows.
 
@@ -190,6 +259,11 @@ class InputKind(ABC):
         them); a kind that parses records yields ``ParsedColumn`` slices, its bad
         records marked (the caller applies ``on_bad_record``); pyarrow's read errors (``READ_ERRORS``) may propagate: the caller turns
         them into one ``InputError`` naming the file and the place.
+
+        ``batch_bytes`` is the batch budget (``--batch-mb``): one record larger
+        than it (``record_limit``) is a bad record (``within_budget``), never
+        tokenized, and held no longer than reading it needs, so a hostile file
+        cannot exhaust memory.
         """
 
     def divisible(self, inp: InputFile) -> bool:

@@ -44,9 +44,11 @@ a gzip or Zstandard stream cannot be entered in the middle.
 Reading. A unit is read in 1 MiB blocks, split into lines, and decoded line
 by line with the standard ``json`` module into slices of at most
 ``batch_rows`` records and about the unit's bytes per row x ``batch_rows``
-bytes; so memory is bounded by the batch (and the longest line), never by the
-file. The standard module on purpose, not orjson when installed: decoders
-differ at the edges (lone surrogate escapes, huge integers), and whether a
+bytes; so memory is bounded by the batch, never by the file. A line longer
+than the batch budget (``--batch-mb``) is a bad record, read past without
+being held or decoded (one 200 MB line, or a gzip or Zstandard stream that
+expands into one, costs a block, not the line). The standard ``json`` module
+on purpose, not orjson when installed: decoders differ at the edges (lone surrogate escapes, huge integers), and whether a
 record is good must not depend on what else is installed.
 
 What each line gives:
@@ -77,7 +79,9 @@ import pyarrow as pa
 
 from .._arrow import large_binaries, large_strings
 from ..errors import InputError
-from .base import READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit, file_name, has_suffix
+from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
+from .base import budget_words, file_name, has_suffix, record_limit
+from .lines import BLOCK, Oversized, range_lines, read_lines
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
@@ -87,7 +91,7 @@ _CODECS = {".gz": "gzip", ".zst": "zstd"}
 _NAMED_ONLY = (".json",)  # read when named, not picked up by directory scans (see above)
 JSONL_SUFFIXES = (".jsonl",) + tuple(p + c for c in _CODECS for p in _PLAIN)
 
-_BLOCK = 1 << 20
+_BLOCK = BLOCK
 _BOM = b"\xef\xbb\xbf"
 _JSON_SPACE = b" \t\r\n"
 _FIELDS_SHOWN = 12
@@ -203,31 +207,6 @@ def _column(values: list[str | None]) -> pa.Array:
         return large_binaries([None if v is None else _utf8(v) for v in values])
 
 
-def _lines(f: BinaryIO, length: int | None) -> Iterator[bytes]:
-    """The lines of ``f`` (without their newline), reading at most ``length`` bytes (None: to the end)."""
-    pending: list[bytes] = []  # the start of a line longer than a block, without copying it again and again
-    while length is None or length > 0:
-        block = f.read(_BLOCK if length is None else min(_BLOCK, length))
-        if not block:
-            break
-        if length is not None:
-            length -= len(block)
-        if b"\n" not in block:
-            pending.append(block)
-            continue
-        if pending:
-            pending.append(block)
-            block = b"".join(pending)
-            pending = []
-        lines = block.split(b"\n")
-        tail = lines.pop()
-        if tail:
-            pending.append(tail)
-        yield from lines
-    if pending:
-        yield b"".join(pending)
-
-
 def _not_json_lines(inp: InputFile, head: bytes) -> None:
     """Refuse a file that is one JSON document (an array, a pretty-printed object), not JSON Lines."""
     body = head[len(_BOM) :] if head.startswith(_BOM) else head
@@ -258,54 +237,6 @@ def _head(inp: InputFile) -> bytes:
         return pa.CompressedInputStream(pa.BufferReader(raw), codec).read(4096)  # type: ignore[no-any-return]
     except READ_ERRORS:
         return b""
-
-
-class _Prefixed:
-    """``head``, then the rest of ``f``: what a line reader reads after a boundary was searched for."""
-
-    def __init__(self, head: bytes, f: BinaryIO) -> None:
-        self._head, self._f = head, f
-
-    def read(self, n: int) -> bytes:
-        if self._head:
-            out, self._head = self._head[:n], self._head[n:]
-            return out
-        return self._f.read(n)
-
-
-def _range_lines(f: BinaryIO, start: int, stop: int) -> tuple[Iterator[bytes], int]:
-    """The lines of an uncompressed file that begin in ``[start, stop)``, and where the first begins.
-
-    A line begins at 0 and after every newline. Past ``start`` the first begins
-    after the first newline at or after ``start - 1``; the last may run past
-    ``stop``, and is read to its end. Lines beginning at ``stop`` or later are the
-    next range's. A range inside one long line holds no line.
-    """
-    head = b""
-    first = start
-    if start > 0:
-        f.seek(start - 1)
-        first = start - 1
-        while True:
-            block = f.read(_BLOCK)
-            if not block:
-                return iter(()), first
-            k = block.find(b"\n")
-            if k >= 0:
-                first += k + 1
-                head = block[k + 1 :]
-                break
-            first += len(block)
-
-    def lines() -> Iterator[bytes]:
-        pos = first
-        for line in _lines(_Prefixed(head, f), None):  # type: ignore[arg-type]
-            if pos >= stop:
-                return
-            yield line
-            pos += len(line) + 1
-
-    return lines(), first
 
 
 class JsonLinesKind(InputKind):
@@ -411,7 +342,9 @@ class JsonLinesKind(InputKind):
     def _check_id(self, inp: InputFile, id_column: str) -> None:
         """The id field must be in the first record (as a Parquet file must have the id column)."""
         with _open(inp.path, PLAN_BLOCK) as f:
-            for n, line in enumerate(_lines(f, None)):
+            for n, line in enumerate(read_lines(f, None, DEFAULT_BATCH_BYTES)):
+                if isinstance(line, Oversized):
+                    return  # a bad record: reported (or skipped) when it is read
                 if not line.strip(_JSON_SPACE):
                     continue
                 try:
@@ -423,12 +356,13 @@ class JsonLinesKind(InputKind):
                 return
 
     def iter_batches(
-        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
     ) -> Iterator[ParsedColumn]:
         # Bound a slice by bytes too: about batch_rows rows of this unit's average size.
         # (Rows not known yet, -1: an object on object storage, planned without reading it.)
         per_row = unit.text_bytes // unit.rows if unit.rows > 0 else _BLOCK // 64
         max_bytes = max(_BLOCK, batch_rows * per_row)
+        limit = record_limit(batch_bytes)  # a longer line is a bad record, never held whole
         values: list[str | None] = []
         bad = 0
         first_bad: str | None = None
@@ -441,16 +375,20 @@ class JsonLinesKind(InputKind):
         try:
             with _open(inp.path) as f:
                 if is_remote(inp.path) and _codec(inp.path) is None:
-                    lines, pos = _range_lines(f, unit.start, unit.stop)
+                    lines, pos = range_lines(f, unit.start, unit.stop, limit)
                 else:
                     if unit.start:
                         f.seek(unit.start)
                     length = unit.stop - unit.start if _codec(inp.path) is None and unit.rows >= 0 else None
-                    lines = _lines(f, length)
+                    lines = read_lines(f, length, limit)
                 for raw in lines:
-                    if line == 0 and not relative and raw.startswith(_BOM):
-                        raw = raw[len(_BOM) :]
-                    text, why = _text(raw, text_column)
+                    if len(raw) > limit:  # an Oversized line, or one that ran up to a block past the limit
+                        # Never decoded: a record over the budget would take many times its size.
+                        text, why = None, budget_words(len(raw), batch_bytes)
+                    else:
+                        if line == 0 and not relative and raw.startswith(_BOM):
+                            raw = raw[len(_BOM) :]
+                        text, why = _text(raw, text_column)
                     if why is not None:
                         bad += 1
                         if first_bad is None:

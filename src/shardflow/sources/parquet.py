@@ -2,7 +2,10 @@
 
 Planning reads only the footer (row counts and the text column's uncompressed
 size per row group); reading streams the unit's row groups, text column only,
-in batches, so a huge row group is never in memory at once.
+in batches, so a huge row group is never in memory at once. A text larger
+than the batch budget is a bad record (``base.within_budget``): in a row group
+of one row it is known from the footer and never decompressed; otherwise its
+page is decompressed (a value cannot span pages) but the text is not tokenized.
 """
 
 from __future__ import annotations
@@ -14,11 +17,27 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
-from .base import READ_ERRORS, InputFile, InputKind, WorkUnit, check_schema, column_path, cut_units, select_column
+from .base import (
+    DEFAULT_BATCH_BYTES,
+    READ_ERRORS,
+    InputFile,
+    InputKind,
+    ParsedColumn,
+    WorkUnit,
+    budget_words,
+    check_schema,
+    column_path,
+    cut_units,
+    record_limit,
+    select_column,
+    within_budget,
+)
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetKind", "PARQUET"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# What a column chunk of one row holds besides its value: page headers, the value's length, statistics.
+_PAGE_OVERHEAD = 4096
 
 
 def _open(inp: InputFile, block_size: int = READ_BLOCK) -> pq.ParquetFile:
@@ -60,14 +79,28 @@ class ParquetKind(InputKind):
         return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
 
     def iter_batches(
-        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int
-    ) -> Iterator[pa.Array | pa.ChunkedArray]:
+        self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
+    ) -> Iterator[pa.Array | pa.ChunkedArray | ParsedColumn]:
         pf = _open(inp)
         path = column_path(inp, pf.schema_arrow, text_column)
         # A dotted name reads only the struct's text leaf, not its sibling fields.
         columns = [".".join(path)]
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=list(range(unit.start, unit.stop)), columns=columns):
-            yield select_column(batch, path)
+        leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
+        leaf = leaves.index(columns[0]) if columns[0] in leaves else None
+        row = unit.first_row
+        for g in range(unit.start, unit.stop):
+            rg = pf.metadata.row_group(g)
+            # A row group of one row whose text is over the budget (a page that expands a
+            # thousandfold, say) is a bad record known from the footer: never decompressed.
+            size = rg.column(leaf).total_uncompressed_size if leaf is not None else 0
+            if rg.num_rows == 1 and size - _PAGE_OVERHEAD > record_limit(batch_bytes):
+                yield ParsedColumn(pa.nulls(1, pa.large_string()), 1, f"row {row}: {budget_words(size, batch_bytes)}")
+                row += 1
+                continue
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns):
+                col = select_column(batch, path)
+                yield within_budget(col, batch_bytes=batch_bytes, first_row=row)
+                row += len(col)
 
     def locate_damage(self, inp: InputFile, unit: WorkUnit, *, text_column: str) -> str | None:
         """Which row group of the unit cannot be read, as ``"in row group G (rows A to B)"``."""

@@ -28,10 +28,10 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlparse
 
-from ..errors import InputError
+from ..errors import InputError, missing_credentials
 
 __all__ = [
     "is_remote",
@@ -107,12 +107,25 @@ def storage_error(where: str, exc: BaseException, *, listing: bool = False) -> I
             f"{where}: no such bucket or object ({detail}); it was listed when the build was planned, so it was "
             "deleted since: restore it, or build again without it"
         )
+    if missing_credentials(exc):  # botocore's, not an OSError
+        return InputError(
+            f"{where}: no usable credentials for the object store ({detail}); set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL for an S3-compatible store)"
+        )
     if isinstance(exc, PermissionError):
         return InputError(
             f"{where}: access denied ({detail}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
             "or AWS_PROFILE) and that they may list and read this bucket"
         )
     return None
+
+
+def _raise_storage_error(where: str, exc: Exception, *, listing: bool = False) -> NoReturn:
+    """Raise :func:`storage_error`'s message for ``exc``, or ``exc`` itself (a bug, or a transient error to retry)."""
+    error = storage_error(where, exc, listing=listing)
+    if error is None:
+        raise exc
+    raise error from None
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
@@ -189,8 +202,8 @@ def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
                 infos, rel = {root: info}, {root: PurePosixPath(root).name}
     except InputError:
         raise
-    except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(spec, exc, listing=True) from None
+    except Exception as exc:
+        _raise_storage_error(spec, exc, listing=True)
     out = []
     for p, info in infos.items():
         url = fs.unstrip_protocol(p) if hasattr(fs, "unstrip_protocol") else f"{protocol}://{p}"
@@ -273,8 +286,8 @@ def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
     fs, root = _filesystem(path)
     try:
         f = fs.open(root, "rb", block_size=block_size)
-    except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(path, exc) from None
+    except Exception as exc:
+        _raise_storage_error(path, exc)
     tee = getattr(_tees, "current", None)
     if tee is not None and tee.path == path:
         tee.opened += 1
@@ -290,8 +303,8 @@ def read_head(path: str, n: int) -> bytes:
     fs, root = _filesystem(path)
     try:
         return fs.cat_file(root, start=0, end=n)  # type: ignore[no-any-return]
-    except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(path, exc) from None
+    except Exception as exc:
+        _raise_storage_error(path, exc)
 
 
 def current_identity(path: str) -> tuple[int, str]:
@@ -300,8 +313,8 @@ def current_identity(path: str) -> tuple[int, str]:
     try:
         fs.invalidate_cache(root)
         info = fs.info(root)
-    except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(path, exc) from None
+    except Exception as exc:
+        _raise_storage_error(path, exc)
     return int(info.get("size") or 0), identity(info)
 
 
@@ -317,6 +330,6 @@ def hash_input(path: str) -> str:
         with open_input(path) as f:
             for block in _chunks(f):
                 h.update(block)
-    except (FileNotFoundError, PermissionError) as exc:
-        raise storage_error(path, exc) from None
+    except Exception as exc:
+        _raise_storage_error(path, exc)
     return h.hexdigest()
