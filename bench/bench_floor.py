@@ -4,8 +4,8 @@ Alternating rounds, medians (every figure is a fresh process):
 
 * ``python -c pass`` and ``python -c "import prefect.main"``: the interpreter, and Prefect's import,
   which every flow run from the command line pays before its flow run exists;
-* the temporary server alone: launched as ``shardflow build`` launches it (``flows.startup``,
-  Prefect 3.8's command), until ``/api/health`` answers;
+* the temporary server alone: Prefect's own command, ``prefect server start`` on a free port
+  without its UI (as ``flows.server`` launches it), until ``/api/health`` answers;
 * the README's first command (the bundled sample, a fresh data root) on the temporary server,
   and against a running ``prefect server`` (the path ``shardflow build`` takes when one answers
   on 127.0.0.1:4200);
@@ -45,18 +45,13 @@ def _wall(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
 
 
 def _server_answers(home: Path) -> float:
-    """Seconds from launching the temporary server (as flows.startup.EarlyServer does) to its first answer."""
-    import importlib.util
-
+    """Seconds from launching the temporary server (``prefect server start``, as flows.server does) to its first answer."""
     port = free_port()
-    app_dir = str(Path(importlib.util.find_spec("prefect").origin).parent.parent)
-    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-           "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
-           "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
-                             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "error", "--lifespan", "on"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while True:
             try:

@@ -1,10 +1,11 @@
-"""The ``build_dataset`` Prefect flow: plan, tokenize units in parallel, write shards, validate, publish.
+"""The ``build_dataset`` Prefect flow: the core driver with Prefect as its executor, and what the UI shows.
 
-The flow only composes tasks; every step is a core function in
-``shardflow.build`` that is idempotent on disk, so a rerun after a crash
-resumes where the last run stopped. At most ``workers`` tasks run at once (a
-sliding window), which bounds memory by ``workers x batch size`` whatever the
-corpus size and whichever task runner executes them.
+The flow is ``shardflow.build.drive`` with a ``PrefectExecutor``: every stage
+job is a task run (``tasks/build.py``), so a rerun after a crash resumes where
+the last run stopped, as every core step is idempotent on disk. At most
+``workers`` task runs are in flight (a sliding window), which bounds memory by
+``workers x batch size`` whatever the corpus size and whichever task runner
+executes them.
 
 Where the work units run (``runner``):
 
@@ -12,87 +13,52 @@ Where the work units run (``runner``):
   with up to twice as many tasks submitted, so the next ones wait ready.
 * ``dask``: an existing Dask cluster (``address="tcp://HOST:8786"``), through
   prefect-dask's ``DaskTaskRunner`` (``pip install 'shardflow[dask]'``). The
-  tokenize and write-shard tasks run on the workers; plan, layout, validate and
-  publish run in the flow's process, and so does the stats-card task (the card),
-  on the flow's own task runner beside the shard tasks. The workers report their task runs to the
-  Prefect API, so it must be a real server they can reach
+  per-unit and per-shard tasks run on the workers; plan, layout, validate,
+  publish and the card run in the flow's process. The workers report their task
+  runs to the Prefect API, so it must be a real server they can reach
   (``PREFECT_API_URL=http://HOST:4200/api``), not the temporary one, and
   ``data_root`` must be storage that the flow process and every worker see at
   the same path (a shared mount).
 
 What the UI shows for a run is described in ``flows.report``: a progress
 artifact, a shard table, a markdown summary and a link to the manifest, keyed
-per dataset; the flow run is named ``build <dataset>`` and tagged
-``shardflow`` and ``dataset:<name>``, task runs are named after their work unit
-or shard, and the core library's log lines go to the run logs.
+per dataset; the flow run is named ``build <dataset>``, it and its task runs are
+tagged ``shardflow`` and ``dataset:<name>``, task runs are named after their
+work unit or shard, and the core library's log lines go to the run logs.
 """
 
-# (no "from __future__ import annotations": served runs rebuild the flow's parameter model from real annotations)
+# (no "from __future__ import annotations": Prefect builds the flow's parameter model from real annotations)
 
-import contextlib
 import logging
 import time
 from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-from prefect import Flow, get_run_logger
+from prefect import flow, get_run_logger, tags
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from shardflow.build import Stage, build_lock, run_stages
-from shardflow.build.head_start import head_start_began, head_start_owns
+from shardflow.build import Events, Stage, drive
+from shardflow.build.handle import PlanHandle
+from shardflow.build.model import BuildPlan
 from shardflow.build.stages import Job
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from shardflow.flows import heartbeats, startup
 from shardflow.flows.artifact_sender import LatestOnly, send_in_order
 from shardflow.flows.progress import Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
-from shardflow.flows.task_tags import task_tags
-from shardflow.tasks.build import STAGE_TASKS, TAGS, PlanHandle, core_logs_to_prefect, plan_task
+from shardflow.tasks.build import STAGE_TASKS, TAGS, core_logs_to_prefect, plan_task
 
-__all__ = ["build_dataset", "BuildFlow", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
+__all__ = ["build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 
 RUNNERS = ("threads", "dask")
 log = logging.getLogger("shardflow.flows")
-
-# Every process that can run the build flow imports this module first (the command line, serve's runs,
-# the deployments' entrypoint), so the run's end never waits on the heartbeat thread (flows/heartbeats.py).
-heartbeats.patch()
-
-
-class BuildFlow(Flow):  # type: ignore[type-arg]
-    """Prefect's ``Flow``, with the run's parameters serialized without importing FastAPI.
-
-    Prefect serializes a flow run's parameters with FastAPI's ``jsonable_encoder``
-    when it creates the run, and FastAPI's import (0.3 s) was the last thing on
-    the path of every ``shardflow build`` against a running server before its
-    flow run was created. The build's parameters (a ``BuildConfig`` dataclass,
-    strings, numbers, None) serialize to the same JSON with pydantic's
-    ``to_jsonable_python`` (tests/flows/test_flow_parameters.py compares the
-    two); any other value, or one pydantic cannot encode, goes through Prefect's
-    own method. (``with_options`` returns Prefect's plain ``Flow``, which
-    serializes as before.)
-    """
-
-    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        if not all(isinstance(v, _PLAIN_PARAMETERS) for v in parameters.values()):
-            return super().serialize_parameters(parameters)
-        from pydantic_core import to_jsonable_python
-
-        try:
-            return {key: to_jsonable_python(value) for key, value in parameters.items()}
-        except (TypeError, ValueError, RecursionError):  # a field pydantic cannot encode (a numpy scalar)
-            return super().serialize_parameters(parameters)  # Prefect's placeholders, as before
-
-
-_PLAIN_PARAMETERS = (BuildConfig, str, int, float, bool, type(None))
 
 
 def dataset_tag(name: str) -> str:
@@ -121,6 +87,37 @@ def run_windowed(
         if on_done is not None:
             on_done(items[i], results[i])
     return results
+
+
+class PrefectExecutor:
+    """The driver's jobs as Prefect task runs: fanned-out stages on ``task_runner``, ``in_flight`` at a time.
+
+    Single jobs run as task runs in the flow's thread; a background stage (the
+    card) goes to the flow's own task runner, so it runs beside the shard
+    tasks without taking one of their slots, and shows as a task run too.
+    """
+
+    def __init__(self, task_runner: Any, in_flight: int) -> None:
+        self.task_runner, self.in_flight = task_runner, in_flight
+
+    def plan(self, config: BuildConfig, **where: Any) -> BuildPlan:
+        return plan_task(config, **where)
+
+    def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: Callable[[Job, Any], None]) -> list[Any]:
+        task, handle = STAGE_TASKS[stage.name], PlanHandle(plan)
+        params = [dict(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
+        if stage.fan_out == "one":
+            results = [task(**p) for p in params]
+            for job, result in zip(jobs, results):
+                on_done(job, result)
+            return results
+        return run_windowed(lambda p: self.task_runner.submit(task, parameters=p), params, workers=self.in_flight,
+                            on_done=lambda p, result: on_done(p["job"], result))
+
+    def start(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+        task, handle = STAGE_TASKS[stage.name], PlanHandle(plan)
+        futures = [task.submit(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
+        return lambda: [f.result() for f in futures]
 
 
 def api_url() -> str | None:
@@ -152,28 +149,28 @@ def require_real_api(runner: str, address: str | None) -> None:
         )
 
 
-def make_task_runner(runner: str, address: str | None) -> Any:
-    """The task runner for the work units: None for the flow's own thread pool, or a DaskTaskRunner."""
+def make_task_runner(runner: str, address: str | None, workers: int) -> tuple[Any, int]:
+    """The task runner for the fanned-out jobs, and how many task runs to keep in flight on it."""
     if runner not in RUNNERS:
         raise ConfigError(f"unknown runner {runner!r}; use one of {', '.join(RUNNERS)}")
     if runner == "threads":
         if address:
             raise ConfigError("--address is for --runner dask; the threads runner runs in this process")
-        return None
+        # A pool of exactly `workers` threads bounds memory; twice as many tasks in flight keep
+        # the next ones queued and ready, so no thread waits for the flow to submit after a result.
+        return ThreadPoolTaskRunner(max_workers=workers), 2 * workers
     if not address:
         raise ConfigError("--runner dask needs --address tcp://HOST:PORT, the address of a running Dask scheduler")
     try:
         from prefect_dask import DaskTaskRunner
     except ImportError:
-        raise ConfigError(
-            "--runner dask needs prefect-dask and distributed: pip install 'shardflow[dask]'"
-        ) from None
+        raise ConfigError("--runner dask needs prefect-dask and distributed: pip install 'shardflow[dask]'") from None
     require_real_api(runner, address)
-    return DaskTaskRunner(address=address)
+    return DaskTaskRunner(address=address), workers
 
 
 def _tag_flow_run(wanted: list[str]) -> None:
-    """Add the dataset's tags to this flow run (deployments and direct calls alike); best effort."""
+    """Add the dataset's tags to this flow run (a deployment's run is created without them); best effort."""
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext
 
@@ -190,16 +187,24 @@ def _tag_flow_run(wanted: list[str]) -> None:
         log.debug("could not tag the flow run", exc_info=True)
 
 
-class _RunProgress:
-    """Keeps the run's progress artifact and the in-process listeners up to date."""
+class RunProgress(Events):
+    """What the driver reports, turned into the run's progress artifact, progress lines and summary figures."""
 
     # Shares of the bar: tokenizing is most of the work, shards most of the rest.
     TOKENIZE, WRITE = 85.0, 12.0
+    PHASES = {"tokenize-unit": "tokenize", "write-shard": "write"}
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.started = time.monotonic()
         self.artifact_id: Any = None
         self._last = 0.0
+        self.plan: BuildPlan | None = None
+        self.counts: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.totals: dict[str, int] = {}
+        self.began: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
         # Made and updated from a thread of its own, the latest state only: the flow never waits on the UI's bar.
         self._sender = LatestOnly(self._send)
         self._sender.put(0.0, f"{name}: planning")
@@ -214,7 +219,7 @@ class _RunProgress:
         else:
             update_progress_artifact(self.artifact_id, progress=percent, description=description)
 
-    def update(self, percent: float, description: str, *, force: bool = False) -> None:
+    def _update(self, percent: float, description: str, *, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < 1.0:
             return
@@ -225,26 +230,74 @@ class _RunProgress:
         """Send the last update; the run is about to end."""
         self._sender.close()
 
-    def step(self, phase: str, done: int, total: int, tokens: int, started: float, ref: str | None = None) -> None:
-        elapsed = time.monotonic() - started
-        emit(Progress(dataset=self.name, phase=phase, done=done, total=total, tokens=tokens, elapsed=elapsed, ref=ref))
+    def planned(self, plan: BuildPlan) -> None:
+        self.plan = plan
+        if not plan.existing:
+            get_run_logger().info("%s: %d input file(s), %d work unit(s)", self.name, len(plan.inputs), len(plan.units))
+
+    def stage_started(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> None:
+        self.began[stage.name] = time.monotonic()
+        self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
+        if stage.name == "validate":
+            self._update(self.TOKENIZE + self.WRITE, f"{self.name}: validating and publishing", force=True)
+        elif stage.name in self.PHASES:
+            self._step(stage.name)
+
+    def job_done(self, stage: Stage, plan: BuildPlan, job: Job, result: Any) -> None:
+        self.counts[stage.name] = self.counts.get(stage.name, 0) + 1
+        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + int(getattr(result, "tokens", 0) or 0)
+        self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
+        if stage.name in self.PHASES:
+            self._step(stage.name)
+
+    def stage_failed(self, stage: Stage, plan: BuildPlan, error: BaseException) -> None:
+        if stage.fan_out != "one":
+            return  # the failed task run says why
+        from prefect.artifacts import create_markdown_artifact
+
+        try:
+            create_markdown_artifact(
+                f"# Build summary: {self.name}\n\n**FAILED** in step `{stage.name}`: {error}\n\nNothing was published.\n",
+                key=artifact_key(self.name, "summary"),
+                description=f"{self.name}: failed in {stage.name}: {str(error)[:200]}",
+            )
+        except Exception:
+            log.debug("could not record the failure summary", exc_info=True)
+
+    def _step(self, stage: str) -> None:
+        done, total, tokens = self.counts[stage], self.totals[stage], self.tokens[stage]
+        elapsed = time.monotonic() - self.began[stage]
+        emit(Progress(dataset=self.name, phase=self.PHASES[stage], done=done, total=total, tokens=tokens, elapsed=elapsed))
         last = done >= total
-        if phase == "tokenize":
-            pct = self.TOKENIZE * (done / total if total else 1.0)
+        if stage == "tokenize-unit":
             rate = f", {tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
-            self.update(pct, f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}", force=last)
-        elif phase == "write":
-            pct = self.TOKENIZE + self.WRITE * (done / total if total else 1.0)
-            self.update(pct, f"{self.name}: {done}/{total} shards written", force=last)
-        elif phase == "finish":
-            self.update(self.TOKENIZE + self.WRITE, f"{self.name}: validating and publishing", force=True)
-        elif phase == "done":
-            self.update(100.0, f"{self.name}: done, {ref}", force=True)
+            self._update(self.TOKENIZE * (done / total if total else 1.0),
+                         f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}", force=last)
+        else:
+            self._update(self.TOKENIZE + self.WRITE * (done / total if total else 1.0),
+                         f"{self.name}: {done}/{total} shards written", force=last)
+
+    def finished(self, ref: str, *, created: bool, runner: str) -> None:
+        """The run's end: the last progress, and the artifacts of the version."""
+        tokens = self.tokens.get("tokenize-unit", 0)
+        stats: dict[str, Any] = {}
+        if created and self.plan is not None:
+            stats = dict(
+                seconds=time.monotonic() - self.started,
+                tokenize_seconds=self.seconds.get("tokenize-unit", 0.0),
+                units=len(self.plan.units),
+                runner=runner,
+                input_bytes=sum(i.size for i in self.plan.inputs),
+                tokenized_tokens=tokens,
+            )
+        emit(Progress(dataset=self.name, phase="done", done=1, total=1, tokens=tokens,
+                      elapsed=time.monotonic() - self.started, ref=ref))
+        self._update(100.0, f"{self.name}: done, {ref}", force=True)
+        assert self.plan is not None
+        _publish_artifacts(name=self.name, ref=ref, catalog=self.plan.catalog, created=created, stats=stats)
 
 
-def _publish_artifacts(
-    *, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]
-) -> None:
+def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]) -> None:
     """The run's end-of-run artifacts, created in ``report.creation_order`` (newest first, the summary leads)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -282,21 +335,7 @@ def _publish_artifacts(
     send_in_order([calls[kind] for kind in creation_order(list(calls))])
 
 
-def _failure_summary(name: str, step: str, exc: BaseException) -> None:
-    from prefect.artifacts import create_markdown_artifact
-
-    try:
-        create_markdown_artifact(
-            f"# Build summary: {name}\n\n**FAILED** in step `{step}`: {exc}\n\nNothing was published.\n",
-            key=artifact_key(name, "summary"),
-            description=f"{name}: failed in {step}: {str(exc)[:200]}",
-        )
-    except Exception:
-        log.debug("could not record the failure summary", exc_info=True)
-
-
-@partial(
-    BuildFlow,
+@flow(
     name="build-dataset",
     flow_run_name="build {config.name}",
     task_runner=ThreadPoolTaskRunner(max_workers=8),
@@ -316,151 +355,21 @@ def build_dataset(
     an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
     fsspec URLs (``s3://...``), which are read in place: planned from their listing, read by the workers.
     """
-    with core_logs_to_prefect():
-        return _build(config, workers, data_root, catalog, runner, address)
-
-
-def _build(
-    config: BuildConfig, workers: int, data_root: str | None, catalog: str | None, runner: str, address: str | None
-) -> str:
-    started = time.monotonic()
-    logger = get_run_logger()
-    name = config.name
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}")
-    task_runner = make_task_runner(runner, address)
-    in_flight = workers
-    if task_runner is None:
-        # A pool of exactly `workers` threads bounds memory; twice as many tasks in flight keep
-        # the next ones queued and ready, so no thread waits for the flow to submit after a result.
-        task_runner, in_flight = ThreadPoolTaskRunner(max_workers=workers), 2 * workers
-    _tag_flow_run([*TAGS, dataset_tag(name)])
-    # Task runs carry the tags only where a concurrency limit names one (a server round trip per task run).
-    with task_tags(*TAGS, dataset_tag(name)), contextlib.ExitStack() as held:
-        progress = _RunProgress(name)
-        held.callback(progress.close)  # its last update reaches the server before the run ends
-        # URL sources (s3://, gs://, file://) go to planning as they are: listed there, read in place by the workers.
-        startup.wait_for_warm_up()  # the command line's tokenizer load and input fingerprints, if still running
-        plan = plan_task(config, data_root, catalog)
-        if plan.existing:
-            logger.info("%s: nothing to do, identical to the published %s", name, plan.existing)
-            progress.step("done", 1, 1, 0, started, ref=plan.existing)
-            _publish_artifacts(name=name, ref=plan.existing, catalog=plan.catalog, created=False, stats={})
-            return plan.existing
-        # One run per build at a time, to the end of the flow: a second run of the same
-        # build fails here with a clear message; it re-reads the plan under the lock.
-        plan = held.enter_context(build_lock(plan))
-        if plan.existing:
-            logger.info("%s: published meanwhile by another run as %s", name, plan.existing)
-            progress.step("done", 1, 1, 0, started, ref=plan.existing)
-            _publish_artifacts(name=name, ref=plan.existing, catalog=plan.catalog, created=False, stats={})
-            return plan.existing
-
-        units = plan.units
-        logger.info(
-            "%s: %d input file(s), %d work unit(s), runner %s, %d in flight",
-            name, len(plan.inputs), len(units), runner, workers,
-        )
-        handle = PlanHandle(plan)  # Prefect need not walk the plan's units at every submission
-        counts = {"tokenize-unit": 0, "write-shard": 0}
-        tokens = {"tokenize-unit": 0, "write-shard": 0}
-        phases = {"tokenize-unit": "tokenize", "write-shard": "write"}
-        seconds: dict[str, float] = {}
-        first_start: dict[str, float] = {}
-        with task_runner as tr:
-
-            def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
-                task = STAGE_TASKS[stage.name]
-                params = [dict(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
-                t0 = time.monotonic()
-                first_start[stage.name] = t0
-                try:
-                    if stage.fan_out == "one":
-                        if stage.name == "validate":
-                            progress.step("finish", 0, 1, 0, started)
-                        return [task(**p) for p in params]
-
-                    def done(_params: Any, result: Any) -> None:
-                        counts[stage.name] = counts.get(stage.name, 0) + 1
-                        tokens[stage.name] = tokens.get(stage.name, 0) + int(result.tokens)
-                        if stage.name in phases:  # (validate-shard jobs are not a phase of the display)
-                            progress.step(phases[stage.name], counts[stage.name], len(jobs), tokens[stage.name], t0)
-
-                    if stage.name in phases:
-                        progress.step(phases[stage.name], 0, len(jobs), 0, t0)
-                    # Jobs whose output is committed already (a resumed run; shards an incremental build
-                    # linked from its parent) cost no task run: a few stats here instead.
-                    # (A unit the command line's head start took keeps its task run: build/head_start.py.)
-                    results = [
-                        stage.done(plan, *job) if stage.done and not (stage.fan_out == "units" and head_start_owns(plan, *job))
-                        else None
-                        for job in jobs
-                    ]
-                    for p, result in zip(params, results):
-                        if result is not None:
-                            done(p, result)
-                    todo = [i for i, result in enumerate(results) if result is None]
-                    ran = run_windowed(
-                        lambda p: tr.submit(task, parameters=p),
-                        [params[i] for i in todo],
-                        workers=in_flight,
-                        on_done=done,
-                    )
-                    for i, result in zip(todo, ran):
-                        results[i] = result
-                    return results
-                except Exception as exc:
-                    if stage.fan_out == "one":
-                        _failure_summary(name, stage.name, exc)
-                    raise
-                finally:
-                    seconds[stage.name] = time.monotonic() - t0
-
-            def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
-                # A background stage (the card): submitted to the flow's own task runner, so it runs beside
-                # the shard tasks without taking one of their `workers` slots, and shows as a task run.
-                task = STAGE_TASKS[stage.name]
-                results = [stage.done(plan, *job) if stage.done else None for job in jobs]
-                futures = {
-                    i: task.submit(plan=handle, job=job, label=stage.label(plan, job))
-                    for i, (job, result) in enumerate(zip(jobs, results))
-                    if result is None
-                }
-
-                def wait() -> list[Any]:
-                    try:
-                        for i, fut in futures.items():
-                            results[i] = fut.result()
-                    except Exception as exc:
-                        _failure_summary(name, stage.name, exc)
-                        raise
-                    return results
-
-                return wait
-
-            done = run_stages(plan, run_jobs, start_jobs)
-        ref = done["publish"][0]
-        # The command line's head start tokenized the first units before the flow run began: the
-        # durations reported count from its start, so that the rates are of the whole work.
-        began = head_start_began(plan)
-        tokenize_seconds = seconds["tokenize-unit"]
-        if began is not None:
-            tokenize_seconds += max(0.0, first_start["tokenize-unit"] - began)
-            started = min(started, began)
-        _publish_artifacts(
-            name=name,
-            ref=ref,
-            catalog=plan.catalog,
-            created=True,
-            stats=dict(
-                seconds=time.monotonic() - started,
-                tokenize_seconds=tokenize_seconds,
-                units=len(units),
-                runner=runner if address is None else f"{runner} ({address})",
-                input_bytes=sum(i.size for i in plan.inputs),
-                tokenized_tokens=tokens["tokenize-unit"],
-            ),
-        )
-        progress.step("done", 1, 1, tokens["tokenize-unit"], started, ref=ref)
-        logger.info("%s: published %s", name, ref)
-    return ref
+    task_runner, in_flight = make_task_runner(runner, address, workers)
+    progress = RunProgress(config.name)
+    _tag_flow_run([*TAGS, dataset_tag(config.name)])
+    with core_logs_to_prefect(), tags(*TAGS, dataset_tag(config.name)), task_runner as started:
+        try:
+            result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
+                           events=progress)
+            if not result.created:
+                get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
+            progress.finished(result.ref, created=result.created,
+                              runner=runner if address is None else f"{runner} ({address})")
+        finally:
+            progress.close()  # its last update reaches the server before the run ends
+    if result.created:
+        get_run_logger().info("%s: published %s", config.name, result.ref)
+    return result.ref

@@ -21,13 +21,11 @@ else is kept off the terminal is in ``flows/terminal.py``.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import os
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from shardflow.errors import ShardflowError
 
@@ -39,6 +37,7 @@ from shardflow.flows.terminal import (
 from shardflow.flows.options import (
     _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths,
 )
+from shardflow.flows.progress import DisplayEvents, Progress
 
 __all__ = ["main", "build_parser"]
 
@@ -125,32 +124,21 @@ def _check_runner(args: argparse.Namespace) -> None:
         raise ShardflowError("--runner dask needs --address tcp://HOST:PORT, the address of a running Dask scheduler")
     if args.runner != "dask" and args.address:
         raise ShardflowError("--address is for --runner dask")
-    if args.runner == "dask" and getattr(args, "no_prefect", False):
-        raise ShardflowError("--runner dask runs Prefect tasks on the cluster; it cannot be combined with --no-prefect")
 
 
 def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) -> str:
-    import time
+    """The driver in this process: on threads, or on a Dask cluster with ``--runner dask``."""
+    from shardflow.build import ThreadExecutor, drive
 
-    from shardflow.build import build
+    if args.runner == "dask":
+        from shardflow.build.dask_executor import DaskExecutor
 
-    from shardflow.flows.progress import Progress
-
-    state = {"done": 0, "tokens": 0, "total": 0, "t0": 0.0}
-
-    def on_plan(plan: Any) -> None:
-        state["total"], state["t0"] = len(plan.units), time.monotonic()
-        if not plan.existing:
-            display(Progress(dataset=config.name, phase="tokenize", done=0, total=state["total"]))
-
-    def on_unit(result: Any) -> None:
-        state["done"] += 1
-        state["tokens"] += result.tokens
-        display(Progress(dataset=config.name, phase="tokenize", done=state["done"], total=state["total"],
-                         tokens=state["tokens"], elapsed=time.monotonic() - state["t0"]))
-
-    result = build(config, data_root=args.data_root, catalog=args.catalog, workers=args.workers,
-                   on_plan=on_plan, on_unit=on_unit)
+        executor: Any = DaskExecutor(args.address)
+    else:
+        executor = ThreadExecutor(args.workers)
+    with executor:
+        result = drive(config, executor, data_root=args.data_root, catalog=args.catalog,
+                       events=DisplayEvents(config.name, display))
     display(Progress(dataset=config.name, phase="done", done=1, total=1, ref=result.ref))
     return result.ref
 
@@ -159,37 +147,18 @@ def _prefect_defaults() -> None:
     """Prefect settings for the command line, set before Prefect is imported; the user's own win."""
     # The core's log lines go to the Prefect run logs too.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
-    # The temporary server otherwise reports usage to Prefect Cloud, and prints an ERROR line
-    # on every run where that host cannot be reached, which tells a user something is broken.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
-    """``shardflow build``; ``early``: the temporary server :func:`main` launched before parsing, if any."""
-    try:
-        config = _checked_build_config(args)
-    except BaseException:
-        if early is not None:
-            early.stop(quiet=True)  # an invalid option: nothing is left running
-        raise
-    threads = args.runner == "threads" and not args.no_prefect
-    if early is not None and not threads:  # launched on a guess from abbreviated options (--no-pref): not needed
-        early.stop(quiet=True)
-        early = None
-
-    # The card's plots: drawn by a helper process that imports matplotlib meanwhile. Not beside a
-    # temporary server starting: its start-up needs the cores, and this process imports matplotlib
-    # anyway while it waits for that server (preload); 0.9 s slower on the sample with the helper.
-    temporary_server = early is not None and early.process is not None
+def cmd_build(args: argparse.Namespace) -> int:
+    """``shardflow build``: every option and path checked first, then the server, then the flow."""
+    config = _checked_build_config(args)
     from shardflow.catalog import Catalog
 
     catalog = Catalog(args.catalog)
-    # What was published before: a build that ends on one of these published nothing new (both paths:
-    # the flow returns only the reference).
+    # What was published before: a build that ends on one of these published nothing new.
     before = {f"{config.name}@{v.version}" for v in catalog.versions(config.name)} \
         if config.name in catalog.datasets() else set()
-    with plot_helper(enabled=not temporary_server):
-        ref = _build(args, config, early, threads)
+    ref = _build(args, config)
     directory = catalog.resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from shardflow.flows.targets_cli import print_target_settings
@@ -200,48 +169,27 @@ def cmd_build(args: argparse.Namespace, *, early: Any = None) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def plot_helper(*, enabled: bool = True) -> Iterator[None]:
-    """The card's plots drawn by a helper process during a command (``shardflow.plot_helper``), ended after.
-
-    Started first, so that its import of matplotlib runs while this process
-    loads the tokenizer and imports Prefect. ``enabled=False``: none (the card
-    is drawn in this process, as with ``SHARDFLOW_PLOT_HELPER=0``).
-    """
-    from shardflow.card import use_plot_helper
-    from shardflow.plot_helper import PlotHelper
-
-    helper = PlotHelper.start() if enabled else None
-    use_plot_helper(helper)
-    try:
-        yield
-    finally:
-        use_plot_helper(None)
-        if helper is not None:
-            helper.stop()
-
-
-def _build(args: argparse.Namespace, config: Any, early: Any, threads: bool) -> str:
+def _build(args: argparse.Namespace, config: Any) -> str:
     """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
-    from shardflow.flows.progress import ProgressDisplay
+    from shardflow.flows.progress import DisplayEvents, ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
         with display:
             return _build_without_prefect(args, config, display)
-    from shardflow.flows.startup import warm_up
+    _prefect_defaults()
+    from shardflow.flows.server import start_server
 
-    # The tokenizer and the fingerprints load while Prefect is imported (flows/startup.py).
-    warming = warm_up(config, args.data_root, catalog=args.catalog, workers=args.workers) if threads else None
+    server = start_server()  # before Prefect's import: the two overlap
     try:
-        return _run_flow(args, config, display, early, warming)
+        return _run_flow(args, config, display, server)
     finally:
-        if warming is not None:
-            warming.close()  # the head start's units in flight end, its lock is released
+        if server is not None:
+            server.stop()
 
 
-def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, warming: Any) -> str:
-    """Run the ``build_dataset`` flow for ``shardflow build`` (on ``early``'s server, if any); its reference."""
+def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) -> str:
+    """Run the ``build_dataset`` flow for ``shardflow build`` (on ``server``, if any); its reference."""
     from prefect import tags
 
     from shardflow.flows.build import build_dataset, dataset_tag, require_real_api
@@ -256,15 +204,11 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, w
             raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
         require_real_api(args.runner, args.address)
     quiet_prefect_tracebacks()
-    if early is not None and early.process is not None and warming is not None:
-        warming.join()  # a temporary server is still starting: this costs nothing (the head start's threads run on)
-    launched = early is not None and early.process is not None  # a temporary server, not one already running
     with filtered_console() as console:
         try:
-            with early.serve() if early else contextlib.nullcontext(None) as on_early, display, \
+            with server.serve() if server else contextlib.nullcontext(None) as temporary, display, \
                     listening(display), tags(*TAGS, dataset_tag(config.name)):
-                console.hide_links = _on_temporary_server(launched, on_early)
-                # The flow waits for the warm-up right before its plan task (startup.wait_for_warm_up).
+                console.hide_links = _on_temporary_server(temporary)
                 ref = build_dataset(
                     config=config,
                     workers=args.workers,
@@ -279,24 +223,40 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, early: Any, w
     return str(ref)
 
 
-def _on_temporary_server(launched: bool, on_early: bool | None) -> bool:
-    """Whether the flow runs on a temporary server: ours (``launched``), or Prefect's own when we launched none."""
-    if on_early is not None:
-        return launched and on_early
+def _on_temporary_server(temporary: bool | None) -> bool:
+    """Whether the flow runs on a temporary server: ours, or Prefect's own when we started none."""
+    if temporary is not None:
+        return temporary
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
     return not settings.api.url and settings.server.ephemeral.enabled
 
 
+def check_sources_exist(sources: Sequence[str]) -> None:
+    """Refuse a local source that names nothing (a missing path, a glob matching no file), before any server starts.
+
+    Planning finds the inputs again and checks the rest (kinds, empty directories); URLs are listed there.
+    """
+    import glob
+
+    for source in sources:
+        if "://" in source or os.path.exists(source):
+            continue
+        if any(c in source for c in "*?[") and glob.glob(source, recursive=True):
+            continue
+        raise ShardflowError(f"{source}: no such file or directory; give Parquet, Arrow or JSON Lines files, "
+                             "directories or globs that exist")
+
+
 def _checked_build_config(args: argparse.Namespace) -> Any:
+    """The build's config, after every check that needs no server: options, paths, the pipeline's packages."""
     if args.workers < 1:
         raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
     _check_runner(args)
     check_local_paths(args)
+    check_sources_exist(args.sources)
     check_pipeline_installed(args)
-    if not args.no_prefect:
-        _prefect_defaults()
     return _config(args)
 
 
@@ -342,15 +302,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps([b.to_dict() for b in builds], indent=2))
         return 0
     _prefect_defaults()
-    from shardflow.flows.build import build_dataset
-    from shardflow.flows.served import serve
+    from prefect import serve
 
     deployments = to_deployments(builds)
     for b in builds:
         when = f"cron {b.cron!r}" + (f" ({b.timezone})" if b.timezone else "") if b.cron else "no schedule (run by hand)"
         print(f"serving build-dataset/{b.deployment}: {b.config.name} from {', '.join(b.config.sources)}, {when}",
               flush=True)
-    serve(deployments, flow=build_dataset, limit=args.limit)  # each run forked from a warm process (flows/served.py)
+    serve(*deployments, limit=args.limit)
     return 0
 
 
@@ -378,16 +337,6 @@ COMMANDS = {
 }
 
 
-def _start_server_first(words: Sequence[str]) -> Any:
-    """Prefect's temporary server for a build that runs its flow here, launched before the parser is built."""
-    from shardflow.flows import startup
-
-    if not startup.runs_flow_here(words):
-        return None
-    _prefect_defaults()  # the server inherits them
-    return startup.start_early()
-
-
 def _places(args: argparse.Namespace) -> dict[str, Any]:
     """The command's directories by option, for a full disk's message (only those the command has)."""
     from shardflow.catalog import default_catalog, default_data_root
@@ -402,16 +351,8 @@ def _places(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` command; returns the exit status."""
-    early = _start_server_first(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:
-        if early is not None:
-            early.stop(quiet=True)
-        raise
-    try:
-        if args.command == "build":
-            return cmd_build(args, early=early)
         check_local_paths(args)
         return COMMANDS[args.command](args)
     except ShardflowError as exc:
@@ -447,34 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_IO_ERROR if network_unreachable(exc) else EXIT_USER_ERROR
 
 
-def exit_now(code: int) -> None:
-    """End the process with ``code`` after the exit handlers, skipping the interpreter's slow teardown.
-
-    Without Prefect loaded, the threads that are not daemons are ended and
-    waited for first, as the interpreter would (``threading._shutdown``: an
-    idle thread pool's workers too). With it, Prefect's exit handlers stop its
-    threads.
-    """
-    if "prefect" not in sys.modules:
-        # What the interpreter's exit does first: the executors' exit hooks (their idle workers are
-        # not daemons and would wait forever), then a join of every thread that is not a daemon.
-        shutdown = getattr(threading, "_shutdown", None)
-        if shutdown is not None and threading.current_thread() is threading.main_thread():
-            shutdown()
-    atexit._run_exitfuncs()  # Prefect's handlers send the last logs and events
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 def run() -> None:
-    """The ``shardflow`` console script: :func:`main`, then a quick exit (:func:`exit_now`).
-
-    Without it, the interpreter's teardown frees every object one by one: about
-    a second after a flow, 0.3 s after a 1000 MB build with ``--no-prefect``.
-    """
-    exit_now(main())
+    """The ``shardflow`` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

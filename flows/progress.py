@@ -84,6 +84,34 @@ def listening(fn: Callable[[Progress], None]) -> Iterator[None]:
             _listeners.remove(fn)
 
 
+class DisplayEvents:
+    """The build driver's events (``shardflow.build.Events``) as progress of a build run here, without Prefect."""
+
+    def __init__(self, name: str, display: Callable[[Progress], None]) -> None:
+        self.name, self.display = name, display
+        self.done = self.tokens = self.total = 0
+        self.t0 = time.monotonic()
+
+    def planned(self, plan: Any) -> None:
+        self.total, self.t0 = len(plan.units), time.monotonic()
+        if not plan.existing:
+            self.display(Progress(dataset=self.name, phase="tokenize", done=0, total=self.total))
+
+    def stage_started(self, stage: Any, plan: Any, jobs: Any) -> None:
+        """Only the work units are shown."""
+
+    def job_done(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
+        if stage.fan_out != "units":
+            return
+        self.done += 1
+        self.tokens += result.tokens
+        self.display(Progress(dataset=self.name, phase="tokenize", done=self.done, total=self.total,
+                              tokens=self.tokens, elapsed=time.monotonic() - self.t0))
+
+    def stage_failed(self, stage: Any, plan: Any, error: BaseException) -> None:
+        """The command line prints the error."""
+
+
 def format_rate(tokens_per_second: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if tokens_per_second >= scale:

@@ -1,6 +1,6 @@
 """A watcher that runs a child process and stops it when its own parent dies, however that dies.
 
-``shardflow build`` starts Prefect's temporary server under it (flows/startup.py):
+``shardflow build`` starts its temporary Prefect server under it (flows/server.py):
 ``kill -9`` or ``kill -TERM`` of the build runs no atexit handler, and the
 server would be reparented to init and keep running. The watcher is a
 ``python -c`` script (it imports nothing of shardflow, so it starts in

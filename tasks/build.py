@@ -19,18 +19,14 @@ returns the recorded result without recomputing it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
-from pathlib import Path
 from typing import Any, Iterator
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from shardflow import build as core
-from shardflow.build.head_start import planned_by_head_start
-from shardflow.build.staging import load_plan
+from shardflow.build.handle import PlanHandle
 from shardflow.config import BuildConfig
 from shardflow.errors import ShardflowError
 from shardflow.errors import is_transient as core_is_transient
@@ -137,65 +133,21 @@ def _in_a_run(record: logging.LogRecord) -> bool:
 _COMMON: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False)
 # NO_CACHE: results are tiny and steps are idempotent on disk already; hashing
 # inputs for a cache key would only cost time. No tags on the tasks themselves:
-# the flow decides which tags its task runs carry (flows/task_tags.py).
+# the flow's tags (``prefect.tags``) reach its task runs.
 _IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_condition_fn=is_transient)
 _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 
 
 @task(name="plan", task_run_name="plan {config.name}", **_IO)
-def plan_task(config: BuildConfig, data_root: str | None, catalog: str | None) -> core.BuildPlan:
+def plan_task(
+    config: BuildConfig,
+    data_root: str | None = None,
+    catalog: str | None = None,
+    reuse: bool | None = None,
+    lock_timeout: float | None = 0,
+) -> core.BuildPlan:
     attach_core_logs()
-    # The command line's head start planned this build already, and holds its lock (build/head_start.py).
-    early = planned_by_head_start(config, data_root, catalog)
-    return early if early is not None else core.plan_build(config, data_root=data_root, catalog=catalog)
-
-
-@functools.lru_cache(maxsize=4)
-def _plan_at(staging: str, stamp: tuple[int, int]) -> core.BuildPlan:
-    return load_plan(staging)
-
-
-def _plan_on_disk(staging: str) -> core.BuildPlan:
-    """The plan in ``staging``'s ``plan.json``, read once per process (per version of the file)."""
-    st = (Path(staging) / "plan.json").stat()
-    return _plan_at(staging, (st.st_mtime_ns, st.st_size))
-
-
-class PlanHandle:
-    """The plan, passed to stage tasks as an opaque object.
-
-    Prefect walks dataclasses, lists and dicts among a task's parameters looking
-    for futures, at every submission; a plan holds one dataclass per work unit
-    (thousands), and an object of a plain class is not walked. (Prefect's own
-    ``quote`` is a tuple, which arrives as a plain tuple on a Dask worker.)
-
-
-    It is pickled as its staging directory when ``plan.json`` there is this
-    plan (as ``build_lock`` hands it over): a plan grows with the corpus (one
-    entry per input and per unit, about 200 bytes each), and every task of a
-    large build carrying all of it would move gigabytes through the scheduler.
-    A worker reads ``plan.json`` from the shared data root once per process.
-    """
-
-    __slots__ = ("plan", "_on_disk")
-
-    def __init__(self, plan: core.BuildPlan) -> None:
-        self.plan = plan
-        try:
-            on_disk = dataclasses.replace(load_plan(plan.staging), existing=plan.existing)
-        except (OSError, ValueError, ShardflowError):
-            on_disk = None
-        self._on_disk = on_disk == plan
-
-    def __getstate__(self) -> Any:
-        return ("staging", self.plan.staging) if self._on_disk else self.plan
-
-    def __setstate__(self, state: Any) -> None:
-        self._on_disk = isinstance(state, tuple)
-        self.plan = _plan_on_disk(state[1]) if isinstance(state, tuple) else state
-
-    def __repr__(self) -> str:
-        return f"PlanHandle({self.plan.config.name!r}, {len(self.plan.units)} units)"
+    return core.plan_build(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
 
 
 def task_for_stage(stage: core.Stage) -> Task[..., Any]:

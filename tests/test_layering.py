@@ -283,9 +283,9 @@ def test_shardflow_modules_form_no_import_cycle():
 
 def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow():
     """``shardflow``'s names load on first use: the command line launches Prefect's temporary server
-    (flows/startup.py, which needs only ``shardflow.errors``) before numpy and pyarrow are imported."""
+    (flows/server.py, which needs only ``shardflow.errors``) before numpy and pyarrow are imported."""
     code = (
-        "import sys, shardflow, shardflow.errors, shardflow.flows.cli, shardflow.flows.startup\n"
+        "import sys, shardflow, shardflow.errors, shardflow.flows.cli, shardflow.flows.server\n"
         "heavy = sorted(m for m in ('numpy', 'pyarrow', 'prefect') if m in sys.modules)\n"
         "from shardflow import BuildConfig, open_version, Split, Version, ShardflowError\n"
         "assert BuildConfig.__module__ == 'shardflow.config' and ShardflowError is shardflow.errors.ShardflowError\n"

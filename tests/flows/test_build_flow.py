@@ -5,7 +5,7 @@ the slow tier; this keeps ``shardflow.flows.build`` and its task tags in the
 fast one: the smallest real corpus, two work units, one flow run. It takes
 about 15-20 s, nearly all of it starting Prefect's temporary server (once per
 session), and is deliberately not marked slow: without it the fast tier would
-not run the flow module at all (flows/build.py 22%, flows/task_tags.py 24%).
+not run the flow module at all (flows/build.py 22%).
 """
 
 from __future__ import annotations

@@ -88,8 +88,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert run["state"]["type"] == "COMPLETED"
     assert {"shardflow", f"dataset:{name}"} <= set(run["tags"])
 
-    # Task runs say what they are; with no tag concurrency limit on the server they carry no tags
-    # (Prefect would ask the server for a slot before each one: tests/flows/test_task_tags.py).
+    # Task runs say what they are, and carry the flow's tags (a tag concurrency limit applies to them).
     n_train, n_val = len(m.splits["train"].shards), len(m.splits["val"].shards)
     writes = {f"write {name} train shard {k}" for k in range(n_train)} | {f"write {name} val shard {k}" for k in range(n_val)}
     tasks = _task_runs(server, run["id"], want=writes | {f"plan {name}", f"layout {name}", f"validate {name}", f"publish {name}"})
@@ -101,7 +100,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert {f"write {name} val shard {k}" for k in range(n_val)} <= names
     assert {f"plan {name}", f"layout {name}", f"validate {name}", f"publish {name}"} <= names
     for t in tasks:
-        assert t["tags"] == [], t["name"]
+        assert {"shardflow", f"dataset:{name}"} <= set(t["tags"]), t["name"]
         assert t["state"]["type"] == "COMPLETED"
 
     # The artifacts, keyed per dataset.
@@ -251,45 +250,3 @@ def test_a_nightly_rebuild_of_a_grown_directory_tokenizes_only_the_new_file(
     assert m.parent == "ops-nightly@v1" and len(m.inputs) == 4
     latest = prefect_api.request("GET", "/artifacts/ops-nightly-summary/latest")
     assert f"Incremental: {tok[-1].tokens:,} tokens were tokenized in this run" in latest["data"]
-
-
-@pytest.mark.slow
-def test_units_of_the_command_lines_head_start_keep_their_task_runs_and_log_lines(
-    prefect_api: PrefectServer, tmp_path: Path
-) -> None:
-    """Units the command line's head start tokenized before the flow run began (build/head_start.py)
-    still show as task runs, each with its 'tokenized unit' line in that task run's logs."""
-    from shardflow.flows import startup
-    from shardflow.build.tokenize import unit_done
-
-    name = "head-start"
-    config = BuildConfig(name=name, sources=(str(SAMPLE),), unit_bytes=20_000)  # 4 units, one per row group
-    roots = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
-    warming = startup.warm_up(config, roots["data_root"], catalog=roots["catalog"], workers=2)
-    try:
-        warming.join()  # (not wait(): a flow already waiting gets no head start)
-        early = warming.head_start
-        assert early is not None
-        deadline = time.monotonic() + 60
-        while unit_done(early.plan, 0) is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert unit_done(early.plan, 0) is not None  # committed before the flow run exists
-        ref = build_dataset(config=config, workers=2, **roots)
-    finally:
-        warming.close()
-    assert ref == f"{name}@v1"
-    run = _flow_run(prefect_api, f"build {name}")
-    tasks = _task_runs(prefect_api, run["id"], want={f"publish {name}"})
-    tokenize = {i: t for i in range(4) for t in tasks if t["name"].startswith(f"tokenize {name} unit {i + 1}/4 ")}
-    assert sorted(tokenize) == [0, 1, 2, 3]
-    assert all(t["state"]["type"] == "COMPLETED" for t in tokenize.values())
-    deadline = time.monotonic() + 15
-    while True:
-        logs = _logs(prefect_api, run["id"], "shardflow.build")
-        lines = {i: [e for e in logs if e["message"].startswith(f"tokenized unit {i} ")] for i in range(4)}
-        if all(lines.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
-    for i in range(4):
-        assert len(lines[i]) == 1, (i, lines[i])
-        assert lines[i][0]["task_run_id"] == tokenize[i]["id"]

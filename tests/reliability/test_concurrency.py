@@ -181,19 +181,15 @@ def test_a_run_that_waited_reports_what_the_other_published(tmp_path):
     assert versions(tmp_path, "w2") == ["v1"]
 
 
-def test_the_prefect_flow_holds_the_build_lock():
-    """The flow enters ``build_lock`` after planning and holds it to its end (checked on its source:
-    running it needs a Prefect server, which these tests do not start)."""
-    import ast
+def test_the_lock_then_recheck_sequence_is_written_once_and_every_runner_goes_through_it():
+    """Plan -> published? -> lock -> published meanwhile? -> stages: only ``drive`` (build/run.py) takes the
+    build's lock; the Prefect flow and the command line's runners call ``drive`` with their executor."""
+    import re
 
-    path = Path(__file__).resolve().parents[2] / "flows" / "build.py"
-    text = path.read_text(encoding="utf-8")
-    # The function of the flow that plans and runs the build (build_dataset, or a helper it calls).
-    funcs = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
-    source = next(
-        seg for seg in (ast.get_source_segment(text, f) for f in funcs) if "plan_task(" in seg and "run_stages(" in seg
-    )
-    assert "contextlib.ExitStack() as held" in source
-    lock_at = source.index("held.enter_context(build_lock(plan))")
-    # Every stage after planning (tokenize ... publish) runs inside the lock.
-    assert source.index("plan_task(") < lock_at < source.index("run_stages(")
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.joinpath("src", "shardflow").rglob("*.py"), *root.joinpath("flows").rglob("*.py"),
+             *root.joinpath("tasks").rglob("*.py")]
+    takers = sorted(str(f.relative_to(root)) for f in files if re.search(r"with build_lock\(", f.read_text()))
+    assert takers == ["src/shardflow/build/run.py"]
+    assert "drive(" in (root / "flows" / "build.py").read_text()
+    assert "drive(" in (root / "flows" / "cli.py").read_text()

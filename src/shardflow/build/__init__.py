@@ -1,12 +1,13 @@
 """The build pipeline: corpora in, a validated and published version out, as stages any orchestrator can run.
 
-    plan = plan_build(config)                      # inputs, fingerprints, work units, build key, staging
-    with build_lock(plan) as plan:
-        for stage in STAGES:                       # tokenize-unit, layout, write-shard, [embed], validate, publish
-            results = [stage(plan, *job) for job in stage.jobs(plan, done)]
+    plan_build(config)       inputs, fingerprints, work units, build key, staging; published already?
+    build_lock               one run per build; published meanwhile?
+    STAGES, in order         tokenize-unit, layout, write-shard, [embed], validate, publish: each stage's jobs
 
-``build(config)`` does exactly that on a thread pool; the Prefect flow in
-``flows/`` maps every stage to a task. The modules follow the data, each
+``drive(config, executor)`` is that sequence, written once (``run``); the
+executor only runs jobs: ``build(config)`` is ``drive`` on a thread pool,
+``DaskExecutor`` runs them on a Dask cluster, and the Prefect flow in
+``flows/`` runs them as task runs. The modules follow the data, each
 owning one stage (see ``docs/ARCHITECTURE.md``):
 
     model        the typed hand-offs (BuildPlan, UnitResult, Layout, ShardResult, Reuse, ...)
@@ -15,7 +16,8 @@ owning one stage (see ``docs/ARCHITECTURE.md``):
     tokenize     tokenizing one work unit              layout       splits and shards
     write        writing one shard                     manifest     assembling the manifest (pure)
     publish      finalize (validate) and publish        embed        embedding stage and versions
-    stages       the stage table                       run          build() and retries
+    stages       the stage table                       run          the driver, executors, retries
+    handle       the plan as it travels to workers     dask_executor  jobs on a Dask cluster, no Prefect
 
 Every stage writes under ``<data_root>/<name>/.staging/<build key>/`` with
 temporary names and ``os.replace``, and first checks whether its output
@@ -31,7 +33,8 @@ from .layout import make_layout
 from .model import SPLITS, BuildPlan, BuildResult, EmbedResult, Layout, Reuse, ShardResult, UnitResult
 from .plan import plan_build, token_dtype
 from .publish import finalize, publish, publish_out, staged_manifest
-from .run import RETRY_DELAY, STEP_RETRIES, build, retrying, run_stages
+from .handle import PlanHandle
+from .run import RETRY_DELAY, STEP_RETRIES, Events, Executor, ThreadExecutor, build, drive, retrying, run_stages
 from .stages import STAGES, Stage, stage
 from .staging import build_lock, load_plan
 from .tokenize import tokenize_unit
@@ -65,6 +68,11 @@ __all__ = [
     "publish_out",
     "embed_version",
     "build",
+    "drive",
+    "Events",
+    "Executor",
+    "ThreadExecutor",
+    "PlanHandle",
     "run_stages",
     "retrying",
     "shard_file_name",

@@ -1,8 +1,16 @@
-"""Running the whole pipeline in this process: ``build()``, and the retry rule every runner shares.
+"""The build driver: plan, skip what is published, lock, and walk ``STAGES`` on an executor.
 
-``run_stages`` walks ``STAGES`` in order and hands each stage's jobs to a
-runner callback; ``build()`` is that walk on a thread pool. The Prefect flow
-walks the same table with Prefect tasks (``flows/build.py``).
+``drive(config, executor)`` is the one place that sequences a build::
+
+    plan  ->  published already?  ->  build_lock  ->  published meanwhile?  ->  each stage of STAGES
+
+Each stage's jobs whose output is committed already (a resumed run, shards an
+incremental build linked from its parent) are answered by ``Stage.done``
+without running; the rest go to the *executor*, which only runs them: in
+threads here (``ThreadExecutor``, what ``build()`` uses), on a Dask cluster
+(``dask_executor.DaskExecutor``), or as Prefect task runs (``flows/build.py``).
+What the driver sees on the way goes to an ``Events`` object (progress
+displays, the Prefect UI's artifacts).
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from ..catalog import Catalog
 from ..config import BuildConfig
@@ -21,7 +29,9 @@ from .plan import plan_build
 from .stages import STAGES, Job, Stage
 from .staging import build_lock
 
-__all__ = ["build", "retrying", "run_stages", "STEP_RETRIES", "RETRY_DELAY"]
+__all__ = [
+    "build", "drive", "retrying", "run_stages", "Executor", "Events", "ThreadExecutor", "STEP_RETRIES", "RETRY_DELAY",
+]
 
 log = logging.getLogger("shardflow.build")
 
@@ -30,6 +40,7 @@ STEP_RETRIES = 2
 RETRY_DELAY = 1.0
 
 _T = TypeVar("_T")
+OnDone = Callable[[Job, Any], None]
 
 
 def retrying(step: Callable[..., _T], *args: Any, retries: int | None = None, **kwargs: Any) -> _T:
@@ -53,6 +64,43 @@ def retrying(step: Callable[..., _T], *args: Any, retries: int | None = None, **
     raise AssertionError("unreachable")
 
 
+def stage_retries(stage: Stage) -> int | None:
+    """``retrying``'s count for one job of ``stage``: the default for I/O stages, none for the rest."""
+    return None if stage.retry == "io" else 0
+
+
+class Executor(Protocol):
+    """Runs jobs for the driver; knows nothing of the build's sequence."""
+
+    def plan(self, config: BuildConfig, **where: Any) -> BuildPlan:
+        """``plan_build(config, **where)``, retried on transient I/O errors."""
+
+    def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
+        """Run ``stage(plan, *job)`` for every job, in parallel where it can; results in job order.
+
+        Calls ``on_done(job, result)`` as each finishes, and raises the first error.
+        """
+
+    def start(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+        """Start a background stage's jobs beside the next stages; returns the call that waits for their results."""
+
+
+class Events:
+    """What the driver reports as a build goes; each method is a no-op here, for subclasses to fill."""
+
+    def planned(self, plan: BuildPlan) -> None:
+        """The plan (``plan.existing`` set: nothing to do)."""
+
+    def stage_started(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> None:
+        """``stage`` begins with these jobs (some may be done already)."""
+
+    def job_done(self, stage: Stage, plan: BuildPlan, job: Job, result: Any) -> None:
+        """One job of ``stage`` finished, or was found committed already."""
+
+    def stage_failed(self, stage: Stage, plan: BuildPlan, error: BaseException) -> None:
+        """``stage`` raised ``error``; the build stops (what finished is kept for a rerun)."""
+
+
 def run_stages(
     plan: Any,
     run_jobs: Callable[[Stage, Sequence[Job]], list[Any]],
@@ -60,10 +108,10 @@ def run_stages(
 ) -> dict[str, list[Any]]:
     """Run every stage of ``STAGES`` that applies to ``plan``, in order; results by stage name.
 
-    ``run_jobs(stage, jobs)`` runs one stage's jobs (in parallel where it can)
-    and returns their results in job order; the next stage starts after it returns.
-    ``start_jobs(stage, jobs)`` starts a background stage's jobs (``Stage.joins``) and
-    returns the call that waits for their results; without it they run in place, by ``run_jobs``.
+    ``run_jobs(stage, jobs)`` runs one stage's jobs and returns their results in
+    job order; the next stage starts after it returns. ``start_jobs(stage, jobs)``
+    starts a background stage's jobs (``Stage.joins``) and returns the call that
+    waits for their results; without it they run in place, by ``run_jobs``.
     """
     done: dict[str, list[Any]] = {}
     waiting: dict[str, tuple[Stage, Callable[[], list[Any]]]] = {}
@@ -91,6 +139,146 @@ def run_stages(
     return done
 
 
+def drive(
+    config: BuildConfig,
+    executor: Executor,
+    *,
+    data_root: str | os.PathLike[str] | None = None,
+    catalog: str | os.PathLike[str] | None = None,
+    lock_timeout: float | None = 0,
+    reuse: bool | None = None,
+    events: Events | None = None,
+) -> BuildResult:
+    """Build ``config`` into a published version, running its jobs on ``executor``.
+
+    Holds the build's ``build_lock`` from after planning to the end: a second
+    run of the same build fails at once with a clear message (``lock_timeout``
+    seconds: waits, and then reports the version the other run published).
+    """
+    events = events or Events()
+    plan = executor.plan(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
+    if not plan.existing:
+        with build_lock(plan, timeout=lock_timeout) as plan:
+            if not plan.existing:  # nobody published it while this run waited for the lock
+                events.planned(plan)
+                done = run_stages(plan, *_stage_runners(plan, executor, events))
+                return _result(plan, done["publish"][0], created=True)
+    events.planned(plan)
+    return _result(plan, plan.existing, created=False)
+
+
+def _result(plan: BuildPlan, ref: str, *, created: bool) -> BuildResult:
+    return BuildResult(ref=ref, manifest_path=str(Catalog(plan.catalog).resolve(ref) / "metadata.yaml"), created=created)
+
+
+def _stage_runners(plan: BuildPlan, executor: Executor, events: Events) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``run_stages``'s two callbacks: committed jobs answered by ``Stage.done``, the rest run by ``executor``."""
+
+    def committed(stage: Stage, jobs: Sequence[Job]) -> tuple[list[Any], list[int]]:
+        events.stage_started(stage, plan, jobs)
+        results = [stage.done(plan, *job) if stage.done else None for job in jobs]
+        for job, result in zip(jobs, results):
+            if result is not None:
+                events.job_done(stage, plan, job, result)
+        return results, [i for i, result in enumerate(results) if result is None]
+
+    def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
+        results, todo = committed(stage, jobs)
+        try:
+            ran = executor.map(stage, plan, [jobs[i] for i in todo],
+                               lambda job, result: events.job_done(stage, plan, job, result))
+        except Exception as exc:
+            events.stage_failed(stage, plan, exc)
+            raise
+        for i, result in zip(todo, ran):
+            results[i] = result
+        return results
+
+    def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+        results, todo = committed(stage, jobs)
+        wait = executor.start(stage, plan, [jobs[i] for i in todo])
+
+        def joined() -> list[Any]:
+            try:
+                ran = wait()
+            except Exception as exc:
+                events.stage_failed(stage, plan, exc)
+                raise
+            for i, result in zip(todo, ran):
+                results[i] = result
+                events.job_done(stage, plan, jobs[i], result)
+            return results
+
+        return joined
+
+    return run_jobs, start_jobs
+
+
+class InProcess:
+    """What every executor here does in this process: planning, and background stages on a thread of their own.
+
+    (A background stage does not take one of the workers' slots.)
+    """
+
+    def __init__(self) -> None:
+        self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-beside")
+
+    def __enter__(self) -> Any:
+        return self
+
+    def plan(self, config: BuildConfig, **where: Any) -> BuildPlan:
+        return retrying(plan_build, config, **where)
+
+    def start(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
+        futures = [self.beside.submit(retrying, stage, plan, *job, retries=stage_retries(stage)) for job in jobs]
+        return lambda: [f.result() for f in futures]
+
+    def __exit__(self, *exc: Any) -> None:
+        self.beside.shutdown(wait=True, cancel_futures=True)
+
+
+class ThreadExecutor(InProcess):
+    """Runs a stage's jobs on ``workers`` threads of this process; background stages on a thread of their own.
+
+    A pool of exactly ``workers`` threads bounds memory by ``workers x batch size``.
+    Use it as a context manager: on exit, queued jobs are dropped (after an
+    error: what finished is kept for the rerun) and running ones waited for.
+    """
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ConfigError(f"workers must be at least 1, not {workers}")
+        super().__init__()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardflow-worker")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        super().__exit__(*exc)
+
+    def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
+        def call(job: Job) -> Any:
+            return retrying(stage, plan, *job, retries=stage_retries(stage))
+
+        results = []
+        for job, result in zip(jobs, map(call, jobs) if stage.fan_out == "one" else self.pool.map(call, jobs)):
+            on_done(job, result)
+            results.append(result)
+        return results
+
+
+class _UnitCallbacks(Events):
+    def __init__(self, on_plan: Callable[[BuildPlan], None] | None, on_unit: Callable[[UnitResult], None] | None):
+        self.on_plan, self.on_unit = on_plan, on_unit
+
+    def planned(self, plan: BuildPlan) -> None:
+        if self.on_plan is not None:
+            self.on_plan(plan)
+
+    def job_done(self, stage: Stage, plan: BuildPlan, job: Job, result: Any) -> None:
+        if self.on_unit is not None and stage.fan_out == "units":
+            self.on_unit(result)
+
+
 def build(
     config: BuildConfig,
     *,
@@ -101,56 +289,14 @@ def build(
     on_plan: Callable[[BuildPlan], None] | None = None,
     lock_timeout: float | None = 0,
     reuse: bool | None = None,
+    events: Events | None = None,
 ) -> BuildResult:
-    """Run the whole pipeline in this process, ``workers`` threads wide (no Prefect needed).
+    """Run the whole pipeline in this process, ``workers`` threads wide (no Prefect needed): ``drive`` on threads.
 
-    Holds the build's ``build_lock`` throughout: a second run of the same build
-    fails at once with a clear message (``lock_timeout`` seconds: waits, and
-    then reports the version the other run published). Transient I/O errors
-    are retried per job of the stages that move bytes (``retrying``).
     ``on_plan`` is called once with the plan (a progress display learns the
-    number of units), ``on_unit`` with each tokenized unit's result.
+    number of units), ``on_unit`` with each tokenized unit's result; ``events``
+    sees everything (and replaces both).
     """
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, not {workers}")
-    plan = retrying(plan_build, config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
-    cat = Catalog(plan.catalog)
-    if on_plan is not None:
-        on_plan(plan)
-    if plan.existing:
-        return BuildResult(ref=plan.existing, manifest_path=str(cat.resolve(plan.existing) / "metadata.yaml"), created=False)
-    with build_lock(plan, timeout=lock_timeout) as plan:
-        if plan.existing:
-            return BuildResult(ref=plan.existing, manifest_path=str(cat.resolve(plan.existing) / "metadata.yaml"), created=False)
-        pool = ThreadPoolExecutor(max_workers=workers)
-        # Background stages (Stage.joins) run on a thread of their own, not a worker's.
-        beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-beside")
-
-        def run_jobs(stage: Stage, jobs: Sequence[Job]) -> list[Any]:
-            retries = None if stage.retry == "io" else 0
-
-            def call(job: Job) -> Any:
-                return retrying(stage, plan, *job, retries=retries)
-
-            if stage.fan_out == "one":
-                return [call(job) for job in jobs]
-            results = []
-            for result in pool.map(call, jobs):
-                if on_unit is not None and stage.fan_out == "units":
-                    on_unit(result)
-                results.append(result)
-            return results
-
-        def start_jobs(stage: Stage, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
-            futures = [beside.submit(retrying, stage, plan, *job, retries=0 if stage.retry == "never" else None)
-                       for job in jobs]
-            return lambda: [f.result() for f in futures]
-
-        try:
-            done = run_stages(plan, run_jobs, start_jobs)
-        finally:
-            # On the first error, queued work is dropped (what finished is kept for the rerun).
-            pool.shutdown(wait=True, cancel_futures=True)
-            beside.shutdown(wait=True, cancel_futures=True)
-    ref = done["publish"][0]
-    return BuildResult(ref=ref, manifest_path=str(cat.resolve(ref) / "metadata.yaml"), created=True)
+    with ThreadExecutor(workers) as executor:
+        return drive(config, executor, data_root=data_root, catalog=catalog, lock_timeout=lock_timeout, reuse=reuse,
+                     events=events or _UnitCallbacks(on_plan, on_unit))

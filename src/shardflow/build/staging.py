@@ -48,7 +48,6 @@ __all__ = [
     "read_old_plan",
     "write_plan",
     "staging_lock",
-    "LENT_LOCKS",
     "build_lock",
     "sweep_stale_tmp",
     "adopt_orphan",
@@ -191,14 +190,7 @@ def read_old_plan(staging: Staging, key: str) -> dict[str, Any] | None:
     return old
 
 
-LENT_LOCKS: set[str] = set()
-"""Staging directories whose lock a head start in this process holds for the build it started
-(``build/head_start.py``): that build, run by this process, takes the lock as held."""
-
-
 def staging_lock(staging: Staging, name: str, timeout: float | None) -> contextlib.AbstractContextManager[None]:
-    if str(staging.root) in LENT_LOCKS:
-        return contextlib.nullcontext()  # held by this process's head start until the build ends
     return file_lock(staging.lock_file, timeout=timeout, what=f"the build of {name!r} ({staging.root})", remove=True)
 
 

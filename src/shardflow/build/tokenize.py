@@ -31,7 +31,7 @@ from .model import Boundaries, BuildPlan, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 from .stats import UnitCollector, collecting, unit_stats_in_place
 
-__all__ = ["tokenize_unit", "tokenize_unit_now", "unit_done", "with_boundaries", "check_unchanged", "EARLY_UNITS"]
+__all__ = ["tokenize_unit", "unit_done", "with_boundaries", "check_unchanged"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -69,28 +69,8 @@ def unit_done(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult
     return None
 
 
-EARLY_UNITS: dict[str, Any] = {}
-"""Per staging directory, the head start running in this process (``build/head_start.py``): its
-``claim(unit)`` is the unit's result if it took the unit (waiting for it if still running), else None."""
-
-
 def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult:
-    """Tokenize work unit ``unit`` into ``parts/``; a unit already done is not redone.
-
-    A unit that a head start in this process took (``build/head_start.py``) is
-    its result: waited for if still running, its error raised if it failed.
-    """
-    plan = as_plan(plan)
-    early = EARLY_UNITS.get(plan.staging)
-    if early is not None:
-        result = early.claim(unit)
-        if result is not None:
-            return result
-    return tokenize_unit_now(plan, unit)
-
-
-def tokenize_unit_now(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult:
-    """:func:`tokenize_unit` in this thread, now (a head start's own units)."""
+    """Tokenize work unit ``unit`` into ``parts/``; a unit already done is not redone."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
     tok_path, docs_path, done_path = staging.unit_files(unit)
