@@ -4,8 +4,9 @@ Alternating rounds, medians (every figure is a fresh process):
 
 * ``python -c pass`` and ``python -c "import prefect.main"``: the interpreter, and Prefect's import,
   which every flow run from the command line pays before its flow run exists;
-* the temporary server alone: Prefect's own command, ``prefect server start`` on a free port
-  without its UI (as ``flows.server`` launches it), until ``/api/health`` answers;
+* the temporary server alone: Prefect's own temporary server, launched as Prefect launches it
+  (``uvicorn --factory prefect.server.api.server:create_app`` in ephemeral mode), until
+  ``/api/health`` answers: Prefect's floor, whatever shardflow does;
 * the README's first command (the bundled sample, a fresh data root) on the temporary server,
   and against a running ``prefect server`` (the path ``shardflow build`` takes when one answers
   on 127.0.0.1:4200);
@@ -45,13 +46,21 @@ def _wall(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
 
 
 def _server_answers(home: Path) -> float:
-    """Seconds from launching the temporary server (``prefect server start``, as flows.server does) to its first answer."""
+    """Seconds from launching Prefect's temporary server, as Prefect itself does, to its first answer.
+
+    (``SubprocessASGIServer``'s command and environment; this benchmark may read Prefect's internals,
+    the product may not: ``flows/server.py`` reaches the same app through ``create_app(ephemeral=True)``.)
+    """
+    import importlib.util
+
     port = free_port()
-    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    app_dir = str(Path(importlib.util.find_spec("prefect").origin).parent.parent)
+    env = {**base_env(), "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+           "PREFECT__SERVER_FINAL": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
+                             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+                             "--log-level", "error", "--lifespan", "on"], env=env)
     try:
         while True:
             try:

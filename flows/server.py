@@ -7,16 +7,17 @@ In this order:
 2. A server already running at Prefect's default address (``prefect server
    start``, ``127.0.0.1:4200``): used, so its UI shows the run
    (``SHARDFLOW_REUSE_LOCAL_SERVER=0`` turns this off).
-3. Otherwise a temporary server: Prefect's own command, ``prefect server start``,
-   on a free loopback port without its UI, stopped when the build ends. It is
+3. Otherwise a temporary server, as Prefect's own temporary server runs:
+   Prefect's API app in ephemeral mode (``create_app(ephemeral=True)``: no UI,
+   no background services; ``flows/server_app.py``) under ``uvicorn``, on a free
+   loopback port, stopped when the build ends. It is
    launched before this process imports Prefect (about 2 s), so the two
    overlap. It runs under a watcher (``flows/watcher.py``), so a build killed
    with ``kill -9`` takes it along. A server that exits while starting is
    reported at once, with its own last line.
 
-Only Prefect's public command and settings: the server is configured through
-its ``PREFECT_*`` environment, and this process is pointed at it with
-``prefect.settings.temporary_settings``.
+Only public interfaces: Prefect's ``create_app`` and settings, uvicorn's command
+line; this process is pointed at the server with ``prefect.settings.temporary_settings``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,9 +47,11 @@ LOCAL_SERVER = "http://127.0.0.1:4200/api"
 REUSE_ENV = "SHARDFLOW_REUSE_LOCAL_SERVER"
 """Set to 0 to always start a temporary server, even when one is running at :data:`LOCAL_SERVER`."""
 
-# The temporary server serves one build on loopback: no UI, no usage reports to Prefect Cloud (an
-# ERROR line on every run where that host cannot be reached). The user's own settings win.
-SERVER_DEFAULTS = {"PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+# The temporary server serves one build on loopback: no usage reports to Prefect Cloud (an ERROR
+# line on every run where that host cannot be reached), and no registration of block types at its
+# start (it imports every installed Prefect collection; a build uses no blocks, and a real server
+# on the same database registers them at its own start). The user's own settings win.
+SERVER_DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false"}
 
 
 def _prefect_home() -> Path:
@@ -96,7 +100,7 @@ def _free_port() -> int:
 
 
 class TemporaryServer:
-    """``prefect server start`` on a free loopback port, under a watcher; or, with ``url``, a server found running."""
+    """Prefect's temporary server on a free loopback port, under a watcher; or, with ``url``, a server found running."""
 
     def __init__(self, url: str | None = None) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -107,7 +111,8 @@ class TemporaryServer:
     def _launch(self) -> None:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}/api"
-        command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        command = [sys.executable, "-m", "uvicorn", "--factory", "shardflow.flows.server_app:app", "--host", "127.0.0.1",
+                   "--port", str(port), "--log-level", "error", "--lifespan", "on"]
         env = {**SERVER_DEFAULTS, **os.environ}
         # Its output is kept for a failed start's message; the build's own output stays clean.
         self._log = tempfile.TemporaryFile()
@@ -121,9 +126,11 @@ class TemporaryServer:
             os.close(read_end)
 
     def _last_line(self) -> str:
+        """The server's own words for why it stopped: the last exception line of its output, else its last line."""
         self._log.seek(0)
         lines = [line.strip() for line in self._log.read().decode(errors="replace").splitlines() if line.strip()]
-        return lines[-1] if lines else "no output"
+        errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*: ", line)]
+        return (errors or lines or ["no output"])[-1]
 
     def wait_until_ready(self, timeout: float) -> None:
         """Block until the server answers; a server that exits or stays silent is one error line."""
@@ -169,7 +176,8 @@ class TemporaryServer:
         process, self.process = self.process, None
         if process is None:
             return
-        log.info("Stopping temporary server on %s", self.url.removesuffix("/api"))
+        if process.poll() is None:
+            log.info("Stopping temporary server on %s", self.url.removesuffix("/api"))
         process.terminate()  # the watcher stops the server, then exits
         with contextlib.suppress(OSError):
             os.close(self._lifeline)
