@@ -5,9 +5,9 @@
 
 One run, alternating: each round builds the same corpus three times, each
 build in a fresh process into a fresh data root: with statistics off
-(``SHARDFLOW_STATS=0``: no per-unit counts, no stats.json, no card), with the
-statistics but no card (``SHARDFLOW_CARD=0``), and as by default (statistics
-and card); the order rotates every round so that no side always runs first on
+(``BuildConfig(stats=False)``, ``--no-stats``: no per-unit counts, no stats.json,
+no card), with the statistics but no card (``card=False``, ``--no-card``), and
+as by default (statistics and card); the order rotates every round so that no side always runs first on
 a warm page cache. The baseline is measured in the same run, on the same
 machine, at the same time.
 
@@ -42,7 +42,7 @@ publish = importlib.import_module("shardflow.build.publish")  # the package re-e
 card_stage = importlib.import_module("shardflow.build.card_stage")
 from shardflow.build import build
 from shardflow.config import BuildConfig
-corpus, out, column = sys.argv[1], sys.argv[2], sys.argv[3] or None
+corpus, out, column, options = sys.argv[1], sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
 spent = {"stats": 0.0, "card": 0.0}
 def timed(name, fn):
     def wrapper(*a, **k):
@@ -56,7 +56,7 @@ card_stage.write_stats = timed("stats", card_stage.write_stats)
 card_stage.draw_plots = timed("card", card_stage.draw_plots)
 publish.write_card_text_quietly = timed("card", publish.write_card_text_quietly)
 t0 = time.perf_counter()
-r = build(BuildConfig(name="bench", sources=(corpus,), stats_column=column, val_fraction=0.01),
+r = build(BuildConfig(name="bench", sources=(corpus,), stats_column=column, val_fraction=0.01, **options),
           data_root=out + "/data", catalog=out + "/manifests", workers=2)
 dt = time.perf_counter() - t0
 d = Path(r.manifest_path).parent
@@ -67,18 +67,19 @@ print(json.dumps({"seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "stat
 """
 
 
+# Each side's BuildConfig options.
 SIDES = {
-    "off": {"SHARDFLOW_STATS": "0"},                             # no statistics, no card: the baseline
-    "stats": {"SHARDFLOW_STATS": "1", "SHARDFLOW_CARD": "0"},    # statistics collected, stats.json, no card
-    "card": {"SHARDFLOW_STATS": "1", "SHARDFLOW_CARD": "1"},     # the default: statistics and the card
+    "off": {"stats": False},   # no statistics, no card: the baseline (--no-stats)
+    "stats": {"card": False},  # statistics collected, stats.json, no card (--no-card)
+    "card": {},                # the default: statistics and the card
 }
 
 
 def run_build(corpus: Path, side: str, column: str | None) -> dict:
-    env = dict(os.environ, **SIDES[side])
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory(prefix="bench-stats-") as out:
-        proc = subprocess.run([sys.executable, "-c", E2E, str(corpus), out, column or ""], env=env,
+        proc = subprocess.run([sys.executable, "-c", E2E, str(corpus), out, column or "", json.dumps(SIDES[side])], env=env,
                               capture_output=True, text=True, check=False)
         if proc.returncode:
             raise SystemExit(f"build failed:\n{proc.stderr[-3000:]}")

@@ -111,7 +111,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.card:
         card = card_path(version.directory)
         if not card.is_file():
-            raise ShardflowError(f"{version.directory}: {m.ref} has no dataset card (built before statistics, or with SHARDFLOW_STATS=0)")
+            raise ShardflowError(f"{version.directory}: {m.ref} has no dataset card (built before statistics, or with --no-stats)")
         print(card)
         return 0
     print(f"{m.ref}  ({version.directory})")

@@ -4,14 +4,26 @@
 builds one dataset on a schedule from the same flags); ``build --embed`` and
 ``shardflow embed`` share the embedding flags. Kept apart from ``flows.cli``,
 which holds the commands.
+
+The flags of ``BuildConfig`` and ``EmbedOptions`` fields are generated from the
+dataclasses (``BUILD_FLAGS``, ``EMBED_FLAGS``: each field's flag name and help):
+the default, the type and a ``Literal``'s choices are the field's own, written
+once in ``shardflow.config``. A field with no flag is in ``UNFLAGGED_BUILD_FIELDS``
+or ``UNFLAGGED_EMBED_FIELDS``, with the reason (``tests/test_cli_options.py``
+checks that every field is one or the other).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import os
 import re
-from typing import Any
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
 
 from shardflow.errors import ConfigError
 
@@ -43,101 +55,189 @@ def _add_catalog(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="catalog directory (default: $SHARDFLOW_CATALOG or ./manifests)")
 
 
-def _add_embed_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
-    """Options of the embedding stage; ``prefix`` is "embed-" on build/serve and "" on ``embed``."""
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """How one config field is given on the command line. Its default, type and (for a ``Literal``)
+    choices are the field's own; a bool field that defaults to True is a ``--no-...`` switch."""
+
+    help: str
+    """The help text; ``{default}`` in it is replaced by the default, as the option counts it."""
+    name: str | None = None
+    """The option's name after ``--`` (and the embed prefix); None: the field's name with dashes."""
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    """The values allowed, where the annotation is not a ``Literal`` of them; None: the annotation's, if any."""
+    mebibytes: bool = False
+    """The option counts MiB (``--batch-mb``); the field holds bytes."""
+
+
+def mib(text: str) -> int:
+    """An option's value in MiB, as bytes (argparse names this function in its message on a bad value)."""
+    return int(text) << 20
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build_flags() -> dict[str, Flag]:
+    from shardflow.config import BACKENDS, TARGET_DEFAULTS
+    from shardflow.formats import FORMATS
+    from shardflow.targets import TARGETS
+
+    return {
+        "name": Flag(help="dataset name (lowercase letters, digits, '.', '_', '-')"),
+        "text_column": Flag(help="column or JSON field holding the text (default: {default}); meta.text reaches a nested field"),
+        "id_column": Flag(help="optional id column (checked to exist)"),
+        "tokenizer": Flag(help="tiktoken encoding name, .tiktoken rank file, tokenizer.json (or its directory) or "
+                          "SentencePiece .model (default: {default})"),
+        "backend": Flag(choices=BACKENDS, help="tokenizer backend (default: {default}): auto, gigatoken, or the "
+                        "family's reference (tiktoken, hf, sentencepiece)"),
+        "format": Flag(help=f"shard format: {', '.join(FORMATS)} (megatron: Megatron-LM .bin + .idx); "
+                       f"default: the target's, else {TARGET_DEFAULTS['format']}"),
+        "shard_tokens": Flag(help=f"tokens per shard (default: the target's, else {TARGET_DEFAULTS['shard_tokens']:,})"),
+        "target": Flag(choices=tuple(TARGETS), help="the trainer whose own reader loads the version as is: sets format, "
+                       "boundary, dtype rule and file names, refuses what it cannot read, and prints its settings"),
+        "bos_token": Flag(metavar="TEXT|ID", help="the BOS token's text or id (all digits: an id); default: the "
+                          "tokenizer's own (<|endoftext|> for tiktoken encodings)"),
+        "eos_token": Flag(metavar="TEXT|ID", help="the EOS token's text or id (all digits: an id); default: the "
+                          "tokenizer's own (<|endoftext|> for tiktoken encodings)"),
+        "val_fraction": Flag(help="hold out this fraction of documents as 'val'"),
+        "val_count": Flag(help="hold out this many documents as 'val'"),
+        "seed": Flag(help="seed of the validation split (default {default})"),
+        "utf8_errors": Flag(help="invalid UTF-8 in binary text: replace it with U+FFFD, or skip the document "
+                            "(default: {default})"),
+        "on_bad_record": Flag(help="a JSON line that is not JSON or lacks the text field: fail, or skip and count it "
+                              "(default: {default})"),
+        "description": Flag(help="free text stored in the manifest"),
+        "stats_column": Flag(metavar="COLUMN", help="also count tokens and documents per value of this column "
+                             "(e.g. source) in stats.json and the card"),
+        "stats": Flag(name="no-stats", help="collect no statistics: no stats.json, no 'stats' in the manifest, no card "
+                      "(a version with other files: another build key)"),
+        "card": Flag(name="no-card", help="draw no dataset card (card/); stats.json is still written"),
+        "batch_bytes": Flag(name="batch-mb", mebibytes=True, help="MB of text read and tokenized at once per worker "
+                            "(bounds memory; default {default})"),
+        "batch_rows": Flag(help="at most this many rows per batch (default {default})"),
+        "embed": Flag(help="also compute one embedding per document (needs: pip install 'shardflow[embed]')"),
+    }
+
+
+UNFLAGGED_BUILD_FIELDS: Mapping[str, str] = types.MappingProxyType({
+    "sources": "the commands' positional arguments (build: one or more; serve: beside --name and --cron)",
+    "boundary": "set by the two switches --bos and --eos (both: BOS + ids + EOS); neither: the target's, else bos",
+    "unit_bytes": "how the work is cut, which never changes a byte of the output: the Python API and schedules files",
+})
+"""``BuildConfig`` fields with no flag of their own, and why."""
+
+
+def _embed_flags() -> dict[str, Flag]:
     from shardflow.config import EMBED_CODECS
 
-    p.add_argument(f"--{prefix}codec", dest="embed_codec", default="int8", choices=EMBED_CODECS,
-                   help="how embeddings are stored (default int8: row-wise absmax, float32 scales)")
-    p.add_argument(f"--{prefix}long-docs", dest="embed_long_docs", default="truncate", choices=["truncate", "chunk"],
-                   help="documents longer than the model's 256-token window: truncate (default) or chunk and mean-pool")
-    p.add_argument(f"--{prefix}precision", dest="embed_precision", default="bf16", choices=["bf16", "fp32"],
-                   help="model precision (bf16 autocast is ~1.8x faster on CPU, cosine 0.99998 to fp32)")
-    p.add_argument(f"--{prefix}device", dest="embed_device", default="auto", help="auto (GPU when present), cpu, cuda[:N]")
-    p.add_argument(f"--{prefix}min-cosine", dest="embed_min_cosine", type=float, default=0.99,
-                   help="validation floor: mean cosine of the stored codes to float32 (default 0.99)")
-    p.add_argument(f"--{prefix}min-recall", dest="embed_min_recall", type=float, default=0.90,
-                   help="validation floor: recall@10 of nearest neighbours against float32 (default 0.90)")
-    p.add_argument(f"--{prefix}dim", dest="embed_dim", type=int, default=None, metavar="K",
-                   help="keep K dimensions: a PCA fitted on the version's own embeddings, before the codec "
-                   "(default: the model's full dimension)")
-    p.add_argument(f"--{prefix}pca-sample", dest="embed_pca_sample", type=int, default=10_000, metavar="ROWS",
-                   help="train documents (evenly spaced) the PCA is fitted on (default 10000)")
-    p.add_argument(f"--{prefix}pca-min-cosine", dest="embed_pca_min_cosine", type=float, default=0.90,
-                   help=f"validation floor with --{prefix}dim: mean cosine of the reconstruction to float32 (default 0.90)")
-    p.add_argument(f"--{prefix}pca-min-recall", dest="embed_pca_min_recall", type=float, default=0.70,
-                   help=f"validation floor with --{prefix}dim: recall@10 of neighbours in the reduced space (default 0.70)")
+    return {
+        "codec": Flag(choices=EMBED_CODECS, help="how embeddings are stored (default {default}: row-wise absmax, float32 scales)"),
+        "long_docs": Flag(help="documents longer than the model's 256-token window: truncate, or chunk and mean-pool "
+                          "(default: {default})"),
+        "precision": Flag(help="model precision (default: {default}; bf16 autocast is ~1.8x faster on CPU, cosine "
+                          "0.99998 to fp32)"),
+        "device": Flag(help="auto (GPU when present), cpu, cuda[:N] (default: {default})"),
+        "min_mean_cosine": Flag(name="min-cosine", help="validation floor: mean cosine of the stored codes to float32 (default {default})"),
+        "min_recall_at_10": Flag(name="min-recall", help="validation floor: recall@10 of nearest neighbours against float32 (default {default})"),
+        "embed_dim": Flag(name="dim", metavar="K", help="keep K dimensions: a PCA fitted on the version's own embeddings, "
+                          "before the codec (default: the model's full dimension)"),
+        "pca_sample": Flag(metavar="ROWS", help="train documents (evenly spaced) the PCA is fitted on (default {default})"),
+        "pca_min_mean_cosine": Flag(name="pca-min-cosine", help="validation floor with --{prefix}dim: mean cosine of the "
+                                    "reconstruction to float32 (default {default})"),
+        "pca_min_recall_at_10": Flag(name="pca-min-recall", help="validation floor with --{prefix}dim: recall@10 of "
+                                     "neighbours in the reduced space (default {default})"),
+    }
+
+
+UNFLAGGED_EMBED_FIELDS: Mapping[str, str] = types.MappingProxyType({
+    "model": "one model is supported (shardflow.embed_models.MODELS), so there is nothing to choose",
+    "max_tokens": "the model's window; --embed-long-docs says what happens to a longer document",
+    "batch_size": "speed only, never the stored embeddings: the Python API (EmbedOptions)",
+    "docs_per_batch": "the stage's memory bound, never the stored embeddings: the Python API (EmbedOptions)",
+    "quality_sample": "how many documents validation samples: the Python API (EmbedOptions)",
+})
+"""``EmbedOptions`` fields with no flag of their own, and why."""
+
+
+def embed_dest(field: str) -> str:
+    """The ``argparse`` destination of an ``EmbedOptions`` field (``embed_codec``; ``embed_dim`` as is)."""
+    return field if field.startswith("embed_") else f"embed_{field}"
+
+
+def _add_field(p: Any, cls: type, field: str, flag: Flag, *, prefix: str = "", dest: str | None = None,
+               required: bool = False) -> None:
+    """Add the option of ``cls``'s field ``field``: default, type and choices from the dataclass."""
+    spec = {f.name: f for f in dataclasses.fields(cls)}[field]
+    default = None if spec.default is dataclasses.MISSING else spec.default
+    kind = _hints(cls)[field]
+    args = typing.get_args(kind)
+    if args and type(None) in args:  # "X | None": the option is X, its default may be None
+        kind = next(a for a in args if a is not type(None))
+    option = "--" + prefix + (flag.name or field.replace("_", "-"))
+    kw: dict[str, Any] = {"dest": dest or field, "default": default}
+    if kind is bool:
+        if default is not True:
+            raise TypeError(f"{cls.__name__}.{field}: a bool option is a --no-... switch, so its default must be True")
+        p.add_argument(option, action="store_false", help=flag.help, **kw)
+        return
+    if dataclasses.is_dataclass(kind):  # a section of options (--embed: EmbedOptions from the embed flags)
+        p.add_argument(option, action="store_const", const=True, help=flag.help, **kw)
+        return
+    if typing.get_origin(kind) is Literal:
+        kw["choices"] = typing.get_args(kind)
+    elif kind in (int, float):
+        kw["type"] = mib if flag.mebibytes else kind
+    if flag.choices is not None:
+        kw["choices"] = flag.choices
+    if flag.metavar or "choices" not in kw:  # named after the option, not the field (BATCH_MB, not BATCH_BYTES)
+        kw["metavar"] = flag.metavar or option[2:].replace("-", "_").upper()
+    if required:
+        kw["required"] = True
+    shown = default >> 20 if flag.mebibytes else default
+    p.add_argument(option, help=flag.help.format(default=shown, prefix=prefix), **kw)
+
+
+def _add_embed_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
+    """Options of the embedding stage; ``prefix`` is "embed-" on build/serve and "" on ``embed``."""
+    from shardflow.config import EmbedOptions
+
+    group = p.add_argument_group("embedding options (EmbedOptions)")
+    for field, flag in _embed_flags().items():
+        _add_field(group, EmbedOptions, field, flag, prefix=prefix, dest=embed_dest(field))
 
 
 def _embed_options(args: argparse.Namespace) -> Any:
     from shardflow.config import EmbedOptions
 
-    return EmbedOptions(
-        codec=args.embed_codec,
-        long_docs=args.embed_long_docs,
-        precision=args.embed_precision,
-        device=args.embed_device,
-        min_mean_cosine=args.embed_min_cosine,
-        min_recall_at_10=args.embed_min_recall,
-        embed_dim=args.embed_dim,
-        pca_sample=args.embed_pca_sample,
-        pca_min_mean_cosine=args.embed_pca_min_cosine,
-        pca_min_recall_at_10=args.embed_pca_min_recall,
-    )
+    return EmbedOptions(**{field: getattr(args, embed_dest(field)) for field in _embed_flags()})
 
 
 def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> None:
-    b.add_argument("--name", required=name_required, help="dataset name (lowercase letters, digits, '.', '_', '-')")
-    b.add_argument("--text-column", default="text",
-                   help="column or JSON field holding the text (default: text); meta.text reaches a nested field")
-    b.add_argument("--id-column", default=None, help="optional id column (checked to exist)")
-    from shardflow.config import BACKENDS
+    from shardflow.config import BuildConfig
 
-    b.add_argument("--tokenizer", default="cl100k_base",
-                   help="tiktoken encoding name, .tiktoken rank file, tokenizer.json (or its directory) or SentencePiece .model")
-    b.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="tokenizer backend: auto, gigatoken, or the family's reference (tiktoken, hf, sentencepiece)")
-    b.add_argument("--format", default=None,
-                   help="nanogpt (default), nanogpt-legacy, npy, bin or megatron (Megatron-LM .bin + .idx)")
-    b.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default 10^8)")
-    from shardflow.targets import TARGETS
-
-    b.add_argument("--target", default=None, choices=list(TARGETS),
-                   help="the trainer whose own reader loads the version as is: sets format, boundary, dtype rule "
-                   "and file names, refuses what it cannot read, and prints its settings")
-    b.add_argument("--bos", action="store_true",
-                   help="put a BOS token before each document (the default); with --eos too, each document is "
-                   "BOS + ids + EOS (Llama 3 style)")
-    b.add_argument("--eos", action="store_true",
-                   help="put an EOS token after each document (alone: instead of the BOS, nanoGPT style)")
-    b.add_argument("--bos-token", default=None, metavar="TEXT|ID",
-                   help="the BOS token's text or id (all digits: an id); default: the tokenizer's own "
-                   "(<|endoftext|> for tiktoken encodings)")
-    b.add_argument("--eos-token", default=None, metavar="TEXT|ID",
-                   help="the EOS token's text or id (all digits: an id); default: the tokenizer's own "
-                   "(<|endoftext|> for tiktoken encodings)")
-    b.add_argument("--val-fraction", type=float, default=0.0, help="hold out this fraction of documents as 'val'")
-    b.add_argument("--val-count", type=int, default=0, help="hold out this many documents as 'val'")
-    b.add_argument("--seed", type=int, default=0, help="seed of the validation split (default 0)")
-    b.add_argument("--utf8-errors", default="replace", choices=["replace", "skip"], help="invalid UTF-8 in binary text")
-    b.add_argument("--on-bad-record", default="fail", choices=["fail", "skip"],
-                   help="a JSON line that is not JSON or lacks the text field: fail (default) or skip and count it")
-    b.add_argument("--description", default="", help="free text stored in the manifest")
-    b.add_argument("--stats-column", default=None, metavar="COLUMN",
-                   help="also count tokens and documents per value of this column (e.g. source) in stats.json and the card")
-    b.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
-    b.add_argument("--batch-mb", type=int, default=32, help="MB of text read and tokenized at once per worker (bounds memory)")
-    b.add_argument("--batch-rows", type=int, default=65536, help="at most this many rows per batch")
-    b.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
-    _add_catalog(b)
-    b.add_argument("--embed", action="store_true",
-                   help="also compute one embedding per document (needs: pip install 'shardflow[embed]')")
+    group = b.add_argument_group("build options (BuildConfig, recorded in the manifest)")
+    for field, flag in _build_flags().items():
+        if field == "bos_token":  # the placement's switches, before the tokens they place
+            group.add_argument("--bos", action="store_true",
+                               help="put a BOS token before each document (the default); with --eos too, each document is "
+                               "BOS + ids + EOS (Llama 3 style)")
+            group.add_argument("--eos", action="store_true",
+                               help="put an EOS token after each document (alone: instead of the BOS, nanoGPT style)")
+        _add_field(group, BuildConfig, field, flag, required=field == "name" and name_required)
     _add_embed_options(b, prefix="embed-")
-    b.add_argument(
+    run = b.add_argument_group("where and how the build runs")
+    run.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
+    run.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
+    _add_catalog(run)
+    run.add_argument(
         "--runner", default="threads", choices=["threads", "dask"],
         help="where work units run: threads in this process (default) or a Dask cluster (needs --address)",
     )
-    b.add_argument(
+    run.add_argument(
         "--address", default=None,
         help="Dask scheduler address for --runner dask, e.g. tcp://10.0.0.5:8786 (needs shardflow[dask] and "
         "a real Prefect server in PREFECT_API_URL)",
@@ -155,7 +255,7 @@ def _config(args: argparse.Namespace) -> Any:
     from shardflow.config import BuildConfig
 
     # Options given on the command line, as given: with --target, only those that contradict it are refused;
-    # the others left unset take the target's values.
+    # the others left unset (None, their fields' default) take the target's values.
     given = {
         "format": args.format,
         "boundary": _placement(args) if (args.bos or args.eos) else None,
@@ -165,25 +265,6 @@ def _config(args: argparse.Namespace) -> Any:
         from shardflow.targets import get_target
 
         get_target(args.target).check_given(given)
-    return BuildConfig(
-        **{k: v for k, v in given.items() if v is not None},
-        target=args.target,
-        name=args.name,
-        sources=tuple(args.sources),
-        text_column=args.text_column,
-        id_column=args.id_column,
-        tokenizer=args.tokenizer,
-        backend=args.backend,
-        bos_token=args.bos_token,
-        eos_token=args.eos_token,
-        val_fraction=args.val_fraction,
-        val_count=args.val_count,
-        seed=args.seed,
-        utf8_errors=args.utf8_errors,
-        on_bad_record=args.on_bad_record,
-        description=args.description,
-        batch_bytes=args.batch_mb << 20,
-        batch_rows=args.batch_rows,
-        embed=_embed_options(args) if args.embed else None,
-        stats_column=args.stats_column,
-    )
+    options = {field: getattr(args, field) for field in _build_flags()}
+    options["embed"] = _embed_options(args) if args.embed else None
+    return BuildConfig(**options, boundary=given["boundary"], sources=tuple(args.sources))

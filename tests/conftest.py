@@ -9,11 +9,9 @@ and constants live in ``core_support``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -21,35 +19,6 @@ import pytest
 
 import tokenizer_support
 from core_support import MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
-
-
-
-def _drop_prefect_exit_hooks_in_forked_child() -> None:
-    """Work around a Prefect 3.8.8 bug that the in-process flows of these tests would leak into later tests.
-
-    A process that ran a flow has Prefect's log and event services registered in
-    ``threading``'s exit hooks. A child forked from it (a torch DataLoader
-    worker, in tests/runtime) gets those services reset by Prefect's own
-    after-fork handler, but not the hooks: at exit each hook asserts on the reset
-    state, and the child exits with status 1. The child has nothing to drain,
-    so its copies of the hooks are dropped.
-    """
-    try:
-        from prefect._internal.concurrency.services import _QueueServiceBase
-    except Exception:  # pragma: no cover - another Prefect version
-        return
-    def is_prefect_service(hook: object) -> bool:
-        target = getattr(hook, "func", hook)  # threading wraps each hook in functools.partial
-        return isinstance(getattr(target, "__self__", None), _QueueServiceBase)
-
-    hooks = getattr(threading, "_threading_atexits", None)
-    if isinstance(hooks, list):
-        hooks[:] = [h for h in hooks if not is_prefect_service(h)]
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_prefect_exit_hooks_in_forked_child)
-
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import shardflow.card as card_module
+import shardflow.card_plots as card_plots
 from core_support import make_builder
 from shardflow.card import redraw_card
 from shardflow.flows.cli import main
@@ -65,14 +66,14 @@ def _figures(directory: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
         caught.append(fig)
         return b""
 
-    monkeypatch.setattr(card_module, "_png", keep)
+    monkeypatch.setattr(card_plots, "_png", keep)
     m = read_manifest(directory)
     parent = directory.parent / m.parent.split("@")[1] if m.parent else None
     tmp = directory.parent / f".figures-{directory.name}"
     tmp.mkdir(exist_ok=True)
     shutil.copy(directory / "stats.json", tmp)
     try:
-        drawn = card_module.draw_plots_here(tmp, m, parent=parent, parent_ref=m.parent)
+        drawn = card_module.draw_plots(tmp, m, parent=parent, parent_ref=m.parent)
     finally:
         shutil.rmtree(tmp)
     return dict(zip([name for name, ok in drawn.items() if ok], caught))
@@ -144,8 +145,8 @@ def test_full_shards_are_drawn_against_the_shard_size(tmp_path, monkeypatch):
     # Several full shards: the axis goes to the shard size (the dashed line), ticks on whole shards, "N shards".
     stats = {"shard_tokens": 1000, "splits": {"train": {"shards": [1000, 1000, 1000, 400]}, "val": {"shards": [300]}}}
     caught: list[Any] = []
-    monkeypatch.setattr(card_module, "_png", lambda fig: (fig.canvas.draw(), caught.append(fig), b"")[-1])
-    card_module._plot_fill(stats)
+    monkeypatch.setattr(card_plots, "_png", lambda fig: (fig.canvas.draw(), caught.append(fig), b"")[-1])
+    card_plots._plot_fill(stats)
     ax = caught[0].axes[0]
     assert ax.get_ylim() == (0, 1100)
     assert _ticks_in_view(ax.xaxis) == [0, 1, 2, 3, 4]
@@ -177,12 +178,11 @@ def test_card_command_redraws_a_card_and_the_version_stays_valid(tiny, tmp_path)
     assert not list(card_dir.glob(".*"))  # no temporary file left
 
 
-def test_card_command_refuses_a_version_without_statistics_and_a_damaged_one(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDFLOW_STATS", "0")
-    bare = make_builder(tmp_path)([str(tiny["first"])], name="bare")
+def test_card_command_refuses_a_version_without_statistics_and_a_damaged_one(tiny, tmp_path):
+    bare = make_builder(tmp_path)([str(tiny["first"])], name="bare", stats=False)
     code, out, err = _cli("card", bare.ref, "--catalog", str(bare.catalog))
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "has no statistics (stats.json)" in err and "SHARDFLOW_STATS=0" in err
+    assert err.count("\n") == 1 and "has no statistics (stats.json)" in err and "built with --no-stats" in err
     assert not (bare.directory / "card").exists()
 
     copy = tmp_path / "copy"

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import MAKE_CORPUS, make_builder, write_parquet
+from core_support import MAKE_CORPUS, files_of, make_builder, write_parquet
 from shardflow.flows.cli import main
 from shardflow.config import BuildConfig
-from shardflow.errors import InputError, ValidationError
+from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
 from shardflow.validation import validate_dir
 
@@ -195,11 +195,12 @@ def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_p
     assert _png_size(v2.directory / "card" / "parent.png") > 1000
     # Its two-axes plot too is where matplotlib's automatic title placement would put the titles.
     import shardflow.card as card_module
+    import shardflow.card_plots as card_plots
 
     redrawn = tmp_path / "redrawn"
     redrawn.mkdir()
     shutil.copy(v2.directory / "stats.json", redrawn)
-    monkeypatch.setattr(card_module, "_TITLE_Y", None)
+    monkeypatch.setattr(card_plots, "_TITLE_Y", None)
     card_module.draw_plots(redrawn, m2, parent=v1.directory, parent_ref=v1.ref)
     assert (redrawn / "card" / "parent.png").read_bytes() == (v2.directory / "card" / "parent.png").read_bytes()
     monkeypatch.undo()
@@ -265,14 +266,15 @@ def test_the_card_shows_the_plots_and_the_tables(one_worker):
 
 
 def test_titles_placed_by_hand_are_where_matplotlib_would_place_them(one_worker, tmp_path, monkeypatch):
-    # The card names its titles' place (shardflow.card._TITLE_Y) to skip matplotlib's automatic
+    # The card names its titles' place (shardflow.card_plots._TITLE_Y) to skip matplotlib's automatic
     # placement; drawn with that placement instead, every PNG has the same bytes.
     import shardflow.card as card_module
+    import shardflow.card_plots as card_plots
 
     directory = tmp_path / "redrawn"
     directory.mkdir()
     shutil.copy(one_worker.directory / "stats.json", directory)
-    monkeypatch.setattr(card_module, "_TITLE_Y", None)
+    monkeypatch.setattr(card_plots, "_TITLE_Y", None)
     plots = card_module.draw_plots(directory, read_manifest(one_worker.directory))
     assert sorted(name for name, drawn in plots.items() if drawn) == ["lengths.png", "shard_fill.png", "tokens_by_source.png"]
     for name in plots:
@@ -332,31 +334,58 @@ def test_a_missing_stats_column_names_the_file_and_the_option(corpus, tmp_path):
     assert not (tmp_path / "data" / "bad").exists() or not list((tmp_path / "data" / "bad").glob("v*"))
 
 
-def test_stats_column_stays_out_of_the_build_key_while_unset_and_collection_can_be_off(corpus, tmp_path, monkeypatch):
+def test_stats_column_stays_out_of_the_build_key_while_unset():
     plain = BuildConfig(name="k", sources=("x.parquet",))
     assert "stats_column" not in plain.to_dict() and "stats_column" not in plain.key_fields()
     assert BuildConfig(name="k", sources=("x.parquet",), stats_column="source").key_fields()["stats_column"] == "source"
-    monkeypatch.setenv("SHARDFLOW_STATS", "0")
-    off = make_builder(tmp_path / "off")(corpus[0], name="k")
-    monkeypatch.delenv("SHARDFLOW_STATS")
+
+
+def test_statistics_and_card_are_build_options_left_out_of_the_manifest_at_their_defaults():
+    plain = BuildConfig(name="k", sources=("x.parquet",))
+    # At their defaults they are not written: a default build's manifest and build key are those of
+    # the versions built before the options existed, and such a manifest's config reads back the same.
+    assert not {"stats", "card"} & set(plain.to_dict()) and BuildConfig.from_dict(plain.to_dict()) == plain
+    off = plain.replace(stats=False)  # no statistics, so nothing to draw the card from
+    assert (off.card, off.to_dict()["stats"], off.to_dict()["card"]) == (False, False, False)
+    assert off.replace(card=True).card is False and BuildConfig.from_dict(off.to_dict()) == off
+    no_card = plain.replace(card=False)
+    assert (no_card.to_dict()["card"], "stats" in no_card.to_dict()) == (False, False)
+    # Other files, other build keys; the same tokens, so an incremental build may take a parent's.
+    assert len({repr(c.key_fields()) for c in (plain, off, no_card)}) == 3
+    assert plain.reuse_fields() == off.reuse_fields() == no_card.reuse_fields()
+    with pytest.raises(ConfigError, match=r"stats \(--no-stats\) must be true or false, not '0'"):
+        BuildConfig(name="k", sources=("x.parquet",), stats="0")
+    with pytest.raises(ConfigError, match=r"card \(--no-card\) must be true or false, not 0"):
+        BuildConfig(name="k", sources=("x.parquet",), card=0)
+
+
+def test_a_build_without_statistics_or_without_the_card(corpus, tmp_path):
     on = make_builder(tmp_path / "on")(corpus[0], name="k")
+    off = make_builder(tmp_path / "off")(corpus[0], name="k", stats=False)
+    no_card = make_builder(tmp_path / "no-card")(corpus[0], name="k", card=False)
+    m_on, m_off, m_no_card = (read_manifest(b.directory) for b in (on, off, no_card))
     assert not (off.directory / "stats.json").exists() and not (off.directory / "card").exists()
-    assert "stats" not in read_manifest(off.directory).extra and "stats" in read_manifest(on.directory).extra
-    assert read_manifest(off.directory).build_key == read_manifest(on.directory).build_key
-    monkeypatch.setenv("SHARDFLOW_CARD", "0")
-    no_card = make_builder(tmp_path / "no-card")(corpus[0], name="k")
+    assert "stats" not in m_off.extra and "stats" in m_on.extra and "stats" in m_no_card.extra
     assert (no_card.directory / "stats.json").read_bytes() == (on.directory / "stats.json").read_bytes()
     assert not (no_card.directory / "card").exists() and (on.directory / "card" / "README.md").is_file()
+    # Recorded in the manifest's config when off (a default build's config has neither, as before them).
+    assert (m_off.config["stats"], m_off.config["card"], m_no_card.config["card"]) == (False, False, False)
+    assert not {"stats", "card"} & set(m_on.config) and "stats" not in m_no_card.config
+    assert len({m_on.build_key, m_off.build_key, m_no_card.build_key}) == 3
+    for built in (on, off, no_card):
+        validate_dir(built.directory, published=True, catalog=built.catalog)
+    # The same inputs without statistics are another version, not "nothing new".
+    again = make_builder(tmp_path / "on")(corpus[0], name="k", stats=False)
+    assert again.ref == "k@v2" and not (again.directory / "stats.json").exists()
+    assert files_of(again.directory) == files_of(on.directory)  # the same token files
 
 
-def test_an_incremental_version_of_a_parent_without_statistics_says_they_are_incomplete(corpus, tmp_path, monkeypatch):
+def test_an_incremental_version_of_a_parent_without_statistics_says_they_are_incomplete(corpus, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(corpus[0], src / corpus[0].name)
     make = make_builder(tmp_path)
-    monkeypatch.setenv("SHARDFLOW_STATS", "0")
-    make(src, name="old", shard_tokens=60_000)
-    monkeypatch.delenv("SHARDFLOW_STATS")
+    make(src, name="old", shard_tokens=60_000, stats=False)
     shutil.copy(corpus[1], src / corpus[1].name)
     v2 = make(src, name="old", shard_tokens=60_000)
     m = read_manifest(v2.directory)

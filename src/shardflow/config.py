@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from .embed_models import MODELS
@@ -15,7 +17,7 @@ from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
 from .targets import get_target
 
-__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "NAME_RE", "check_name"]
+__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "TARGET_DEFAULTS", "NAME_RE", "check_name"]
 
 # Tokenizer backends; defined here (not in tokenizers.py) so that importing the
 # config does not import pyarrow and tiktoken: the training runtime needs neither.
@@ -36,10 +38,15 @@ BOUNDARY_PLACEMENTS = ("bos", "eos", "both")
 # to None ("not given"), so that an explicit value, even one equal to these, is told from an unset
 # one and checked against the target; ``__post_init__`` resolves them, so a made config (its
 # ``to_dict``, its build key) never holds None.
-_TARGET_OPTIONS = {"format": "nanogpt", "boundary": "bos", "shard_tokens": 100_000_000}
+TARGET_DEFAULTS: Mapping[str, Any] = MappingProxyType({"format": "nanogpt", "boundary": "bos", "shard_tokens": 100_000_000})
 
 # Options left out of ``to_dict`` (and so of the manifest and the build key) while unset.
 _OMITTED_WHEN_NONE = ("bos_token", "eos_token", "target", "stats_column")
+# Options added after versions were published, left out of ``to_dict`` at these defaults.
+_OMITTED_AT_DEFAULT: dict[str, Any] = {"on_bad_record": "fail", "stats": True, "card": True}
+# Key fields that change files beside the token shards, never the tokens: an incremental build may
+# reuse a parent's tokens whatever they were (``reuse_fields``).
+_NOT_IN_TOKENS = frozenset({"embed", "stats", "card"})
 
 
 def check_name(name: str) -> str:
@@ -220,8 +227,14 @@ class BuildConfig:
     stats_column: str | None = None
     """A column (such as ``source``) whose values the statistics count tokens and documents by
     (``--stats-column``); None: per input only. Left out of ``to_dict`` (so of build keys) while unset."""
+    stats: bool = True
+    """Collect the statistics: ``stats.json``, ``stats.vocab.npy`` and the manifest's ``stats`` section
+    (``--no-stats``: none of them, and no card). Part of the build key, as they are of the version's bytes."""
+    card: bool = True
+    """Draw the dataset card (``card/``: its plots and README.md) from the statistics (``--no-card``:
+    ``stats.json`` only). The card is a view of the statistics: without them it is False."""
     _unset: frozenset[str] = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
-    """Which of ``_TARGET_OPTIONS`` were not given (so ``replace`` resolves them again); never serialized."""
+    """Which of ``TARGET_DEFAULTS`` were not given (so ``replace`` resolves them again); never serialized."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -281,13 +294,19 @@ class BuildConfig:
             raise ConfigError(f"stats_column (--stats-column) must be a column name, not {self.stats_column!r}")
         if self.unit_bytes < 1 or self.batch_rows < 1 or self.batch_bytes < 1:
             raise ConfigError("unit_bytes, batch_bytes and batch_rows must be positive")
+        for switch, flag in (("stats", "--no-stats"), ("card", "--no-card")):
+            if not isinstance(getattr(self, switch), bool):
+                raise ConfigError(f"{switch} ({flag}) must be true or false, not {getattr(self, switch)!r}")
+        if not self.stats:
+            # No statistics, nothing to draw: one spelling of "neither", so one build key.
+            object.__setattr__(self, "card", False)
 
     def _resolve_target_options(self) -> None:
         """Set the target options left unset: the target's values (explicit ones must agree), or the defaults."""
-        given = {k: getattr(self, k) for k in _TARGET_OPTIONS}
+        given = {k: getattr(self, k) for k in TARGET_DEFAULTS}
         object.__setattr__(self, "_unset", frozenset(k for k, v in given.items() if v is None))
         resolved = get_target(self.target).resolve(given) if self.target is not None else given
-        for option, default in _TARGET_OPTIONS.items():
+        for option, default in TARGET_DEFAULTS.items():
             value = resolved.get(option)
             object.__setattr__(self, option, default if value is None else value)
 
@@ -304,10 +323,11 @@ class BuildConfig:
         for name in _OMITTED_WHEN_NONE:
             if d[name] is None:
                 del d[name]
-        if self.on_bad_record == "fail":
-            # Added after versions were published: at its default it is left out, so that
-            # their build keys and manifests stay the same.
-            del d["on_bad_record"]
+        # Added after versions were published: at their defaults they are left out, so that
+        # their build keys and manifests stay the same (``from_dict`` reads a missing one as the default).
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -331,6 +351,16 @@ class BuildConfig:
         # (never used, since removed) as an empty dict; kept, so that their keys stay valid.
         fields["extra"] = {}
         return fields
+
+    def reuse_fields(self) -> dict[str, Any]:
+        """The key fields that determine the token shards: a parent version whose fields equal these
+        (and whose tokenizer and boundaries do) lends its tokens to an incremental build.
+
+        The embeddings, the statistics and the card are made from the tokens, so a parent built with
+        other settings of them still lends its tokens (an incremental version of a parent without
+        statistics says its statistics are incomplete).
+        """
+        return {k: v for k, v in self.key_fields().items() if k not in _NOT_IN_TOKENS}
 
     def replace(self, **changes: Any) -> "BuildConfig":
         """A copy with ``changes``; options that were never given stay unset, so a new ``target`` sets them."""

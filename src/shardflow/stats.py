@@ -42,7 +42,6 @@ __all__ = [
     "STATS_VERSION",
     "BINS_PER_OCTAVE",
     "LENGTH_EDGES",
-    "COLLECT_ENV",
     "VOCAB_DTYPE",
     "length_histogram",
     "hist_to_pairs",
@@ -62,8 +61,6 @@ STATS_NAME = "stats.json"
 VOCAB_NAME = "stats.vocab.npy"
 STATS_VERSION = 1
 BINS_PER_OCTAVE = 4
-# Set to 0 to collect no statistics (the benchmark's "off" side; the version then has no stats.json).
-COLLECT_ENV = "SHARDFLOW_STATS"
 
 # Bin lower edges from 1 token to 2**40 tokens; lengths are >= 1 (every document has a boundary token).
 LENGTH_EDGES: np.ndarray = np.unique(

@@ -39,8 +39,18 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
             per_worker = client.run(
                 lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory")
             )
+        # The same driver on the same cluster without Prefect (build/dask_executor.py).
+        bare = run_cli(
+            [*common, "--no-prefect", "--runner", "dask", "--address", cluster.scheduler_address,
+             "--data-root", "bare/data", "--catalog", "bare/cat"],
+            env, tmp_path,
+        )
+        assert bare.returncode == 0, bare.stderr[-3000:]
+        with distributed.Client(cluster) as client:
+            after = client.run(lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory"))
     assert sum(per_worker.values()) == 4 + 4 + 4, per_worker
     assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
+    assert sum(after.values()) - sum(per_worker.values()) == 4 + 4 + 4, after  # the bare run's jobs ran there too
 
     assert res.stdout.splitlines()[0] == "published scale@v1"
     dask_dir = Path(res.stdout.strip().splitlines()[-1]).parent
@@ -52,6 +62,7 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
     dask_files, local_files = version_files(dask_dir), version_files(local_dir)
     assert sorted(dask_files) == sorted(local_files) and len(local_files) >= 8  # shards + .bos.idx
     assert dask_files == local_files
+    assert version_files(Path(bare.stdout.strip().splitlines()[-1]).parent) == local_files
 
 
 @pytest.mark.slow

@@ -140,14 +140,19 @@ def test_finalize_redraws_a_card_that_is_incomplete_or_damaged(corpus, reference
 
 
 @pytest.mark.slow
-def test_a_card_drawn_with_other_settings_is_drawn_again(corpus, tmp_path, monkeypatch):
+def test_a_card_recorded_under_other_settings_is_drawn_again(corpus, tmp_path):
+    """The stage's record says the card was not wanted (as a staging directory of other settings would):
+    it is not taken as done, and finalize draws the card."""
+    import json
+
     src, options = corpus
     plan = plan_build(_config(src, options), data_root=tmp_path / "data", catalog=tmp_path / "cat")
     with build_lock(plan) as plan:
-        monkeypatch.setenv("SHARDFLOW_CARD", "0")
         done = _run_until_finalize(plan)
-        assert done["stats-card"][0].plots == {} and not (Staging(plan.staging).out / "card").exists()
-        monkeypatch.delenv("SHARDFLOW_CARD")  # resumed with the card on: finalize draws it
+        assert sorted(done["stats-card"][0].plots) == PNGS
+        marker = Staging(plan.staging).card_file
+        record = json.loads(marker.read_text())
+        marker.write_text(json.dumps({**record, "card": False}))
         assert card_done(plan) is None
         finalize(plan)
         assert publish(plan) == f"{NAME}@v1"

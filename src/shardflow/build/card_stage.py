@@ -59,7 +59,7 @@ class CardResult:
     stats: dict[str, Any] | None
     """The manifest's ``stats`` section (``stats.json``, ``stats.vocab.npy``: bytes, SHA-256); None: collection off."""
     card: bool
-    """Whether the card was wanted (``SHARDFLOW_CARD``) when it was drawn."""
+    """Whether the build wanted the card (``BuildConfig.card``) when it was drawn."""
     plots: dict[str, str | None] = field(default_factory=dict)
     """Each plot the card has a place for: its PNG's SHA-256, or None where it was not drawn (no matplotlib)."""
 
@@ -128,8 +128,8 @@ def card_done(plan: BuildPlan | str | os.PathLike[str]) -> CardResult | None:
         result = CardResult.from_dict(json.loads(staging.card_file.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if (result.stats is not None) != collecting() or result.card != card_wanted():
-        return None  # drawn under other settings (SHARDFLOW_STATS, SHARDFLOW_CARD): drawn again
+    if (result.stats is not None) != collecting(plan) or result.card != card_wanted(plan.config):
+        return None  # drawn under other settings (BuildConfig.stats, .card): drawn again
     return result if _matches(staging.out, result) else None
 
 
@@ -145,14 +145,14 @@ def draw_card(plan: BuildPlan | str | os.PathLike[str]) -> CardResult:
     out.mkdir(parents=True, exist_ok=True)
     stats = None
     plots: dict[str, str | None] = {}
-    if collecting():
+    if collecting(plan):
         manifest = _layout_manifest(plan)
         tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
         stats = write_stats(plan, manifest, out, tokenizer, shard_tokens=shard_tokens(plan))
     card_dir = out / CARD_DIR
     if card_dir.exists():
         shutil.rmtree(card_dir)  # an earlier run's plots: drawn again, never mixed
-    if stats is not None and card_wanted():
+    if stats is not None and card_wanted(plan.config):
         try:
             drawn = draw_plots(out, manifest.replace(extra={**manifest.extra, "stats": stats}),
                                parent=parent_dir(plan), parent_ref=plan.parent)
@@ -161,7 +161,7 @@ def draw_card(plan: BuildPlan | str | os.PathLike[str]) -> CardResult:
             shutil.rmtree(card_dir, ignore_errors=True)
             drawn = {}
         plots = {name: sha256_file(card_dir / name) if ok else None for name, ok in drawn.items()}
-    result = CardResult(stats=stats, card=card_wanted(), plots=plots)
+    result = CardResult(stats=stats, card=card_wanted(plan.config), plots=plots)
     atomic_write_text(staging.card_file, json.dumps(result.to_dict(), sort_keys=True))
     return result
 

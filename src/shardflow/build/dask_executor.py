@@ -54,7 +54,7 @@ class DaskExecutor(InProcess):
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(jobs)
         try:
-            for future in as_completed(futures):
+            for future in as_completed(futures, loop=self.client.loop):
                 i = index[future.key]
                 results[i] = future.result()  # the first error stops the build
                 on_done(jobs[i], results[i])

@@ -130,7 +130,7 @@ def embed_version(
         shutil.rmtree(staging, ignore_errors=True)
         raise ValidationError("\n  ".join([f"embeddings of {ref} failed validation:", *problems]))
     write_manifest(out, manifest)
-    if "stats" in manifest.extra and card_wanted():
+    if "stats" in manifest.extra and card_wanted(manifest.config):
         try:  # the card of the same tokens, against REF; a view, never a reason to fail
             write_card(out, manifest, parent=src_dir, parent_ref=ref)
         except Exception as exc:

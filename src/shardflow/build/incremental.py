@@ -113,8 +113,8 @@ def plan_reuse(
         # Never a dead end: the inputs it holds are tokenized again, so this build's bytes are a full build's.
         log.warning("not reusing %s, tokenizing its inputs again: %s", ref, untrusted)
         return None
-    ours = {k: v for k, v in config.key_fields().items() if k != "embed"}
-    theirs = {k: v for k, v in parent_config.key_fields().items() if k != "embed"}
+    ours = config.reuse_fields()
+    theirs = parent_config.reuse_fields()
     info = parent.tokenized_info
     try:
         # The whole boundary: placement, and the BOS and EOS (text and id) the parent placed.

@@ -32,7 +32,6 @@ from .embed import embed_staged
 from .layout import make_layout
 from .model import BuildPlan, Layout
 from .publish import finalize, publish
-from .stats import collecting
 from .tokenize import tokenize_unit, unit_done
 from .write import shard_done, write_shard
 
@@ -104,7 +103,7 @@ STAGES: tuple[Stage, ...] = (
         done=card_done,
         fan_out="one",
         retry="never",
-        when=lambda plan: collecting(),
+        when=lambda plan: plan.config.stats,
         joins="validate",
         label=lambda plan, job: f"stats-card {plan.config.name}",
     ),

@@ -15,8 +15,9 @@ reused input's vocabulary and column counts from the parent version's
 ``stats.json`` and ``stats.vocab.npy``: an incremental version's statistics
 equal a full build's. Nothing here depends on the number of workers.
 
-``SHARDFLOW_STATS=0`` turns collection off (the benchmark's baseline): the
-version then has no ``stats.json`` and its manifest no ``stats`` section.
+``BuildConfig.stats`` False (``--no-stats``, the benchmark's baseline) turns
+collection off: the version then has no ``stats.json`` and its manifest no
+``stats`` section.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ from ..sources import input_kind
 from ..sources.base import DEFAULT_BATCH_BYTES, ParsedColumn
 from ..stats import (
     BINS_PER_OCTAVE,
-    COLLECT_ENV,
     STATS_NAME,
     STATS_VERSION,
     VOCAB_DTYPE,
@@ -75,18 +74,24 @@ MAX_COLUMN_VALUES = 1000
 """Values of ``--stats-column`` listed by name in ``stats.json`` (the rest are summed as ``(other)``)."""
 
 
-def collecting() -> bool:
-    """Whether this build collects statistics (``SHARDFLOW_STATS=0``: not)."""
-    return os.environ.get(COLLECT_ENV, "1") != "0"
+def collecting(plan: BuildPlan | None = None) -> bool:
+    """Whether the build of ``plan`` collects statistics (``BuildConfig.stats``).
+
+    Without a plan: True, the default. A caller that does not pass its plan then
+    counts a unit's tokens even when the build wants no statistics; nothing of them
+    reaches the version, since what is written (``write_stats``, the stats-card
+    stage) is decided from the plan.
+    """
+    return True if plan is None else plan.config.stats
 
 
 def _unit_path(staging: Staging, unit: int) -> Path:
     return staging.unit_files(unit)[0].with_suffix(".stats.npz")
 
 
-def unit_stats_in_place(staging: Staging, unit: int) -> bool:
-    """Whether unit ``unit``'s statistics file is there (always true when collection is off)."""
-    return not collecting() or _unit_path(staging, unit).exists()
+def unit_stats_in_place(staging: Staging, unit: int, plan: BuildPlan | None = None) -> bool:
+    """Whether unit ``unit``'s statistics file is there (always true when ``plan`` collects none)."""
+    return not collecting(plan) or _unit_path(staging, unit).exists()
 
 
 class UnitCollector:
@@ -163,8 +168,8 @@ def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list
     path = _unit_path(staging, unit)
     if not path.exists():
         raise ConfigError(
-            f"{staging.root}: work unit {unit} has no statistics (it was tokenized with {COLLECT_ENV}=0); "
-            f"delete {staging.root} and build again, or build with {COLLECT_ENV}=0"
+            f"{staging.root}: work unit {unit} has no statistics file ({path.name}); "
+            f"delete {staging.root} and build again, or build with --no-stats"
         )
     with NPY_LOCK, np.load(path) as z:  # each member's header is parsed as it is read
         runs = RepeatRuns.from_array(z["runs"]) if "runs" in z.files else RepeatRuns()
@@ -268,11 +273,11 @@ def write_stats(
 ) -> dict[str, Any] | None:
     """Merge the units' statistics into ``out/stats.json`` and ``out/stats.vocab.npy``; the manifest's section.
 
-    None (and nothing written) when collection is off. ``shard_tokens``: the tokens
+    None (and nothing written) when the build collects no statistics. ``shard_tokens``: the tokens
     of each split's shards, when ``manifest`` has no shard entries yet (the layout
     fixes them: ``build/card_stage.py`` merges the statistics before the shards are written).
     """
-    if not collecting():
+    if not collecting(plan):
         return None
     staging = Staging(plan.staging)
     cfg = plan.config

@@ -52,14 +52,12 @@ _CONVERTED: dict[str, str | None] = {}
 
 
 def _tiktoken_json(tokenizer: Tokenizer) -> str | None:
-    from ..tokenizers import tiktoken_family as tf
+    from ..tokenizers.tiktoken_family import TiktokenTokenizer, split_pattern
 
-    # shardflow's own table of the split patterns it knows, keyed by the fast backend's pre-tokenizer name.
-    patterns = {pretok: pat for pretok, pat, _ in tf._KNOWN_FILES.values()}
-    pattern = patterns.get(tokenizer.spec.pretokenizer or "")
-    if pattern is None:
+    pattern = split_pattern(tokenizer.spec.pretokenizer)
+    if pattern is None or not isinstance(tokenizer, TiktokenTokenizer):
         return None
-    encoding = tokenizer._encoding  # type: ignore[attr-defined]  # shardflow's wrapper: the tiktoken Encoding it reads
+    encoding = tokenizer.encoding
     specials = {text: int(encoding.encode_single_token(text)) for text in encoding.special_tokens_set}
     special_ids = set(specials.values())
     ranks: dict[bytes, int] = {}

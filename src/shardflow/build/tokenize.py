@@ -63,7 +63,7 @@ def unit_done(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult
     if (
         done is not None
         and staging.unit_in_place(done, np.dtype(plan.dtype).itemsize)
-        and unit_stats_in_place(staging, unit)
+        and unit_stats_in_place(staging, unit, plan)
     ):
         return done
     return None
@@ -87,7 +87,7 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
     extra: dict[str, str] = {}
-    collector = UnitCollector(tokenizer.vocab_size) if collecting() else None
+    collector = UnitCollector(tokenizer.vocab_size) if collecting(plan) else None
     try:
         check_unchanged(inp)
         with hashing_reads(inp.path) as read:

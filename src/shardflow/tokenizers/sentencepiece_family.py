@@ -8,17 +8,19 @@ whose ``encode_batch`` is, token for token, the reference:
   added. It never maps text to a control piece: ``<s>`` in a document is the
   ordinary pieces of ``<``, ``s`` and ``>``. (User-defined pieces are split
   out of the text, as the library does.)
-* The fast backend is gigatoken, which converts BPE models with byte fallback
-  to its tokenizer.json form; like the library it must not match control
-  pieces in text, so those are removed from what it loads. It must agree with
+* The fast backend is gigatoken (``gigatoken.Tokenizer.from_sentencepiece``),
+  which reads BPE models with byte fallback. Unlike the library it matches
+  control pieces in text, as special tokens, and has no switch for that, so
+  the documents holding a control piece's text are encoded by the reference
+  (``routing.Substrings``; ``<s>`` in a document is rare). It must agree with
   the reference on the probe strings (``PROBE_STRINGS``,
   ``COMMON_SPECIAL_TEXTS`` and every control and user-defined piece, alone
-  and inside words) before it is used; ``--backend auto`` falls back to the
-  reference otherwise (a unigram model, or normalizer options gigatoken
-  treats differently), and ``--backend gigatoken`` is then refused. The
-  characters gigatoken encodes differently are found as for tokenizer.json
-  files (``routing``; none for the models tested) and their documents are
-  encoded by the reference.
+  and inside words; those holding a control piece are routed) before it is
+  used; ``--backend auto`` falls back to the reference otherwise (a unigram
+  model, or normalizer options gigatoken treats differently), and
+  ``--backend gigatoken`` is then refused. The characters gigatoken encodes
+  differently are found as for tokenizer.json files (``routing``; none for
+  the models tested) and their documents are encoded by the reference too.
 
 ``default_bos`` / ``default_eos`` are the model's ``bos_id()`` / ``eos_id()``
 (-1: none). The ids are the piece ids (``get_piece_size()`` of them), so a
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import os
 import re
@@ -53,7 +54,6 @@ from .base import (
     _dist_version,
     _file_name,
     _file_stamp,
-    _gigatoken_ordinary,
     _one_line,
     _pack_lists,
     no_boundary_error,
@@ -248,25 +248,32 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, A
     """gigatoken for a ``.model``, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
     model = _load_model(name, stamp)
     try:
-        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+        import gigatoken
 
-        config = json.loads(sentencepiece_to_tokenizer_json(model.data))
-        fast = _gigatoken_ordinary(config)
+        fast = gigatoken.Tokenizer.from_sentencepiece(model.data)
     except ImportError:
         return None, "gigatoken is not installed (pip install gigatoken), or cannot read .model files", None
     except Exception as exc:  # unigram models, options gigatoken does not implement
         return None, f"gigatoken cannot load it ({_one_line(exc)})", None
-    pieces = [str(t["content"]) for t in config.get("added_tokens") or []]  # control and user-defined pieces
+    sp = model.sp
+    # gigatoken splits control pieces out of the text, as special tokens; sentencepiece
+    # never matches them in text. gigatoken has no public switch for it, so the
+    # documents holding a control piece's text are encoded by sentencepiece (routed).
+    controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i)]
+    # What gigatoken splits out of text: the control and the user-defined pieces.
+    pieces = sorted(set(fast.as_hf().get_added_vocab()) | set(controls))
     texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *pieces, *(f"a{t}b {t}\n{t}{t}" for t in pieces)]
-    bad = _disagreement(fast, lambda t: list(model.sp.encode(t)), texts)
+    # The probe texts that hold a control piece are routed, so gigatoken never encodes them.
+    probed = [t for t in texts if not any(c and c in t for c in controls)]
+    bad = _disagreement(fast, lambda t: list(sp.encode(t)), probed)
     if bad is not None:
         return None, f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}", None
     key = f"sentencepiece {model.spec.rank_file_sha256} sentencepiece {_dist_version('sentencepiece')}"
-    disputed = find_disputed(fast, functools.partial(_reference_lists, model.sp), cache_key=key)
+    disputed = find_disputed(fast, functools.partial(_reference_lists, sp), cache_key=key)
     if disputed:
         log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
                  "are encoded by sentencepiece", name, len(disputed))
-    return fast, "", disputed_pattern(disputed)
+    return fast, "", disputed_pattern(disputed, controls)
 
 
 def _reference_lists(sp: Any, texts: list[str]) -> list[list[int]]:
