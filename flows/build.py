@@ -48,7 +48,6 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from shardflow.flows.artifact_sender import LatestOnly, send_in_order
 from shardflow.flows.progress import Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
@@ -205,30 +204,24 @@ class RunProgress(Events):
         self.totals: dict[str, int] = {}
         self.began: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
-        # Made and updated from a thread of its own, the latest state only: the flow never waits on the UI's bar.
-        self._sender = LatestOnly(self._send)
-        self._sender.put(0.0, f"{name}: planning")
-
-    def _send(self, percent: float, description: str) -> None:
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        if self.artifact_id is None:
-            self.artifact_id = create_progress_artifact(
-                percent, key=artifact_key(self.name, "progress"), description=description
-            )
-        else:
-            update_progress_artifact(self.artifact_id, progress=percent, description=description)
+        self._update(0.0, f"{name}: planning", force=True)
 
     def _update(self, percent: float, description: str, *, force: bool = False) -> None:
+        """The UI's progress bar: at most one request a second, and each phase's end."""
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
         now = time.monotonic()
         if not force and now - self._last < 1.0:
             return
         self._last = now
-        self._sender.put(min(100.0, percent), description)
-
-    def close(self) -> None:
-        """Send the last update; the run is about to end."""
-        self._sender.close()
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = create_progress_artifact(
+                    min(100.0, percent), key=artifact_key(self.name, "progress"), description=description)
+            else:
+                update_progress_artifact(self.artifact_id, progress=min(100.0, percent), description=description)
+        except Exception:  # a progress bar is a convenience; never fail a build for it
+            log.debug("could not update the progress artifact", exc_info=True)
 
     def planned(self, plan: BuildPlan) -> None:
         self.plan = plan
@@ -332,7 +325,8 @@ def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stat
         calls["card"] = partial(create_markdown_artifact, card, key=artifact_key(name, "card"),
                                 description=f"Dataset card of {ref}")
     # One after another, in a fixed order: made at once, their creation times (the UI's order) would be any.
-    send_in_order([calls[kind] for kind in creation_order(list(calls))])
+    for kind in creation_order(list(calls)):
+        calls[kind]()
 
 
 @flow(
@@ -361,15 +355,12 @@ def build_dataset(
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
     with core_logs_to_prefect(), tags(*TAGS, dataset_tag(config.name)), task_runner as started:
-        try:
-            result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
-                           events=progress)
-            if not result.created:
-                get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
-            progress.finished(result.ref, created=result.created,
-                              runner=runner if address is None else f"{runner} ({address})")
-        finally:
-            progress.close()  # its last update reaches the server before the run ends
+        result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
+                       events=progress)
+        if not result.created:
+            get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
+        progress.finished(result.ref, created=result.created,
+                          runner=runner if address is None else f"{runner} ({address})")
     if result.created:
         get_run_logger().info("%s: published %s", config.name, result.ref)
     return result.ref
