@@ -286,6 +286,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of core / flow / temporary server")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--skip-serve", action="store_true", help="skip the incremental pair under shardflow serve")
     ap.add_argument("--inc-rounds", type=int, default=1, help="rounds of the incremental pair (first build, +1 file)")
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="another checkout (e.g. git worktree add --detach DIR main) timed in the same rounds")
@@ -295,6 +296,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.baseline:
         args.baseline = args.baseline.resolve()  # its builds run in other directories
+        for package in ("flows", "tasks"):
+            # An installed checkout maps shardflow.flows/.tasks to *this* checkout's flows/ and tasks/; the
+            # baseline's own, found first on its PYTHONPATH, keep its command line from mixing the two.
+            link = args.baseline / "src" / "shardflow" / package
+            if (args.baseline / package).is_dir() and not link.exists():
+                link.symlink_to(args.baseline / package)
     WORKERS = args.workers
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-flow-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -400,7 +407,8 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_serve import report as serve_report, serve_incremental
 
-        served = serve_incremental(server, env_srv, grown, next(extra.glob("*.parquet")), work, rounds=args.inc_rounds)
+        served = None if args.skip_serve else serve_incremental(
+            server, env_srv, grown, next(extra.glob("*.parquet")), work, rounds=args.inc_rounds)
 
         # Dask against threads, alternating, same corpus.
         dask_t: list[float] = []
@@ -505,7 +513,8 @@ def main() -> None:
               f"{median([l.get('tasks', 0) for l in lines]):.0f} |")
     print("\nthe same incremental pair under `shardflow serve` (runs started through the API; medians):\n")
     print("| measure | first build | incremental (+1 input) | ratio |\n|---|---:|---:|---:|")
-    print("\n".join(serve_report(served)))
+    if served is not None:
+        print("\n".join(serve_report(served)))
     print(f"\nERROR or traceback lines in the output of successful builds: {len(bad)}")
     for l in bad[:10]:
         print(f"  {l}")
