@@ -39,7 +39,7 @@ from prefect import flow, get_run_logger, tags
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from shardflow.build import Events, Stage, drive
+from shardflow.build import Stage, drive
 from shardflow.build.handle import PlanHandle
 from shardflow.build.model import BuildPlan
 from shardflow.build.stages import Job
@@ -48,7 +48,7 @@ from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from shardflow.flows.progress import Progress, emit
+from shardflow.flows.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
@@ -186,24 +186,16 @@ def _tag_flow_run(wanted: list[str]) -> None:
         log.debug("could not tag the flow run", exc_info=True)
 
 
-class RunProgress(Events):
-    """What the driver reports, turned into the run's progress artifact, progress lines and summary figures."""
+class RunProgress(BuildProgress):
+    """The driver's events as the run's progress artifact, progress lines (to in-process listeners), failure summary."""
 
     # Shares of the bar: tokenizing is most of the work, shards most of the rest.
-    TOKENIZE, WRITE = 85.0, 12.0
-    PHASES = {"tokenize-unit": "tokenize", "write-shard": "write"}
+    SHARES = {"tokenize-unit": (0.0, 85.0), "write-shard": (85.0, 12.0)}
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.started = time.monotonic()
+        super().__init__(name, emit)
         self.artifact_id: Any = None
         self._last = 0.0
-        self.plan: BuildPlan | None = None
-        self.counts: dict[str, int] = {}
-        self.tokens: dict[str, int] = {}
-        self.totals: dict[str, int] = {}
-        self.began: dict[str, float] = {}
-        self.seconds: dict[str, float] = {}
         self._update(0.0, f"{name}: planning", force=True)
 
     def _update(self, percent: float, description: str, *, force: bool = False) -> None:
@@ -224,24 +216,26 @@ class RunProgress(Events):
             log.debug("could not update the progress artifact", exc_info=True)
 
     def planned(self, plan: BuildPlan) -> None:
-        self.plan = plan
+        super().planned(plan)
         if not plan.existing:
             get_run_logger().info("%s: %d input file(s), %d work unit(s)", self.name, len(plan.inputs), len(plan.units))
 
     def stage_started(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> None:
-        self.began[stage.name] = time.monotonic()
-        self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
+        super().stage_started(stage, plan, jobs)
         if stage.name == "validate":
-            self._update(self.TOKENIZE + self.WRITE, f"{self.name}: validating and publishing", force=True)
-        elif stage.name in self.PHASES:
-            self._step(stage.name)
+            self._update(97.0, f"{self.name}: validating and publishing", force=True)
 
-    def job_done(self, stage: Stage, plan: BuildPlan, job: Job, result: Any) -> None:
-        self.counts[stage.name] = self.counts.get(stage.name, 0) + 1
-        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + int(getattr(result, "tokens", 0) or 0)
-        self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
-        if stage.name in self.PHASES:
-            self._step(stage.name)
+    def step(self, stage: str) -> None:
+        super().step(stage)
+        done, total, tokens = self.counts[stage], self.totals[stage], self.tokens[stage]
+        start, share = self.SHARES[stage]
+        if stage == "tokenize-unit":
+            elapsed = time.monotonic() - self.began[stage]
+            rate = f", {tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
+            text = f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}"
+        else:
+            text = f"{self.name}: {done}/{total} shards written"
+        self._update(start + share * (done / total if total else 1.0), text, force=done >= total)
 
     def stage_failed(self, stage: Stage, plan: BuildPlan, error: BaseException) -> None:
         if stage.fan_out != "one":
@@ -256,19 +250,6 @@ class RunProgress(Events):
             )
         except Exception:
             log.debug("could not record the failure summary", exc_info=True)
-
-    def _step(self, stage: str) -> None:
-        done, total, tokens = self.counts[stage], self.totals[stage], self.tokens[stage]
-        elapsed = time.monotonic() - self.began[stage]
-        emit(Progress(dataset=self.name, phase=self.PHASES[stage], done=done, total=total, tokens=tokens, elapsed=elapsed))
-        last = done >= total
-        if stage == "tokenize-unit":
-            rate = f", {tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
-            self._update(self.TOKENIZE * (done / total if total else 1.0),
-                         f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}", force=last)
-        else:
-            self._update(self.TOKENIZE + self.WRITE * (done / total if total else 1.0),
-                         f"{self.name}: {done}/{total} shards written", force=last)
 
     def finished(self, ref: str, *, created: bool, runner: str) -> None:
         """The run's end: the last progress, and the artifacts of the version."""

@@ -37,7 +37,7 @@ from shardflow.flows.terminal import (
 from shardflow.flows.options import (
     _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths,
 )
-from shardflow.flows.progress import DisplayEvents, Progress
+from shardflow.flows.progress import BuildProgress, Progress
 
 __all__ = ["main", "build_parser"]
 
@@ -66,18 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser(
         "serve",
-        help="serve scheduled build deployments (from a schedules file, or one dataset given here)",
-        description="Register build_dataset deployments with cron schedules and run their flow runs "
-        "until interrupted. Start a run by hand with: prefect deployment run build-dataset/DEPLOYMENT",
+        help="serve one dataset's build as a deployment, on a cron schedule (several datasets: declare them in "
+        "prefect.yaml, docs/OPERATIONS.md)",
+        description="Register a build_dataset deployment of one dataset, with its cron schedule and build options, "
+        "and run its flow runs until interrupted. Start a run by hand with: prefect deployment run "
+        "build-dataset/DEPLOYMENT. Several datasets: declare them in prefect.yaml (docs/OPERATIONS.md).",
     )
-    sv.add_argument("sources", nargs="*", help="sources of the one dataset to serve (with --name and --cron)")
-    sv.add_argument("--schedules", metavar="FILE", help="YAML schedules file (see flows/schedules.py and the README section Run it on a schedule)")
-    _add_build_options(sv, name_required=False)
-    sv.add_argument("--cron", help="cron schedule of the one dataset, e.g. '0 2 * * *' (02:00 daily)")
+    sv.add_argument("sources", nargs="+", help="sources of the dataset, as for build (local paths made absolute)")
+    _add_build_options(sv, name_required=True)
+    sv.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *' (02:00 daily); without it, runs start by hand only")
     sv.add_argument("--timezone", default=None, help="timezone of --cron (IANA name, default UTC)")
     sv.add_argument("--deployment", help="deployment name (default: the dataset name)")
     sv.add_argument("--limit", type=int, default=None, help="at most this many flow runs at once")
-    sv.add_argument("--dry-run", action="store_true", help="print the deployments as JSON and exit")
+    sv.add_argument("--dry-run", action="store_true", help="print the deployment as JSON and exit")
 
     v = sub.add_parser("validate", help="check a published version against its manifest")
     v.add_argument("ref", help="NAME@VERSION, NAME@latest, or a version directory / metadata.yaml")
@@ -138,7 +139,7 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
         executor = ThreadExecutor(args.workers)
     with executor:
         result = drive(config, executor, data_root=args.data_root, catalog=args.catalog,
-                       events=DisplayEvents(config.name, display))
+                       events=BuildProgress(config.name, display))
     display(Progress(dataset=config.name, phase="done", done=1, total=1, ref=result.ref))
     return result.ref
 
@@ -171,7 +172,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace, config: Any) -> str:
     """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
-    from shardflow.flows.progress import DisplayEvents, ProgressDisplay
+    from shardflow.flows.progress import BuildProgress, ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
@@ -260,56 +261,68 @@ def _checked_build_config(args: argparse.Namespace) -> Any:
     return _config(args)
 
 
+def _absolute(path: str | None) -> str | None:
+    """A local path made absolute (a served run may start in another directory); a URL as given."""
+    from shardflow.tasks.sources import is_url
+
+    return path if path is None or is_url(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def _schedules(cron: str | None, timezone: str | None) -> list[Any] | None:
+    """``--cron`` and ``--timezone`` as Prefect's schedule; a bad one is a user error naming its option."""
+    if cron is None:
+        if timezone is not None:
+            raise ShardflowError("--timezone is the timezone of --cron; give --cron 'MIN HOUR DOM MON DOW' too")
+        return None
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.schedules import Cron
+
+    try:
+        schedule = Cron(cron, timezone=timezone)
+    except ValueError as exc:
+        raise ShardflowError(f"--cron {cron!r}: {exc}; give five fields MIN HOUR DOM MON DOW, "
+                             "e.g. '0 2 * * *' (02:00 daily)") from None
+    try:  # Cron checks the cron only; the timezone is checked when the deployment is made
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValueError:
+        raise ShardflowError(f"--timezone {timezone!r}: not a timezone; give an IANA name, e.g. UTC or "
+                             "Europe/Paris") from None
+    return [schedule]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    """``shardflow serve``: one deployment of ``build_dataset``, served by this process (``prefect.serve``)."""
     import json
 
-    from shardflow.flows.schedules import ScheduledBuild, load_schedules, to_deployments
+    if args.workers < 1:
+        raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
+    _check_runner(args)
+    config = _config(args)
+    config = config.replace(sources=tuple(_absolute(s) or s for s in config.sources))
+    if not args.dry_run:
+        _prefect_defaults()  # before Prefect's import
+    schedules = _schedules(args.cron, args.timezone)
+    from shardflow.flows.build import build_dataset, dataset_tag
+    from shardflow.tasks.build import TAGS
 
-    if args.schedules:
-        if args.sources or args.name or args.cron:
-            raise ShardflowError("give either --schedules FILE or one dataset (SOURCES --name --cron), not both")
-        builds = load_schedules(args.schedules)
-    else:
-        if not (args.sources and args.name):
-            raise ShardflowError(
-                "nothing to serve: give --schedules FILE, or SOURCES with --name NAME and --cron 'MIN HOUR DOM MON DOW'"
-            )
-        _check_runner(args)
-        if args.workers < 1:
-            raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
-        from shardflow.flows.schedules import _abs, _check_cron
-
-        if args.cron:
-            _check_cron(args.cron, args.timezone, "--cron")
-        config = _config(args)
-        cwd = Path.cwd()
-        config = config.replace(sources=tuple(_abs(s, cwd) or s for s in config.sources))
-        builds = [
-            ScheduledBuild(
-                deployment=args.deployment or config.name,
-                config=config,
-                cron=args.cron,
-                timezone=args.timezone,
-                workers=args.workers,
-                data_root=_abs(args.data_root, cwd),
-                catalog=_abs(args.catalog, cwd),
-                runner=args.runner,
-                address=args.address,
-                description=f"Build the {config.name} dataset",
-            )
-        ]
+    deployment = build_dataset.to_deployment(
+        name=args.deployment or config.name,
+        schedules=schedules,
+        parameters={"config": config.to_dict(), "workers": args.workers, "data_root": _absolute(args.data_root),
+                    "catalog": _absolute(args.catalog), "runner": args.runner, "address": args.address},
+        tags=[*TAGS, dataset_tag(config.name)],
+        description=f"Build the {config.name} dataset",
+    )
+    name = f"{deployment.flow_name}/{deployment.name}"
     if args.dry_run:
-        print(json.dumps([b.to_dict() for b in builds], indent=2))
+        print(json.dumps({"deployment": name, "cron": args.cron, "timezone": args.timezone, "tags": deployment.tags,
+                          "parameters": deployment.parameters, "description": deployment.description}, indent=2))
         return 0
-    _prefect_defaults()
     from prefect import serve
 
-    deployments = to_deployments(builds)
-    for b in builds:
-        when = f"cron {b.cron!r}" + (f" ({b.timezone})" if b.timezone else "") if b.cron else "no schedule (run by hand)"
-        print(f"serving build-dataset/{b.deployment}: {b.config.name} from {', '.join(b.config.sources)}, {when}",
-              flush=True)
-    serve(*deployments, limit=args.limit)
+    when = f"cron {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else "no schedule (runs start by hand)"
+    print(f"serving {name}: {config.name} from {', '.join(config.sources)}, {when}", flush=True)
+    serve(deployment, limit=args.limit)
     return 0
 
 

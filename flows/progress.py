@@ -84,32 +84,50 @@ def listening(fn: Callable[[Progress], None]) -> Iterator[None]:
             _listeners.remove(fn)
 
 
-class DisplayEvents:
-    """The build driver's events (``shardflow.build.Events``) as progress of a build run here, without Prefect."""
+class BuildProgress:
+    """The build driver's events (``shardflow.build.Events``) as ``Progress``: units tokenized, shards written.
 
-    def __init__(self, name: str, display: Callable[[Progress], None]) -> None:
+    ``display`` gets each ``Progress`` (a ``ProgressDisplay``, or :func:`emit`
+    to whoever listens). Counts, tokens and seconds per stage are kept for a
+    run's summary.
+    """
+
+    PHASES = {"tokenize-unit": "tokenize", "write-shard": "write"}
+
+    def __init__(self, name: str, display: Callable[[Progress], None] = emit) -> None:
         self.name, self.display = name, display
-        self.done = self.tokens = self.total = 0
-        self.t0 = time.monotonic()
+        self.started = time.monotonic()
+        self.plan: Any = None
+        self.counts: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.totals: dict[str, int] = {}
+        self.began: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
 
     def planned(self, plan: Any) -> None:
-        self.total, self.t0 = len(plan.units), time.monotonic()
-        if not plan.existing:
-            self.display(Progress(dataset=self.name, phase="tokenize", done=0, total=self.total))
+        self.plan = plan
 
     def stage_started(self, stage: Any, plan: Any, jobs: Any) -> None:
-        """Only the work units are shown."""
+        self.began[stage.name] = time.monotonic()
+        self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
+        if stage.name in self.PHASES:
+            self.step(stage.name)
 
     def job_done(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
-        if stage.fan_out != "units":
-            return
-        self.done += 1
-        self.tokens += result.tokens
-        self.display(Progress(dataset=self.name, phase="tokenize", done=self.done, total=self.total,
-                              tokens=self.tokens, elapsed=time.monotonic() - self.t0))
+        self.counts[stage.name] = self.counts.get(stage.name, 0) + 1
+        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + int(getattr(result, "tokens", 0) or 0)
+        self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
+        if stage.name in self.PHASES:
+            self.step(stage.name)
 
     def stage_failed(self, stage: Any, plan: Any, error: BaseException) -> None:
-        """The command line prints the error."""
+        """Whoever runs the build reports the error."""
+
+    def step(self, stage: str) -> None:
+        """One more job of a shown stage (or its start)."""
+        self.display(Progress(dataset=self.name, phase=self.PHASES[stage], done=self.counts[stage],
+                              total=self.totals[stage], tokens=self.tokens[stage],
+                              elapsed=time.monotonic() - self.began[stage]))
 
 
 def format_rate(tokens_per_second: float) -> str:
