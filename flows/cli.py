@@ -8,8 +8,8 @@ this process without Prefect. ``--runner dask --address tcp://HOST:PORT`` runs
 the work units on an existing Dask cluster. Progress goes to standard error: a
 bar on a terminal, plain lines when piped or under CI.
 
-``serve`` registers scheduled deployments of the build flow (from a schedules
-file, or one dataset from the command line) and runs their flow runs.
+``serve`` registers a scheduled deployment of one dataset's build and runs its
+flow runs (several datasets: ``prefect.yaml``, docs/OPERATIONS.md).
 
 A user error (bad input, bad option, failed validation) is one message on
 standard error and exit status 2, never a traceback. A rebuild that finds the identical

@@ -3,7 +3,7 @@
 URL sources are no longer mirrored anywhere: an fsspec URL (``s3://bucket/corpus/``,
 ``gs://...``, ``memory://...``) goes to planning as it is, and the core lists
 it and reads its objects in place on the workers (``shardflow.sources.storage``).
-What is left here are the helpers the schedules and the command line use.
+What is left here are the helpers the command line uses.
 
 No Prefect import here: the CLI's ``--no-prefect`` path uses it too.
 """

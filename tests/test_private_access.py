@@ -255,7 +255,7 @@ from gigatoken._load.sentencepiece import convert
 from collections import _chain
 from . import _io
 from ..build import stages
-from shardflow.flows import schedules
+from shardflow.flows import options
 
 class Mine:
     def __init__(self, encoding):
@@ -277,7 +277,7 @@ def run(point, enc):
     point._replace(x=1)  # namedtuple's documented method
     _io.start_writeback(1)
     stages._private(1)
-    schedules._check_cron("x")
+    options._config("x")
     enc.x._pat_str
     inspect.getsource(run)
     getsource(run)

@@ -303,22 +303,19 @@ def test_incremental_reuse_compares_the_whole_boundary(tmp_path, corpus, monkeyp
     assert plan_reuse(cfg, inputs, tok, token_dtype(tok), cat, None, boundaries=changed) is None
 
 
-def test_schedules_file_takes_the_boundary_options(tmp_path):
-    from shardflow.flows.schedules import load_schedules
+def test_serve_takes_the_boundary_options(capsys):
+    """A served deployment's parameters carry the placement and the tokens, as given; a contradiction is refused."""
+    import json
 
-    f = tmp_path / "s.yaml"
-    f.write_text(
-        "datasets:\n"
-        "  - name: w\n    sources: [x/]\n    cron: '0 2 * * *'\n"
-        "    options: {boundary: both, bos_token: 100258, eos_token: '<|fim_suffix|>'}\n"
-        "  - name: v\n    sources: [x/]\n    cron: '0 2 * * *'\n    options: {eos_token: '<|fim_suffix|>'}\n"
-    )
-    with pytest.raises(ConfigError, match=r"--eos-token <\|fim_suffix\|> is given but boundary='bos' places no EOS"):
-        load_schedules(f)
-    f.write_text(f.read_text().split("  - name: v")[0])
-    (sb,) = load_schedules(f)
-    assert (sb.config.boundary, sb.config.bos_token, sb.config.eos_token) == ("both", "100258", FIM_SUFFIX)
-    assert sb.parameters()["config"]["bos_token"] == "100258"
+    from shardflow.flows.cli import main
+
+    serve = ["serve", "x/", "--name", "w", "--cron", "0 2 * * *", "--dry-run"]
+    assert main([*serve, "--eos-token", FIM_SUFFIX]) == 2
+    err = capsys.readouterr().err
+    assert f"--eos-token {FIM_SUFFIX} is given but boundary='bos' places no EOS" in err and err.count("\n") == 1, err
+    assert main([*serve, "--bos", "--eos", "--bos-token", "100258", "--eos-token", FIM_SUFFIX]) == 0
+    config = json.loads(capsys.readouterr().out)["parameters"]["config"]
+    assert (config["boundary"], config["bos_token"], config["eos_token"]) == ("both", "100258", FIM_SUFFIX)
 
 
 def test_a_tokenizer_without_a_classic_boundary_records_the_tokens_it_was_given():

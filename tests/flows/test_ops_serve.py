@@ -1,5 +1,5 @@
-"""Schedules: ``shardflow serve`` registers a cron-scheduled deployment on a real server, and a run
-started by hand with ``prefect deployment run`` is executed by the serving process."""
+"""``shardflow serve``: one dataset's cron-scheduled deployment registered on a real server, and a run
+started by hand with ``prefect deployment run`` executed by the serving process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import textwrap
 import time
 from pathlib import Path
 
@@ -20,23 +19,14 @@ from ops_support import PYTHON, SHARDFLOW, PrefectServer
 def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "schedules.yaml").write_text(textwrap.dedent(f"""
-        defaults:
-          data_root: out/data
-          catalog: out/manifests
-          timezone: UTC
-        datasets:
-          - name: nightly-ops
-            sources: [{corpus}/]
-            cron: "0 2 * * *"
-            options: {{shard_tokens: 300000, val_fraction: 0.1}}
-            tags: [nightly]
-        """))
+    (tmp_path / "corpus").symlink_to(corpus, target_is_directory=True)  # a relative source, made absolute
     env = {**prefect_server.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "CI": "true"}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*SHARDFLOW, "serve", "--schedules", "schedules.yaml"],
+            [*SHARDFLOW, "serve", "corpus/", "--name", "nightly-ops", "--cron", "0 2 * * *", "--timezone", "UTC",
+             "--shard-tokens", "300000", "--val-fraction", "0.1", "--data-root", "out/data",
+             "--catalog", "out/manifests"],
             cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
@@ -52,12 +42,13 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
         (schedule,) = dep["schedules"]
         assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
         assert schedule["active"] is True
-        assert set(dep["tags"]) == {"shardflow", "dataset:nightly-ops", "nightly"}
+        assert set(dep["tags"]) == {"shardflow", "dataset:nightly-ops"}
         params = dep["parameters"]
         assert params["config"]["name"] == "nightly-ops" and params["config"]["shard_tokens"] == 300000
+        assert params["config"]["sources"] == [str(tmp_path / "corpus")]
         assert params["data_root"] == str(tmp_path / "out" / "data")
 
-        # Started by hand, the way the README says.
+        # Started by hand, the way docs/OPERATIONS.md says.
         res = subprocess.run(
             [PYTHON, "-m", "prefect", "deployment", "run", "build-dataset/nightly-ops"],
             env=env, capture_output=True, text=True, timeout=60,
@@ -67,10 +58,13 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
         run = prefect_server.wait_flow_run(flow_run_id, timeout=120)
         assert run["state"]["type"] == "COMPLETED", log.read_text()[-3000:]
         assert run["name"] == "build nightly-ops"
-        assert {"dataset:nightly-ops", "nightly"} <= set(run["tags"])
+        assert {"shardflow", "dataset:nightly-ops"} <= set(run["tags"])
         assert (tmp_path / "out" / "data" / "nightly-ops" / "v1" / "metadata.yaml").exists()
         arts = prefect_server.request("POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
         assert {a["key"] for a in arts} >= {"nightly-ops-summary", "nightly-ops-shards", "nightly-ops-manifest"}
+        tasks = prefect_server.request("POST", "/task_runs/filter",
+                                       {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+        assert tasks and all("dataset:nightly-ops" in t["tags"] for t in tasks), [t["tags"] for t in tasks]
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -1,5 +1,5 @@
 """Operations pieces that need no Prefect server: artifact contents and keys, progress display,
-URL sources, the tasks' retry and result settings, and the schedules file."""
+URL sources, the tasks' retry and result settings, and ``shardflow serve``'s deployment."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import io
 import json
 import re
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -270,93 +269,69 @@ def test_only_io_tasks_retry_and_only_on_transient_os_errors():
         assert not is_transient(None, None, State(exc)), exc
 
 
-# -- schedules -------------------------------------------------------------------------------------------
+# -- shardflow serve ------------------------------------------------------------------------------------
 
 
-def _schedules(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "schedules.yaml"
-    path.write_text(textwrap.dedent(body))
-    return path
-
-
-def test_schedules_file_becomes_deployments_with_cron_and_parameters(tmp_path, capsys):
+def test_serve_dry_run_shows_the_one_deployment_with_cron_tags_and_parameters(tmp_path, monkeypatch, capsys):
     from shardflow.flows.build import build_dataset
-    from shardflow.flows.schedules import load_schedules, to_deployments
 
-    path = _schedules(tmp_path, """
-        defaults:
-          data_root: out/data
-          catalog: out/manifests
-          timezone: Europe/Paris
-          options: {shard_tokens: 1000000}
-        datasets:
-          - name: wiki
-            sources: [corpora/wiki/]
-            cron: "0 2 * * *"
-            options: {val_fraction: 0.01}
-          - name: code
-            deployment: code-weekly
-            sources: ["s3://corpora/code/*.parquet"]
-            cron: "30 3 * * 0"
-            runner: dask
-            address: tcp://10.0.0.5:8786
-            workers: 8
-            tags: [weekly]
-        """)
-    wiki, code = load_schedules(path)
-    assert wiki.deployment == "wiki" and wiki.cron == "0 2 * * *" and wiki.timezone == "Europe/Paris"
-    assert wiki.config.sources == (str(tmp_path / "corpora" / "wiki"),)  # relative to the file
-    assert wiki.data_root == str(tmp_path / "out" / "data")
-    assert wiki.config.shard_tokens == 1_000_000 and wiki.config.val_fraction == 0.01
-    assert code.config.sources == ("s3://corpora/code/*.parquet",) and code.runner == "dask" and code.workers == 8
-    assert code.all_tags() == ["shardflow", "dataset:code", "weekly"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "corpora/wiki/", "s3://corpora/code/*.parquet", "--name", "wiki", "--deployment", "wiki-nightly",
+                 "--cron", "0 2 * * *", "--timezone", "Europe/Paris", "--shard-tokens", "1000000",
+                 "--val-fraction", "0.01", "--workers", "8", "--data-root", "out/data", "--catalog", "out/manifests",
+                 "--runner", "dask", "--address", "tcp://10.0.0.5:8786", "--dry-run"]) == 0
+    dep = json.loads(capsys.readouterr().out)
+    assert dep["deployment"] == "build-dataset/wiki-nightly"
+    assert (dep["cron"], dep["timezone"]) == ("0 2 * * *", "Europe/Paris")
+    assert dep["tags"] == ["shardflow", "dataset:wiki"]
+    params = dep["parameters"]
+    # Local paths made absolute (a served run may start elsewhere), URLs as given.
+    assert params["config"]["sources"] == [str(tmp_path / "corpora" / "wiki"), "s3://corpora/code/*.parquet"]
+    assert params["data_root"] == str(tmp_path / "out" / "data")
+    assert params["catalog"] == str(tmp_path / "out" / "manifests")
+    assert (params["workers"], params["runner"], params["address"]) == (8, "dask", "tcp://10.0.0.5:8786")
     # The parameters are what the flow accepts.
-    for b in (wiki, code):
-        params = build_dataset.validate_parameters(b.parameters())
-        assert isinstance(params["config"], BuildConfig) and params["config"].name == b.config.name
-    deployments = to_deployments([wiki, code])
-    assert [d.name for d in deployments] == ["wiki", "code-weekly"]
-    assert deployments[0].schedules[0].schedule.cron == "0 2 * * *"
-    assert deployments[1].tags == ["shardflow", "dataset:code", "weekly"]
-    assert deployments[1].parameters["address"] == "tcp://10.0.0.5:8786"
+    config = build_dataset.validate_parameters(params)["config"]
+    assert isinstance(config, BuildConfig)
+    assert (config.name, config.shard_tokens, config.val_fraction) == ("wiki", 1_000_000, 0.01)
 
-    assert main(["serve", "--schedules", str(path), "--dry-run"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert [d["deployment"] for d in shown] == ["build-dataset/wiki", "build-dataset/code-weekly"]
+    # No --cron: a deployment whose runs start by hand only; the deployment is named after the dataset.
+    assert main(["serve", "/data/c", "--name", "code", "--dry-run"]) == 0
+    dep = json.loads(capsys.readouterr().out)
+    assert dep["deployment"] == "build-dataset/code" and dep["cron"] is None
+    assert dep["parameters"]["data_root"] is None  # the default ($SHARDFLOW_DATA_ROOT or ./data) is the run's
 
 
 @pytest.mark.parametrize(
-    "body, message",
+    "options, message",
     [
-        ("datasets: []", "non-empty 'datasets'"),
-        ("datasets: [{name: w, sources: [x], cron: '0 25 * * *'}]", "Invalid cron"),
-        ("datasets: [{name: w, sources: [x], cron: '0 2 * * *', timezone: Mars/Base}]", "Invalid timezone"),
-        ("datasets: [{name: w, sources: [x], crontab: '0 2 * * *'}]", "unknown keys crontab"),
-        ("datasets: [{name: w, sources: [x], runner: dask}]", "needs 'address"),
-        ("datasets: [{name: W!, sources: [x]}]", "not allowed"),
-        ("datasets: [{name: w, sources: [x], options: {shard_tokenz: 5}}]", "bad build option"),
-        ("datasets: [{name: w, sources: [x]}, {name: w, sources: [y]}]", "two datasets deploy as 'w'"),
+        (["--cron", "0 25 * * *"], r"--cron '0 25 \* \* \*': Invalid cron string: .*e\.g\. '0 2 \* \* \*'"),
+        (["--cron", "every night"], r"--cron 'every night': Invalid cron string"),
+        (["--cron", "0 2 * * *", "--timezone", "Mars/Base"], r"--timezone 'Mars/Base': not a timezone; give an IANA name"),
+        (["--timezone", "UTC"], r"--timezone is the timezone of --cron; give --cron"),
+        (["--runner", "dask"], r"--runner dask needs --address tcp://HOST:PORT"),
+        (["--workers", "0"], r"--workers must be at least 1, not 0"),
+        (["--name", "W!"], r"not allowed"),
     ],
 )
-def test_bad_schedules_are_one_line_user_errors(tmp_path, capsys, body, message):
-    path = _schedules(tmp_path, body)
-    assert main(["serve", "--schedules", str(path), "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert message in err and str(path) in err and "Traceback" not in err
+def test_bad_serve_options_are_one_line_user_errors(capsys, options, message):
+    assert main(["serve", "corpus/", "--name", "w", *options, "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert re.fullmatch(rf"shardflow: error: .*{message}.*\n", captured.err), captured.err
+    assert captured.out == ""
 
 
-def test_serve_one_dataset_from_the_command_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(["serve", "corpus/", "--name", "nightly", "--cron", "0 2 * * *", "--val-fraction", "0.01",
-                 "--data-root", "d", "--dry-run"]) == 0
-    (dep,) = json.loads(capsys.readouterr().out)
-    assert dep["deployment"] == "build-dataset/nightly" and dep["cron"] == "0 2 * * *"
-    assert dep["parameters"]["config"]["sources"] == [str(tmp_path / "corpus")]
-    assert dep["parameters"]["data_root"] == str(tmp_path / "d")
-    assert main(["serve", "--dry-run"]) == 2
-    assert "nothing to serve" in capsys.readouterr().err
-    assert main(["serve", "x", "--name", "n", "--cron", "every night", "--dry-run"]) == 2
-    assert "Invalid cron" in capsys.readouterr().err
+def test_serve_takes_one_dataset_and_points_to_prefect_yaml_for_several(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--dry-run"])
+    assert exit_.value.code == 2 and "required: sources, --name" in capsys.readouterr().err
+    # The schedules file is gone: several datasets are prefect.yaml's deployments.
+    with pytest.raises(SystemExit):
+        main(["serve", "corpus/", "--name", "w", "--schedules", "schedules.yaml"])
+    assert "unrecognized arguments: --schedules schedules.yaml" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "Several datasets: declare them in prefect.yaml (docs/OPERATIONS.md)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_plan_handle_travels_as_its_staging_directory_not_as_the_whole_plan(tmp_path):

@@ -294,28 +294,17 @@ def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path
     assert section["file"].startswith("embeddings/") and (v.directory / section["file"]).is_file()
 
 
-def test_a_schedules_file_takes_a_target_and_refuses_a_contradiction(tmp_path, real_corpus):
-    from shardflow.flows.schedules import load_schedules
-
-    path = tmp_path / "schedules.yaml"
-    entry = f"  - name: shared\n    sources: [{real_corpus}]\n    cron: '0 2 * * *'\n    options:\n      target: modded-nanogpt\n"
-    path.write_text("datasets:\n" + entry)
-    (one,) = load_schedules(path)
-    assert (one.config.target, one.config.format, one.config.boundary) == ("modded-nanogpt", "nanogpt-legacy", "bos")
-    assert one.parameters()["config"]["target"] == "modded-nanogpt"
-    path.write_text("datasets:\n" + entry + "      format: nanogpt\n")
-    with pytest.raises(ConfigError, match=r"format nanogpt-legacy, so --format nanogpt contradicts it"):
-        load_schedules(path)
-
-
 def test_serve_takes_a_target(tmp_path, real_corpus, capsys):
     import json
 
-    rc = main(["serve", str(real_corpus), "--name", "shared", "--cron", "0 2 * * *", "--target", "olmo-core", "--dry-run"])
-    assert rc == 0
-    (deployment,) = json.loads(capsys.readouterr().out)
-    config = deployment["parameters"]["config"]
+    serve = ["serve", str(real_corpus), "--name", "shared", "--cron", "0 2 * * *", "--dry-run"]
+    assert main([*serve, "--target", "olmo-core"]) == 0
+    config = json.loads(capsys.readouterr().out)["parameters"]["config"]
     assert (config["target"], config["format"], config["boundary"]) == ("olmo-core", "bin", "eos")
+    # An option that contradicts the target is refused before any deployment is made.
+    assert main([*serve, "--target", "modded-nanogpt", "--format", "nanogpt"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "format nanogpt-legacy, so --format nanogpt contradicts it" in err and err.count("\n") == 1
 
 
 def test_one_file_per_split_refuses_a_split_over_its_format_limit_at_the_layout():
