@@ -244,10 +244,10 @@ def check_sources_exist(sources: Sequence[str]) -> None:
     for source in sources:
         if "://" in source or os.path.exists(source):
             continue
-        if any(c in source for c in "*?[") and glob.glob(source, recursive=True):
-            continue
-        raise ShardflowError(f"{source}: no such file or directory; give Parquet, Arrow or JSON Lines files, "
-                             "directories or globs that exist")
+        if not any(c in source for c in "*?["):
+            raise ShardflowError(f"{source}: no such file or directory; check the path")
+        if not glob.glob(source, recursive=True):
+            raise ShardflowError(f"{source}: the pattern matches no files; check the path and the pattern")
 
 
 def _checked_build_config(args: argparse.Namespace) -> Any:

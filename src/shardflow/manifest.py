@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from ._io import atomic_write_text
-from ._yaml import YamlRefused, describe_yaml_error, load_yaml_file
+from ._yaml import YamlRefused, YamlRepeated, describe_yaml_error, load_yaml_file
 from .errors import ManifestError
 
 __all__ = [
@@ -57,6 +57,8 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 MANIFEST_NAME = "metadata.yaml"
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest ``metadata.yaml`` read (one of 100,000 shards is about 40 MB)."""
+UNIQUE_FILES = (("splits", "*", "shards", "*", "file"),)
+"""Where a manifest names its shard files: each at most once, refused at its second listing while parsing."""
 TOKEN_DTYPES = ("uint16", "uint32")
 EMBEDDINGS_DIR = "embeddings"
 """The directory of a schema-2 version holding its embedding files, apart from every split's shards."""
@@ -443,14 +445,32 @@ def read_manifest(path: Path | str) -> Manifest:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        data = load_yaml_file(path, max_bytes=MAX_MANIFEST_BYTES)
+        data = load_yaml_file(path, max_bytes=MAX_MANIFEST_BYTES, unique=UNIQUE_FILES)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest here; is this a published version directory?") from None
+    except YamlRepeated as exc:
+        raise ManifestError(_repeated_shard(path, exc.value, f"{exc.first} and {exc.where}, line {exc.line}")) from None
     except YamlRefused as exc:
         raise ManifestError(f"{path}: refused: {exc}; restore the file or rebuild the version") from None
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML ({describe_yaml_error(exc)})") from None
-    return Manifest.from_dict(data, str(path))
+    manifest = Manifest.from_dict(data, str(path))
+    # Listings the parser did not see as text (aliases of one entry) are caught on the result.
+    seen: dict[str, str] = {}
+    for split, entry in manifest.splits.items():
+        for k, shard in enumerate(entry.shards):
+            here = f"splits.{split}.shards[{k}].file"
+            first = seen.setdefault(shard.file, here)
+            if first != here:
+                raise ManifestError(_repeated_shard(path, shard.file, f"{first} and {here}"))
+    return manifest
+
+
+def _repeated_shard(path: Path, file: str, where: str) -> str:
+    return (
+        f"{path}: lists the shard {file} more than once ({where}); a version lists each shard once, so this "
+        "manifest was changed or is corrupt: rebuild the version or restore its metadata.yaml"
+    )
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> Path:

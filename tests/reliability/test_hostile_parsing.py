@@ -1,8 +1,10 @@
-"""Hostile files meet bounded parsing: alias bombs, malformed fields, bad rank files, oversized JSON integers.
+"""Hostile files meet bounded parsing: alias bombs, repeated shards, nesting and size limits, malformed fields,
+bad rank files, oversized JSON integers.
 
 Every case is refused with one ``shardflow: error:`` line naming the file (and
 the field or line), exit status 2, no traceback, and nothing published; the
-alias bombs within a second and 50 MB (measured in a subprocess).
+alias bombs within a second and 50 MB, a manifest listing one shard 100,000
+times within 2 s and 200 MB (measured in a subprocess).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from rel_support import SAMPLE, build_in, small_vocab
+from rel_support import SAMPLE, small_vocab
 from shardflow.catalog import Catalog
 from shardflow.errors import CatalogError, ConfigError, ManifestError
 from shardflow.flows.cli import main
@@ -28,23 +30,6 @@ from shardflow.manifest import read_manifest
 from shardflow.tokenizers import load_tokenizer
 
 NAME = "hostile"
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory) -> Path:
-    """A root with ``data/`` and ``catalog/`` holding ``hostile@v1`` (the sample, the 5000-rank vocabulary)."""
-    root = tmp_path_factory.mktemp("hostile")
-    vocab = small_vocab(root / "vocab")
-    build_in(root, SAMPLE, NAME, dict(tokenizer=str(vocab), shard_tokens=60_000, val_fraction=0.2, seed=1))
-    return root
-
-
-@pytest.fixture
-def root(published, tmp_path) -> Path:
-    """A private copy of the published root (the catalog's relative paths still hold)."""
-    copy = tmp_path / "root"
-    shutil.copytree(published, copy, symlinks=True)
-    return copy
 
 
 def version_dir(root: Path) -> Path:
@@ -190,6 +175,64 @@ def test_a_recursive_alias_is_refused(root):
     path = version_dir(root) / "metadata.yaml"
     path.write_text(path.read_text().replace("description: ''\n", "description: &r [1, *r]\n", 1))
     with pytest.raises(ManifestError, match=r"metadata\.yaml: refused: line \d+, column \d+: an alias refers to a collection that contains it"):
+        read_manifest(path)
+
+
+@pytest.mark.slow
+def test_a_manifest_listing_one_shard_100000_times_is_refused_quickly_in_bounded_memory(root):
+    """Written out in full (no aliases), 40 MB: refused at the second listing, before the rest is parsed."""
+    loose = root / "loose"
+    shutil.copytree(version_dir(root), loose)
+    path = loose / "metadata.yaml"
+    path.chmod(0o644)
+    data = yaml.safe_load(path.read_text())
+    first = data["splits"]["train"]["shards"][0]
+    data["splits"]["train"]["shards"] = [first] * 100_000
+    path.write_text(json.dumps(data, indent=1, default=str))  # JSON is YAML
+    assert path.stat().st_size > 30_000_000
+    directory, catalog = str(loose), str(root / "catalog")
+    result = measure([
+        ["validate", directory, "--catalog", catalog],
+        ["show", directory, "--catalog", catalog],
+        ["open", directory, catalog],
+    ])
+    for step in result["steps"]:
+        assert_one_error(
+            step["rc"], step["err"], re.escape(str(path)),
+            rf"lists the shard {re.escape(first['file'])} more than once \(splits\.train\.shards\[0\]\.file and "
+            r"splits\.train\.shards\[1\]\.file, line \d+\); a version lists each shard once",
+        )
+        assert step["seconds"] < 2.0, step
+    assert result["grown_kib"] < 200 * 1024, result
+
+
+def test_a_shard_listed_in_two_splits_is_refused(root):
+    path = version_dir(root) / "metadata.yaml"
+    path.chmod(0o644)
+    data = yaml.safe_load(path.read_text())
+    data["splits"]["val"]["shards"].append(data["splits"]["train"]["shards"][0])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ManifestError, match=r"more than once \(splits\.train\.shards\[0\]\.file and "
+                                            r"splits\.val\.shards\[\d+\]\.file\)"):
+        read_manifest(path)
+
+
+def test_nesting_too_deep_is_refused_before_it_is_composed(root):
+    path = version_dir(root) / "metadata.yaml"
+    path.chmod(0o644)
+    path.write_text(path.read_text().replace("description: ''\n", "description: " + "[" * 300 + "]" * 300 + "\n", 1))
+    with pytest.raises(ManifestError, match=r"metadata\.yaml: refused: line \d+, column \d+: nested more than 200 levels"):
+        read_manifest(path)
+
+
+def test_more_nodes_than_the_limit_are_refused_while_streaming(root, monkeypatch):
+    """The cap on a document's nodes (8 million: ~400,000 shards), lowered so that the sample's manifest passes it."""
+    import shardflow._yaml
+
+    path = version_dir(root) / "metadata.yaml"
+    assert read_manifest(path).name == NAME
+    monkeypatch.setattr(shardflow._yaml, "MAX_NODES", 50)
+    with pytest.raises(ManifestError, match=r"metadata\.yaml: refused: it has more than 50 YAML nodes"):
         read_manifest(path)
 
 

@@ -227,29 +227,40 @@ def test_a_manifest_listing_one_shard_many_times_is_refused_in_one_line(
     rc = _main("validate", str(version))
     err = capsys.readouterr().err
     assert rc == 2
+    # safe_dump writes the entry once and aliases it: the repeat is found on the parsed manifest.
     assert err.splitlines() == [
-        f"shardflow: error: {version / 'metadata.yaml'}: lists the shard {first['file']} 1000 times; a version "
-        "lists each shard once, so this manifest was changed or is corrupt: rebuild the version or restore its "
-        "metadata.yaml"
+        f"shardflow: error: {version / 'metadata.yaml'}: lists the shard {first['file']} more than once "
+        "(splits.train.shards[0].file and splits.train.shards[1].file); a version lists each shard once, so this "
+        "manifest was changed or is corrupt: rebuild the version or restore its metadata.yaml"
     ]
 
 
 @pytest.mark.parametrize(
-    ("token", "message"),
+    ("flags", "message"),
     [
-        ("4999999", r"--bos-token 4999999: id 4999999 is not in the vocabulary of '[^']+', whose ids are 0 to \d+$"),
-        ("abc-no-such-token", r"--bos-token 'abc-no-such-token': no token of '[^']+' has this text"),
+        (["--bos-token", "4999999"],
+         r"--bos-token 4999999: id 4999999 is not in the vocabulary of 'small5000', whose ids are 0 to 5000$"),
+        (["--bos-token", "5001"], r"--bos-token 5001: id 5001 is not in the vocabulary of 'small5000', whose ids are 0 to 5000$"),
+        (["--eos", "--eos-token", "5001"],
+         r"--eos-token 5001: id 5001 is not in the vocabulary of 'small5000', whose ids are 0 to 5000$"),
+        (["--bos", "--eos", "--eos-token", "4999999"],
+         r"--eos-token 4999999: id 4999999 is not in the vocabulary of 'small5000', whose ids are 0 to 5000$"),
+        (["--bos-token", "abc-no-such-token"], r"--bos-token 'abc-no-such-token': no token of 'small5000' has this text"),
+        # An ordinary token: documents hold it, so the shards' boundaries could not be told apart.
+        (["--bos-token", "0"], r"--bos-token 0: '!' \(id 0\) is an ordinary token of 'small5000', which documents contain"),
+        (["--eos", "--eos-token", "!"], r"--eos-token !: '!' \(id 0\) is an ordinary token of 'small5000'"),
     ],
 )
-def test_a_bos_token_outside_the_vocabulary_is_refused_at_planning(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], token: str, message: str
+def test_a_boundary_token_outside_the_vocabulary_or_ordinary_is_refused_at_planning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
     rc = _main("build", str(SAMPLE), "--name", "bos", "--no-prefect", "--data-root", str(tmp_path / "data"),
-               "--catalog", str(tmp_path / "cat"), "--tokenizer", str(small_vocab(tmp_path)), "--bos-token", token)
+               "--catalog", str(tmp_path / "cat"), "--tokenizer", str(small_vocab(tmp_path)), *flags)
     err = capsys.readouterr().err
     assert rc == 2
     assert len(err.splitlines()) == 1 and re.search(message, err.splitlines()[0].removeprefix("shardflow: error: ")), err
     assert not (tmp_path / "cat").exists() or not list((tmp_path / "cat").glob("*.yaml"))
+    assert not (tmp_path / "data").exists()  # refused while planning: nothing staged
 
 
 @pytest.fixture

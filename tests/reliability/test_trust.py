@@ -20,28 +20,13 @@ import numpy as np
 import pytest
 import yaml
 
-from rel_support import SAMPLE, assert_same_version, build_in, small_vocab, split_sample, versions
+from rel_support import SAMPLE, assert_same_version, build_in, split_sample, versions
 from shardflow.errors import ManifestError, ValidationError
 from shardflow.flows.cli import main
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
 
 NAME = "trust"
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("trust")
-    vocab = small_vocab(root / "vocab")
-    build_in(root, SAMPLE, NAME, dict(tokenizer=str(vocab), shard_tokens=60_000, val_fraction=0.2, seed=1))
-    return root
-
-
-@pytest.fixture
-def root(published, tmp_path) -> Path:
-    copy = tmp_path / "root"
-    shutil.copytree(published, copy, symlinks=True)
-    return copy
 
 
 def vdir(root: Path) -> Path:
@@ -112,12 +97,11 @@ def test_without_the_rename_the_sha_edit_is_still_caught(root, capsys):
 
 # --- case 3: rank and tokenizer files are confined ------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["absolute", "dotdot"])
-def test_a_rank_file_outside_the_version_is_refused(root, capsys, tmp_path, where):
+def _refuse_outside(root: Path, key: str, tmp_path: Path, where: str, capsys) -> None:  # noqa: ANN001
+    """Point ``tokenized_info.KEY`` at a copy of the file outside the version: validate and the runtime refuse it."""
     v1 = vdir(root)
     info = read_manifest(v1).tokenized_info
-    key = "rank_file" if info.get("rank_file") else "tokenizer_file"
-    outside = tmp_path / "x" / "ranks.tiktoken"
+    outside = tmp_path / "x" / Path(info[key]).name
     outside.parent.mkdir()
     shutil.copy(v1 / info[key], outside)
     name = str(outside) if where == "absolute" else os.path.relpath(outside, v1)
@@ -128,6 +112,21 @@ def test_a_rank_file_outside_the_version_is_refused(root, capsys, tmp_path, wher
     assert rc == 2 and f"tokenized_info.{key} names" in text and "not a relative path inside the version" in text, text
     with pytest.raises(ManifestError, match=rf"tokenized_info.{key} names .*not a relative path inside the version"):
         open_version(f"{NAME}@v1", catalog=root / "catalog").tokenizer
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_a_rank_file_outside_the_version_is_refused(root, capsys, tmp_path, where):
+    assert read_manifest(vdir(root)).tokenized_info.get("rank_file")  # a .tiktoken version
+    _refuse_outside(root, "rank_file", tmp_path, where, capsys)
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_a_tokenizer_json_outside_the_version_is_refused(bpe_json, capsys, tmp_path, where):
+    root = tmp_path / "root"
+    build_in(root, SAMPLE, NAME, dict(tokenizer=str(bpe_json), shard_tokens=60_000))
+    info = read_manifest(vdir(root)).tokenized_info
+    assert info.get("tokenizer_file") and not info.get("rank_file")  # a tokenizer.json version
+    _refuse_outside(root, "tokenizer_file", tmp_path, where, capsys)
 
 
 # --- case 4: symlinks out of the version ----------------------------------------------------------------
@@ -240,3 +239,22 @@ def test_a_corrupt_parent_shard_is_never_a_dead_end(tmp_path, caplog):
     full = Path(build_in(tmp_path / "full", src, "k", dict(shard_tokens=30_000)).manifest_path).parent
     assert_same_version(v2, full)
     assert np.array_equal(open_version(v2).split("train").shard(0), open_version(full).split("train").shard(0))
+
+
+def test_a_parent_shard_replaced_by_a_symlink_is_not_carried_into_the_next_version(tmp_path, caplog):
+    """Case 4's incremental half: the link is never hard-linked into v2, whose bytes are a full build's."""
+    src, r, v1 = _grown(tmp_path)
+    first = read_manifest(v1).splits["train"].shards[0]
+    outside = tmp_path / "elsewhere.bin"
+    shutil.copy(v1 / first.file, outside)  # the same bytes, outside the version
+    (v1 / first.file).unlink()
+    os.symlink(outside, v1 / first.file)
+    caplog.set_level("WARNING", logger="shardflow.build")
+    v2 = Path(build_in(r, src, "k", dict(shard_tokens=30_000)).manifest_path).parent
+    lines = [rec.getMessage() for rec in caplog.records if "not reusing k@v1" in rec.getMessage()]
+    assert len(lines) == 1 and "outside the version directory" in lines[0] and "(through a symlink)" in lines[0], lines
+    assert "reuse" not in read_manifest(v2).extra
+    links = [p for p in v2.rglob("*") if p.is_symlink()]
+    assert links == []
+    full = Path(build_in(tmp_path / "full", src, "k", dict(shard_tokens=30_000)).manifest_path).parent
+    assert_same_version(v2, full)

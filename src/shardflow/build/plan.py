@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 
 import numpy as np
 
@@ -27,7 +26,17 @@ from ..tokenizers import Tokenizer, load_tokenizer
 from ..targets import get_target
 from .incremental import NO_REUSE_ENV, plan_reuse, recorded_hashes
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
-from .staging import Staging, adopt_orphan, read_old_plan, reset_staging, staging_lock, sweep_stale_tmp, write_plan
+from .staging import (
+    Staging,
+    adopt_orphan,
+    discard_staging,
+    read_old_plan,
+    remove_abandoned,
+    reset_staging,
+    staging_lock,
+    sweep_stale_tmp,
+    write_plan,
+)
 from .units import cut_for_cores
 
 __all__ = ["plan_build", "token_dtype", "build_key", "resolve_boundaries"]
@@ -77,6 +86,13 @@ def _resolve_token(tokenizer: Tokenizer, kind: str, given: str | None, dtype: np
                 "single token's exact text, or its id"
             )
         text, token_id = given, int(id_or_none)
+    if given is not None and tokenizer.encode_ordinary(text) == [token_id]:
+        # Text in a document encodes to it, so the shards' boundaries could not be told apart from it
+        # (validation would refuse the shards after every input was tokenized).
+        raise ConfigError(
+            f"{flag} {given}: {text!r} (id {token_id}) is an ordinary token of {tokenizer.name!r}, which documents "
+            f"contain wherever their text has it; give a special token (one that no text encodes to) by text or id"
+        )
     if not 0 <= token_id < tokenizer.vocab_size or token_id > np.iinfo(dtype).max:
         raise ConfigError(
             f"{flag}: the {what} token {text!r} (id {token_id}) does not fit the vocabulary of {tokenizer.name!r} "
@@ -156,6 +172,8 @@ def plan_build(
         raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")
     key = build_key(config, inputs, tokenizer)
     staging = Staging(dataset_dir / ".staging" / key[:16])
+    # Other builds' staging directories that no rerun will resume (published, or staged by an older shardflow).
+    remove_abandoned(dataset_dir, cat, config.name, keep=staging.root)
     latest = cat.latest(config.name)
     plan = BuildPlan(
         config=config,
@@ -175,7 +193,7 @@ def plan_build(
         if staging.root.exists():
             try:
                 with staging_lock(staging, config.name, 0):
-                    shutil.rmtree(staging.root, ignore_errors=True)
+                    discard_staging(staging.root)
             except CatalogError:
                 pass  # the run that published it is still cleaning up
         return dataclasses.replace(plan, existing=f"{config.name}@{existing.version}")
@@ -198,7 +216,7 @@ def plan_build(
     with staging_lock(staging, config.name, lock_timeout):
         found = cat.find_build(config.name, key)
         if found is not None:  # published by another run while this one waited for the lock
-            shutil.rmtree(staging.root, ignore_errors=True)
+            discard_staging(staging.root)
             return dataclasses.replace(plan, existing=f"{config.name}@{found.version}", reuse=None)
         plan = _prepare_staging(plan, cat)
     fault("plan")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from .._io import atomic_write_text, fsync_dir, sha256_file
@@ -34,7 +33,7 @@ from .layout import read_layout, unit_results
 from .manifest import TokenizerInfo, assemble_manifest, hashed_inputs, now
 from .model import BuildPlan, EmbedResult, UnitResult
 from .plan import build_key
-from .staging import Staging, as_plan
+from .staging import Staging, as_plan, discard_staging
 from .stats import collecting
 from .target_files import write_target_files
 from .write import read_shard_results, tokenizer_file_name, write_tokenizer_files
@@ -106,7 +105,7 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     write_target_files(plan.config.target, manifest, staging.out, tokenizer)  # what its settings name (hf_tokenizer/)
     # The statistics (stats.json, named in the manifest with its SHA-256) and the card's plots: the
     # stats-card stage's, drawn beside the shard jobs; drawn here if that stage did not finish.
-    card = (card_done(plan) or draw_card(plan)) if collecting() else None
+    card = (card_done(plan) or draw_card(plan)) if collecting(plan) else None
     if card is not None and card.stats is not None:
         manifest = manifest.replace(extra={**manifest.extra, "stats": card.stats})
         if card.card:
@@ -211,7 +210,7 @@ def publish_out(
         existing = cat.find_build(name, build_key)
         if existing is not None:
             if cleanup is not None:
-                shutil.rmtree(cleanup, ignore_errors=True)
+                discard_staging(cleanup)
             return f"{name}@{existing.version}"
         dataset_dir = Path(data_root) / name
         version = cat.next_version(name)
@@ -250,7 +249,7 @@ def publish_out(
             ),
         )
         fault("publish-cataloged", final)
-    if cleanup is not None:
-        shutil.rmtree(cleanup, ignore_errors=True)
+    if cleanup is not None:  # the published build's staging directory (renamed, then deleted: never half of one)
+        discard_staging(cleanup)
     log.info("published %s@%s at %s", name, version, final)
     return f"{name}@{version}"

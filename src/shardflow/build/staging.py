@@ -16,6 +16,11 @@
 Each file is written under a temporary name and renamed into place, the
 ``.json`` marker of a step last, so a run killed anywhere resumes where it
 stopped. ``<staging>.lock`` (beside the directory) admits one run at a time.
+
+A staging directory lives until its build is published (``publish`` discards it)
+and is resumed by a rerun until then. One that can never be resumed is removed
+when any build of the dataset starts (``remove_abandoned``): its build key is
+published, or this code cannot resume its plan; never one whose lock is held.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy
+from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
 from ..catalog import Catalog, file_lock
 from ..errors import ConfigError, ShardflowError
 from ..manifest import SCHEMA_VERSION, read_manifest
@@ -53,6 +58,8 @@ __all__ = [
     "adopt_orphan",
     "reset_staging",
     "shard_check_record",
+    "discard_staging",
+    "remove_abandoned",
 ]
 
 log = logging.getLogger("shardflow.build")
@@ -271,3 +278,77 @@ def reset_staging(staging: Staging) -> None:
     for sub in (staging.parts, staging.layout_dir, staging.out):
         shutil.rmtree(sub, ignore_errors=True)
     sweep_stale_tmp(staging)
+
+
+def discard_staging(root: Path) -> None:
+    """Delete a staging directory: renamed first (``.KEY.tmp-PID``), so that a process killed while deleting
+    leaves a temporary directory that the next ``remove_abandoned`` removes, never half a staging directory."""
+    trash = tmp_path_for(root)
+    try:
+        os.replace(root, trash)
+    except FileNotFoundError:
+        return
+    except OSError:  # (a leftover of this pid's own in the way): delete in place
+        trash = root
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _never_resumed(staging: Staging, published: set[str]) -> str | None:
+    """Why the build of ``staging`` will never be resumed, or None if a rerun of it may resume it.
+
+    ``published``: the build keys of the dataset's versions.
+    """
+    try:
+        old = json.loads(staging.plan_file.read_text())
+    except (OSError, ValueError):
+        old = None
+    if not isinstance(old, dict):  # no plan: being written, only begun (kept), or left by a killed clean-up
+        return "its build is published" if staging.root.name in {key[:16] for key in published} else None
+    if old.get("build_key") in published:
+        return "its build is published"
+    versions = (old.get("build_format_version"), old.get("manifest_schema"))
+    ours = (BUILD_FORMAT_VERSION, SCHEMA_VERSION)
+    if all(isinstance(v, int) for v in versions) and versions != ours and all(v <= o for v, o in zip(versions, ours)):
+        return "an older shardflow staged it, and this one does not resume its plans"  # (a rerun would empty it)
+    return None
+
+
+def remove_abandoned(dataset_dir: Path, cat: Catalog, name: str, *, keep: Path | None = None) -> list[Path]:
+    """Remove the staging directories of ``name``'s builds that will never be resumed; returns them.
+
+    Removed: one whose build key is published (a publish, or its clean-up, was killed after the
+    catalog entry: a rerun would only report the version), one whose plan this shardflow cannot
+    resume (a rerun would empty it), and a discarded one whose deleting process died. Kept: ``keep``
+    (the caller's own), and every other one, which a rerun of its build resumes; and one whose lock
+    is held is never touched (checked with the lock, without waiting).
+    """
+    parent = dataset_dir / ".staging"
+    if not parent.is_dir():
+        return []
+    published = {entry.build_key for entry in cat.versions(name)}
+    removed: list[Path] = []
+    for path in sorted(parent.iterdir()):
+        if is_stale_tmp(path) and path.is_dir():  # a discard_staging killed midway
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            continue
+        if not re.fullmatch(r"[0-9a-f]{16}", path.name) or not path.is_dir() or (keep is not None and path == Path(keep)):
+            continue
+        staging = Staging(path)
+        if _never_resumed(staging, published) is None:
+            continue
+        try:
+            with file_lock(staging.lock_file, timeout=0, what=f"the build of {name!r} ({path})", remove=True):
+                why = _never_resumed(staging, published)  # again, now that no run can start on it
+                if why is None:
+                    continue
+                trash = tmp_path_for(path)
+                os.replace(path, trash)  # quick, under the lock; the deleting is not
+        except ShardflowError:
+            continue  # a live process holds its lock
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("%s: removed this staging directory: %s", path, why)
+        removed.append(path)
+    return removed
