@@ -52,7 +52,7 @@ from shardflow.flows.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
-from shardflow.tasks.build import STAGE_TASKS, TAGS, core_logs_to_prefect, plan_task
+from shardflow.tasks.build import STAGE_TASKS, TAGS, attach_core_logs, plan_task
 
 __all__ = ["build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
 
@@ -119,18 +119,12 @@ class PrefectExecutor:
         return lambda: [f.result() for f in futures]
 
 
-def api_url() -> str | None:
-    """The Prefect API this process talks to, or None on the temporary (ephemeral) server."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    return str(url) if url else None
-
-
 def require_real_api(runner: str, address: str | None) -> None:
     """Dask workers report task runs to the API: refuse the temporary server, warn about localhost."""
-    url = api_url()
-    if url is None:
+    from prefect.settings import get_current_settings
+
+    url = str(get_current_settings().api.url or "")
+    if not url:
         raise ConfigError(
             f"--runner {runner} needs a Prefect server that the Dask workers can reach, not the temporary one: "
             "start one with 'prefect server start' and set PREFECT_API_URL=http://HOST:4200/api "
@@ -335,7 +329,8 @@ def build_dataset(
     task_runner, in_flight = make_task_runner(runner, address, workers)
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
-    with core_logs_to_prefect(), tags(*TAGS, dataset_tag(config.name)), task_runner as started:
+    attach_core_logs()
+    with tags(*TAGS, dataset_tag(config.name)), task_runner as started:
         result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
                        events=progress)
         if not result.created:

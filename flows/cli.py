@@ -181,7 +181,8 @@ def _build(args: argparse.Namespace, config: Any) -> str:
     _prefect_defaults()
     from shardflow.flows.server import start_server
 
-    server = start_server()  # before Prefect's import: the two overlap
+    # Before Prefect's import: the two overlap. (Dask's workers need a server they can reach: never a temporary one.)
+    server = start_server() if args.runner == "threads" else None
     try:
         return _run_flow(args, config, display, server)
     finally:
@@ -193,17 +194,12 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) 
     """Run the ``build_dataset`` flow for ``shardflow build`` (on ``server``, if any); its reference."""
     from prefect import tags
 
-    from shardflow.flows.build import build_dataset, dataset_tag, require_real_api
+    from shardflow.flows.build import build_dataset, dataset_tag, make_task_runner
     from shardflow.flows.progress import listening
     from shardflow.flows.terminal import filtered_console, quiet_prefect_tracebacks, recorded_note
     from shardflow.tasks.build import TAGS
 
-    if args.runner == "dask":
-        import importlib.util
-
-        if importlib.util.find_spec("prefect_dask") is None:
-            raise ShardflowError("--runner dask needs prefect-dask: pip install 'shardflow[dask]'")
-        require_real_api(args.runner, args.address)
+    make_task_runner(args.runner, args.address, args.workers)  # its checks (Dask: a real server), before any run
     quiet_prefect_tracebacks()
     with filtered_console() as console:
         try:
@@ -225,13 +221,10 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) 
 
 
 def _on_temporary_server(temporary: bool | None) -> bool:
-    """Whether the flow runs on a temporary server: ours, or Prefect's own when we started none."""
-    if temporary is not None:
-        return temporary
+    """Whether the flow runs on a temporary server: ours, or Prefect's own (no API URL) when we started none."""
     from prefect.settings import get_current_settings
 
-    settings = get_current_settings()
-    return not settings.api.url and settings.server.ephemeral.enabled
+    return temporary if temporary is not None else not get_current_settings().api.url
 
 
 def check_sources_exist(sources: Sequence[str]) -> None:

@@ -112,6 +112,8 @@ class BuildProgress:
         self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
         if stage.name in self.PHASES:
             self.step(stage.name)
+        elif stage.name == "validate":
+            self.display(Progress(dataset=self.name, phase="finish", done=0, total=1))
 
     def job_done(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
         self.counts[stage.name] = self.counts.get(stage.name, 0) + 1

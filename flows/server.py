@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from shardflow.errors import ShardflowError
 from shardflow.flows.watcher import watched
@@ -209,9 +209,3 @@ def start_server() -> TemporaryServer | None:
     if os.environ.get(REUSE_ENV, "1").strip() not in ("0", "false", "no") and running_server(LOCAL_SERVER):
         return TemporaryServer(LOCAL_SERVER)
     return TemporaryServer()
-
-
-def unused(server: Any) -> None:
-    """Stop ``server`` (the command failed before its flow ran); nothing is left running."""
-    if server is not None:
-        server.stop()

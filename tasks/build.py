@@ -18,9 +18,8 @@ returns the recorded result without recomputing it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
@@ -32,23 +31,7 @@ from shardflow.errors import ShardflowError
 from shardflow.errors import is_transient as core_is_transient
 
 
-__all__ = [
-    "plan_task",
-    "tokenize_task",
-    "layout_task",
-    "write_shard_task",
-    "validate_task",
-    "embed_task",
-    "publish_task",
-    "STAGE_TASKS",
-    "task_for_stage",
-    "PlanHandle",
-    "is_transient",
-    "attach_core_logs",
-    "core_logs_to_prefect",
-    "IO_TASKS",
-    "TAGS",
-]
+__all__ = ["plan_task", "STAGE_TASKS", "task_for_stage", "PlanHandle", "is_transient", "attach_core_logs", "TAGS"]
 
 TAGS = ("shardflow",)
 
@@ -89,38 +72,13 @@ def attach_core_logs() -> None:
     when Prefect starts, but leaves the logger at the root's WARNING level, and
     a Dask worker or a served flow-run process may not have that variable at
     all. Every task calls this first, so it holds wherever the task runs (a
-    worker process keeps the setting). In the flow's own process
-    :func:`core_logs_to_prefect` has already done it, for the run only, and
-    this is a no-op. Idempotent and cheap.
+    worker process keeps the setting); so does the flow. Idempotent and cheap.
     """
     logger = logging.getLogger("shardflow")
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
     if _api_handler(logger) is None:
         logger.addHandler(_new_api_handler())
-
-
-@contextlib.contextmanager
-def core_logs_to_prefect() -> Iterator[None]:
-    """Like :func:`attach_core_logs` for the duration of a flow run, then put the logger back as it was.
-
-    So a process that runs a flow and then goes on (a test session, a notebook)
-    does not keep the ``shardflow`` logger at INFO.
-    """
-    logger = logging.getLogger("shardflow")
-    old_level = logger.level
-    added = None
-    if _api_handler(logger) is None:
-        added = _new_api_handler()
-        logger.addHandler(added)
-    if old_level == logging.NOTSET or old_level > logging.INFO:
-        logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.setLevel(old_level)
-        if added is not None:
-            logger.removeHandler(added)
 
 
 def _in_a_run(record: logging.LogRecord) -> bool:
@@ -168,13 +126,3 @@ def task_for_stage(stage: core.Stage) -> Task[..., Any]:
 
 STAGE_TASKS: dict[str, Task[..., Any]] = {stage.name: task_for_stage(stage) for stage in core.STAGES}
 """One Prefect task per core stage (``shardflow.build.STAGES``), by stage name."""
-
-tokenize_task = STAGE_TASKS["tokenize-unit"]
-layout_task = STAGE_TASKS["layout"]
-write_shard_task = STAGE_TASKS["write-shard"]
-embed_task = STAGE_TASKS["embed"]
-validate_task = STAGE_TASKS["validate"]
-publish_task = STAGE_TASKS["publish"]
-
-
-IO_TASKS = (plan_task, *(t for t in STAGE_TASKS.values() if t.retries))

@@ -245,17 +245,13 @@ def test_build_from_a_url_is_byte_identical_to_the_local_build(memfs, tmp_path, 
 
 
 def test_only_io_tasks_retry_and_only_on_transient_os_errors():
-    from shardflow.tasks.build import (
-        IO_TASKS, is_transient, layout_task, plan_task, publish_task, tokenize_task, validate_task,
-        write_shard_task,
-    )
+    from shardflow.tasks.build import STAGE_TASKS, is_transient, plan_task
 
-    assert set(IO_TASKS) == {plan_task, tokenize_task, write_shard_task, publish_task}
-    for t in IO_TASKS:
-        assert t.retries == 2 and t.retry_condition_fn is is_transient, t.name
-    for t in (layout_task, validate_task):
-        assert t.retries == 0, t.name
-    for t in (*IO_TASKS, layout_task, validate_task):
+    every = [plan_task, *STAGE_TASKS.values()]
+    retried = {t.name for t in every if t.retries}
+    assert retried == {"plan", "tokenize-unit", "write-shard", "publish"}
+    for t in every:
+        assert t.retries in (0, 2) and t.retry_condition_fn is (is_transient if t.retries else None), t.name
         assert t.persist_result is False, t.name  # results are small metadata, never persisted
 
     class State:

@@ -352,9 +352,6 @@ class Layout:
         """``(split, k)`` of every shard to write, in manifest order."""
         return [(split, k) for split, s in self.splits.items() for k in range(s.shards)]
 
-    def shards_per_split(self) -> dict[str, int]:
-        return {split: s.shards for split, s in self.splits.items()}
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "splits": {k: asdict(v) for k, v in self.splits.items()},

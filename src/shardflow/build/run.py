@@ -215,10 +215,7 @@ def _stage_runners(plan: BuildPlan, executor: Executor, events: Events) -> tuple
 
 
 class InProcess:
-    """What every executor here does in this process: planning, and background stages on a thread of their own.
-
-    (A background stage does not take one of the workers' slots.)
-    """
+    """What every executor here does in this process: planning, and background stages on a thread of their own."""
 
     def __init__(self) -> None:
         self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-beside")
