@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -330,7 +330,9 @@ def build_dataset(
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
     attach_core_logs()
-    with tags(*TAGS, dataset_tag(config.name)), task_runner as started:
+    # Task runs carry no tags: Prefect asks the server for a concurrency slot before every tagged task run,
+    # a round trip that stalled work units on a busy server (1000 MB: 16.3-20.7 s against 12.0-15.3 s untagged).
+    with task_runner as started:
         result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
                        events=progress)
         if not result.created:

@@ -12,7 +12,8 @@ In this order:
    no background services; ``flows/server_app.py``) under ``uvicorn``, on a free
    loopback port, stopped when the build ends. It is
    launched before this process imports Prefect (about 2 s), so the two
-   overlap. It runs under a watcher (``flows/watcher.py``), so a build killed
+   overlap, and until it answers the build runs without Prefect
+   (:func:`build_until_answered`); the flow resumes it. It runs under a watcher (``flows/watcher.py``), so a build killed
    with ``kill -9`` takes it along. A server that exits while starting is
    reported at once, with its own last line.
 
@@ -32,8 +33,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from shardflow.errors import ShardflowError
 from shardflow.flows.watcher import watched
@@ -132,6 +134,10 @@ class TemporaryServer:
         errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*: ", line)]
         return (errors or lines or ["no output"])[-1]
 
+    def answering(self) -> bool:
+        """Whether the server answers now (or has exited: there is nothing to wait for)."""
+        return self.process is None or self.process.poll() is not None or running_server(self.url, timeout=0.05)
+
     def wait_until_ready(self, timeout: float) -> None:
         """Block until the server answers; a server that exits or stays silent is one error line."""
         deadline = time.monotonic() + timeout
@@ -155,7 +161,7 @@ class TemporaryServer:
     @contextlib.contextmanager
     def serve(self) -> Iterator[bool]:
         """Run the enclosed flow on this server; yields whether it is a temporary one. Stops it after."""
-        from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
         try:
             if self.process is None:
@@ -164,11 +170,16 @@ class TemporaryServer:
             else:
                 self.wait_until_ready(get_current_settings().server.ephemeral.startup_timeout_seconds)
                 log.info("Starting temporary server on %s", self.url.removesuffix("/api"))
-            with temporary_settings(updates={PREFECT_API_URL: self.url}):
+            # A temporary server ends with the build: no flow-run heartbeats for it to watch (their thread is
+            # joined at the end of every run, up to a second). A running server keeps Prefect's default.
+            updates: dict = {PREFECT_API_URL: self.url}
+            if self.process is not None:
+                updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+            with temporary_settings(updates=updates):
                 try:
                     yield self.process is not None
                 finally:
-                    _drain_prefect_workers()  # queued logs and events go out while the server is still up
+                    drain_prefect_workers()  # queued logs and events go out while the server is still up
         finally:
             self.stop()
 
@@ -188,13 +199,49 @@ class TemporaryServer:
             process.wait()
 
 
-def _drain_prefect_workers() -> None:
+def drain_prefect_workers() -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
     with contextlib.suppress(Exception):
         APILogWorker.drain_all(timeout=5)
         EventsWorker.drain_all(timeout=5)
+
+
+class Handover(Exception):
+    """The temporary server answers: the flow takes the build over."""
+
+
+def build_until_answered(server: TemporaryServer, config: Any, *, workers: int, **where: Any) -> None:
+    """While ``server`` starts, the build runs without Prefect: planned, locked, work units tokenized on
+    ``workers`` threads until the server answers; then the lock is released and the flow resumes the build.
+
+    The units finished here are committed, as those of a run that was stopped: the flow answers them from
+    disk (``Stage.done``) without a task run, and their log lines stay out of the run's logs. A bad input
+    fails here, before any flow run. The driver is the same (``drive``); only the executor stops it.
+    """
+    from shardflow.build import ThreadExecutor, drive
+
+    class UntilAnswered(ThreadExecutor):
+        def map(self, stage: Any, plan: Any, jobs: Any, on_done: Any) -> list[Any]:
+            if stage.fan_out == "units":
+                pending: set[Any] = set()
+                todo = iter(jobs)
+                while True:
+                    while len(pending) < workers and not server.answering():
+                        job = next(todo, None)
+                        if job is None:
+                            break
+                        pending.add(self.pool.submit(stage, plan, *job))
+                    if not pending:
+                        break
+                    finished, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        future.result()  # a unit's error is the build's, here as in the flow
+            raise Handover
+
+    with contextlib.suppress(Handover), UntilAnswered(workers) as executor:
+        drive(config, executor, **where)
 
 
 def start_server() -> TemporaryServer | None:

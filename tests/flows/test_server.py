@@ -34,7 +34,9 @@ def test_a_temporary_server_that_fails_to_start_is_reported_at_once_with_its_own
     assert len(errors) == 1, proc.stderr[-2000:]
     assert "temporary server exited while starting" in errors[0] and "unable to open database file" in errors[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert not (tmp_path / "cat").exists() or not any((tmp_path / "cat").iterdir())
+    from shardflow.catalog import Catalog
+
+    assert Catalog(tmp_path / "cat").datasets() == [] and not (tmp_path / "data" / "s" / "v1").exists()
 
 
 def test_a_configured_server_is_left_to_prefect_and_a_closed_port_is_not_a_server(monkeypatch) -> None:
@@ -49,3 +51,37 @@ def test_a_configured_server_is_left_to_prefect_and_a_closed_port_is_not_a_serve
             assert server.start_server() is None
     else:
         assert server.start_server() is None
+
+
+class _Server:
+    """The one thing ``build_until_answered`` asks of a server: whether it answers yet."""
+
+    def __init__(self, answers_after: int) -> None:
+        self.calls, self.answers_after = 0, answers_after
+
+    def answering(self) -> bool:
+        self.calls += 1
+        return self.calls > self.answers_after
+
+
+@pytest.mark.parametrize("answers_after", [0, 10_000])
+def test_the_build_started_while_the_server_starts_is_resumed_to_the_same_bytes(tmp_path: Path, answers_after: int):
+    """Units tokenized before the server answers are committed and kept; the lock is released; the rest of
+    the build (here the core's own) gives the bytes of a build that never waited."""
+    from shardflow import BuildConfig
+    from shardflow.build import build, plan_build
+    from shardflow.build.tokenize import unit_done
+    from shardflow.flows.server import build_until_answered
+
+    config = BuildConfig(name="early", sources=(str(SAMPLE),), unit_bytes=20_000, shard_tokens=40_000)
+    where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    build_until_answered(_Server(answers_after), config, workers=2, **where)
+    plan = plan_build(config, **where)
+    done = [unit_done(plan, u) is not None for u in range(len(plan.units))]
+    assert len(done) == 4 and done == [answers_after > 0] * 4  # all of them, or none if it answered at once
+    assert not (tmp_path / "data" / "early" / "v1").exists()  # nothing published before the flow
+    result = build(config, workers=2, **where)  # the lock was released
+    reference = build(config, workers=1, data_root=str(tmp_path / "ref"), catalog=str(tmp_path / "refcat"))
+    ours, theirs = Path(result.manifest_path).parent, Path(reference.manifest_path).parent
+    shards = sorted(p.relative_to(ours) for p in ours.rglob("*.bin"))
+    assert shards and all((ours / p).read_bytes() == (theirs / p).read_bytes() for p in shards)
