@@ -1,11 +1,16 @@
 """The shard writer and the shard check hash on a helper thread (``_io.BackgroundSha256``) while
 they read, write and check the next block: the digests must still be those of the bytes on disk,
-whatever the block sizes, the number of pieces, and how a caller mixes ``copy_from`` and ``write``."""
+whatever the block sizes, the number of pieces, and how a caller mixes ``copy_from`` and ``write``.
+A writer not told the token count writes the header at commit: the same bytes and digest as one told it."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import io
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardflow._io import BackgroundSha256
-from shardflow.formats import NANOGPT
+from shardflow.errors import ConfigError
+from shardflow.formats import FORMATS, NANOGPT, RAWBIN, ShardFormat
 from shardflow.formats.writer import ShardWriter
 
 DTYPE = np.dtype("<u4")
@@ -171,3 +177,133 @@ def test_npy_headers_are_read_one_thread_at_a_time(tmp_path: Path) -> None:
     for t in readers:
         t.join(timeout=10)
     assert len(done) == 2
+
+
+# A writer opened without the count (ntokens=None) writes its header at commit: the same bytes and digest.
+
+FORMAT_DTYPES = [
+    (fmt, np.dtype(dt)) for fmt in FORMATS.values() for dt in ("<u2", "<u4") if fmt.name != "nanogpt-legacy" or dt == "<u2"
+]
+
+
+class ReadOpens:
+    """Paths opened for reading while ``active`` (an audit hook; it cannot be removed, so it only ever collects)."""
+
+    def __init__(self) -> None:
+        self.active: list[str] | None = None
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if event == "open" and self.active is not None and isinstance(args[0], (str, Path)):
+            if isinstance(args[1], str) and "r" in args[1]:
+                self.active.append(Path(args[0]).name)
+
+
+@functools.lru_cache(maxsize=1)
+def read_opens() -> ReadOpens:
+    return ReadOpens()
+
+
+def write_twice(directory: Path, fmt: ShardFormat, dtype: np.dtype, chunks: list[np.ndarray], block: int) -> list[tuple[int, str]]:
+    """Write ``chunks`` (alternately ``write`` and ``copy_from``) with a counted writer, then with one not told the count."""
+    total = sum(len(c) for c in chunks)
+    out = []
+    for name, ntokens in (("counted", total), ("last", None)):
+        buf = np.empty(block, dtype=dtype)
+        with ShardWriter(fmt, directory / f"{name}.{fmt.extension}", dtype, ntokens) as w:
+            for i, chunk in enumerate(chunks):
+                if i % 2:
+                    src = io.BytesIO(chunk.tobytes())
+                    src.name = "part"  # type: ignore[attr-defined]
+                    w.copy_from(src, len(chunk), buf)
+                else:
+                    w.write(chunk)
+            assert w.written == total
+            out.append(w.commit())
+            assert w.ntokens == total and w.header == fmt.header(total, dtype)
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    which=st.integers(0, len(FORMAT_DTYPES) - 1),
+    sizes=st.lists(st.integers(0, 40_000), max_size=5),
+    block=st.sampled_from([1000, 65_536]),
+)
+def test_a_header_written_last_gives_the_bytes_and_digest_of_a_counted_writer(which: int, sizes: list[int], block: int) -> None:
+    fmt, dtype = FORMAT_DTYPES[which]
+    rng = np.random.default_rng(len(sizes))
+    chunks = [rng.integers(0, 60_000, n).astype(dtype) for n in sizes]
+    body = b"".join(c.tobytes() for c in chunks)
+    with tempfile.TemporaryDirectory() as d:
+        counted, last = write_twice(Path(d), fmt, dtype, chunks, block)
+        raw = (Path(d) / f"last.{fmt.extension}").read_bytes()
+        assert raw == (Path(d) / f"counted.{fmt.extension}").read_bytes()
+        assert raw == fmt.header(len(body) // dtype.itemsize, dtype) + body
+        assert counted == last == (len(raw), hashlib.sha256(raw).hexdigest())
+        assert sorted(p.name for p in Path(d).iterdir()) == sorted(f"{n}.{fmt.extension}" for n in ("counted", "last"))
+
+
+@pytest.mark.parametrize("fmt", [NANOGPT, RAWBIN], ids=lambda f: f.name)
+def test_only_a_header_written_last_reads_the_file_back_once(tmp_path: Path, fmt: ShardFormat) -> None:
+    # A headerless format hashes the tokens as they pass; one with a header cannot before it knows the
+    # header, so it reads the file back once at commit. A counted writer never reads.
+    data = np.arange(300_000, dtype=DTYPE)
+    opens = read_opens()
+    for ntokens in (len(data), None):
+        opens.active = []
+        with ShardWriter(fmt, tmp_path / f"s-{ntokens}.bin", DTYPE, ntokens) as w:
+            w.write(data)
+            w.commit()
+        reads, opens.active = opens.active, None
+        back = 1 if ntokens is None and fmt is NANOGPT else 0
+        assert reads == [w.tmp.name] * back, (fmt.name, ntokens)
+
+
+def test_the_read_back_digest_holds_across_many_blocks_hashed_late(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-back alternates two buffers like copy_from: a block refilled too early would change the digest."""
+    import shardflow.formats.writer as writer
+
+    monkeypatch.setattr(writer, "_READBACK_BYTES", MIB)  # hashed on the helper thread, 5 blocks and a piece
+    data = np.random.default_rng(3).integers(0, 100_000, 5 * MIB // 4 + 77, dtype=np.uint32).astype(DTYPE)
+    w = ShardWriter(NANOGPT, tmp_path / "s.bin", DTYPE)
+    w._hash = SlowHash()
+    with w:
+        w.write(data[:1000])
+        w.write(data[1000:])
+        nbytes, digest = w.commit()
+    raw = (tmp_path / "s.bin").read_bytes()
+    assert raw == NANOGPT.header(len(data), DTYPE) + data.tobytes()
+    assert (nbytes, digest) == (len(raw), hashlib.sha256(raw).hexdigest())
+
+
+def test_more_tokens_than_the_header_records_fail_at_commit_and_leave_nothing(tmp_path: Path) -> None:
+    small = copy.copy(NANOGPT)
+    small.max_tokens = 10  # the int32 count's limit, lowered to a testable size
+    with pytest.raises(ConfigError, match="11 tokens do not fit one shard"):
+        with ShardWriter(small, tmp_path / "s.bin", DTYPE) as w:
+            w.write(np.arange(11, dtype=DTYPE))
+            w.commit()
+    assert list(tmp_path.iterdir()) == []
+
+
+class GrowingHeader(ShardFormat):
+    """A format whose header is as long as the count's digits: it cannot be reserved before the count is known."""
+
+    name = "growing"
+    extension = "bin"
+
+    def header(self, ntokens: int, dtype: np.dtype) -> bytes:
+        return str(ntokens).encode()
+
+    def read_header(self, path: Path, dtype: np.dtype | None) -> tuple[int, int, np.dtype]:
+        raise NotImplementedError
+
+
+def test_a_header_whose_length_follows_the_count_needs_the_count(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="format 'growing': the header's length depends on the token count"):
+        ShardWriter(GrowingHeader(), tmp_path / "s.bin", DTYPE)
+    with ShardWriter(GrowingHeader(), tmp_path / "s.bin", DTYPE, 3) as w:  # told the count: as before
+        w.write(np.arange(3, dtype=DTYPE))
+        w.commit()
+    assert (tmp_path / "s.bin").read_bytes() == b"3" + np.arange(3, dtype=DTYPE).tobytes()

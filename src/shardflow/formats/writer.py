@@ -14,6 +14,18 @@ nothing is read back), a temporary name next to the final one, ``fsync`` and
     write_index(bosidx.index_path(path), data)
     extra = write_sidecars(fmt, path, dtype, ntokens, starts)   # [(name, bytes, sha256)]; [] for most formats
 
+A writer opened without the count (``ntokens=None``) reserves the header's
+bytes, writes the tokens as they come and writes the header at ``commit``
+(``os.pwrite``): the same bytes as a writer told the count. The SHA-256 is
+still the whole file's. SHA-256 cannot prepend a header to a body already
+hashed, so where the header is empty (``bin``, ``megatron``) the tokens are
+hashed as they pass, as above, and where it is not (``nanogpt``, ``npy``) the
+file is read back and hashed once at commit, from the page cache that the
+writes just filled, read and hash overlapped: one pass at the hash's speed,
+no more memory than two read blocks, and no hashing while writing (there is
+nothing useful to hash before the header is known).
+``unit_writer.UnitShardWriter`` cuts documents into such shards.
+
 The layouts themselves are in ``docs/FORMAT.md``.
 """
 
@@ -27,21 +39,47 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._io import WRITEBACK_MIN_BYTES, BackgroundSha256, atomic_write_bytes, remove_quietly, start_writeback, tmp_path_for
-from ..errors import ValidationError
+from ..errors import ConfigError, ValidationError
 from . import bosidx
 from .base import ShardFormat
 
-__all__ = ["ShardWriter", "encode_index", "write_index", "write_sidecars"]
+__all__ = ["ShardWriter", "header_bytes", "encode_index", "write_index", "write_sidecars"]
+
+# A header written last is hashed with the file read back in blocks of this many bytes (two buffers:
+# one is read while the other is hashed).
+_READBACK_BYTES = 8 << 20
+
+
+def header_bytes(fmt: ShardFormat, dtype: np.dtype) -> int:
+    """The length of ``fmt``'s header for any token count, for a writer that writes it last.
+
+    Raises ``ConfigError`` for a format whose header length depends on the
+    count (none does today: ``npy`` pads its header to 128 bytes whatever the shape).
+    """
+    dtype = np.dtype(dtype)
+    size = len(fmt.header(0, dtype))
+    if len(fmt.header(fmt.max_tokens, dtype)) != size:
+        raise ConfigError(
+            f"format {fmt.name!r}: the header's length depends on the token count, so it cannot be written last; "
+            "give ShardWriter the shard's token count"
+        )
+    return size
 
 
 class ShardWriter:
     """One shard being written: ``write``/``copy_from`` the tokens, then ``commit``."""
 
-    def __init__(self, fmt: ShardFormat, path: Path, dtype: np.dtype, ntokens: int) -> None:
+    def __init__(self, fmt: ShardFormat, path: Path, dtype: np.dtype, ntokens: int | None = None) -> None:
+        """``ntokens``: the shard's token count, or None to count what is written and write the header at ``commit``."""
+        self.fmt = fmt
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.ntokens = ntokens
-        self.header = fmt.header(ntokens, self.dtype)
+        # The header: known now, or (ntokens None) only at commit, when it fills the reserved bytes.
+        self.header: bytes | None = None if ntokens is None else fmt.header(ntokens, self.dtype)
+        self._reserved = header_bytes(fmt, self.dtype) if ntokens is None else 0
+        # Hash the bytes as they pass whenever the bytes before them are known; else read back at commit.
+        self._streaming = self._reserved == 0
         self.tmp = tmp_path_for(self.path)
         self._hash = BackgroundSha256()
         self._buffers: tuple[np.ndarray, np.ndarray] | None = None  # copy_from's: one is read while the other is hashed
@@ -53,7 +91,11 @@ class ShardWriter:
 
     def __enter__(self) -> "ShardWriter":
         self._file = open(self.tmp, "wb")
-        self._put(self.header)
+        if self.header is not None:
+            self._put(self.header)
+        elif self._reserved:
+            self._file.write(bytes(self._reserved))  # the header's place, filled at commit
+            self._offset = self._reserved
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -65,7 +107,8 @@ class ShardWriter:
 
     def _put(self, data: Any) -> None:
         assert self._file is not None, "use ShardWriter as a context manager"
-        self._hash.update(data)  # on its thread, while the bytes are written
+        if self._streaming:
+            self._hash.update(data)  # on its thread, while the bytes are written
         self._file.write(data)
         if len(data) >= WRITEBACK_MIN_BYTES:  # a block of tokens, not the header: on its way to the disk now
             self._file.flush()
@@ -104,18 +147,54 @@ class ShardWriter:
             done += n
         self._written += count
 
+    @property
+    def written(self) -> int:
+        """Tokens written so far."""
+        return self._written
+
     def commit(self) -> tuple[int, str]:
-        """Flush, ``fsync`` and rename into place; returns ``(bytes, sha256)`` of the shard file."""
-        if self._written != self.ntokens:
+        """Flush, ``fsync`` and rename into place; returns ``(bytes, sha256)`` of the shard file.
+
+        A writer opened without the count writes its header now (``ntokens``
+        and ``header`` are then set) and, unless the format has none, hashes
+        the file read back.
+        """
+        if self.ntokens is not None and self._written != self.ntokens:
             raise ValidationError(f"{self.path}: {self._written} tokens written, the header says {self.ntokens}")
         assert self._file is not None
         self._file.flush()
+        if self.header is None:
+            header = self.fmt.header(self._written, self.dtype)  # ConfigError past the format's largest count
+            if len(header) != self._reserved:
+                raise ValidationError(f"{self.path}: a {len(header)}-byte header does not fill the {self._reserved} bytes reserved")
+            if header:
+                os.pwrite(self._file.fileno(), header, 0)
+            self.header, self.ntokens = header, self._written
+        if not self._streaming:
+            self._hash_file()  # before the fsync: the blocks' writeback proceeds meanwhile
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
         os.replace(self.tmp, self.path)
         self._committed = True
         return len(self.header) + self.ntokens * self.dtype.itemsize, self._hash.hexdigest()
+
+    def _hash_file(self) -> None:
+        """Hash the temporary file read back, header included: a block is read while the one before is hashed."""
+        size = self._offset
+        block = max(1, min(_READBACK_BYTES, size))
+        buffers = (bytearray(block), bytearray(block))
+        turn = 0
+        with open(self.tmp, "rb") as f:
+            done = 0
+            while done < size:
+                view = memoryview(buffers[turn])[: min(block, size - done)]
+                turn ^= 1  # this buffer's last block was two updates ago, hashed before the update after it returned
+                if f.readinto(view) != len(view):
+                    raise ValidationError(f"{self.tmp}: shorter than the {size} bytes written; the disk lost a write")
+                self._hash.update(view)
+                done += len(view)
+        self._hash.wait()
 
 
 def encode_index(starts: np.ndarray, ntokens: int | None = None) -> tuple[bytes, str]:
