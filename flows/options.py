@@ -126,7 +126,7 @@ def _build_flags() -> dict[str, Flag]:
 UNFLAGGED_BUILD_FIELDS: Mapping[str, str] = types.MappingProxyType({
     "sources": "the commands' positional arguments (build: one or more; serve: beside --name and --cron)",
     "boundary": "set by the two switches --bos and --eos (both: BOS + ids + EOS); neither: the target's, else bos",
-    "unit_bytes": "how the work is cut, which never changes a byte of the output: the Python API and prefect.yaml parameters",
+    "unit_bytes": "how the work is cut (in the build key; it changes no token): the Python API and prefect.yaml parameters",
 })
 """``BuildConfig`` fields with no flag of their own, and why."""
 

@@ -11,6 +11,7 @@ credentials is refused; and planning reads O(objects) bytes, not O(corpus).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
@@ -180,7 +181,7 @@ def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes
     assert files_of(a.directory) == files_of(b.directory)
     ma, mb = read_manifest(a.directory), read_manifest(b.directory)
     assert mb.totals == ma.totals and ma.totals["input_rows"] == len(records) and ma.splits["val"].documents > 0
-    assert mb.build_key == ma.build_key
+    assert mb.build_key != ma.build_key  # the same bytes, cut otherwise: the unit size is in the key
     # The statistics too, --stats-column values included: a range's rows count from its own first line.
     assert (b.directory / "stats.json").read_bytes() == (a.directory / "stats.json").read_bytes()
     (entry,) = json.loads((a.directory / "stats.json").read_text())["inputs"]
@@ -383,43 +384,46 @@ def test_planning_reads_a_bounded_amount_per_object_whatever_the_object_sizes(tm
 
 
 @pytest.mark.slow
-def test_a_json_lines_object_cut_finer_when_it_is_all_there_is_to_do_plans_and_builds_as_a_local_copy(
-    tmp_path, s3, bucket, docs, monkeypatch
+def test_a_json_lines_object_and_its_local_copy_are_cut_into_the_same_units_and_build_the_same_version(
+    tmp_path, s3, bucket, docs
 ):
-    """Few units left (``build/units.py``): an object is cut blind into more byte ranges, a local file at its lines.
+    """Units from the file and the unit size alone (``sources/cuts.py``): byte ranges at the multiples of the
+    unit size, a small last one joined; an object cut there blind, a local file at the first line at or after.
 
-    The floor is lowered so that this small object is cut (the rule is the same at any size); a local copy built
-    with the rule off (one unit) is the reference: shards, indexes, stats.json with its --stats-column counts.
+    A local build of one unit is the reference for the bytes: shards, indexes, stats.json with its
+    --stats-column counts; the cut ones share their own build key (the unit size is in it).
     """
-    from shardflow.build import units
-
     records = [json.dumps({"text": t, "src": f"s{i % 3}"}) for i, t in enumerate(docs[:120])]
     data = ("\n".join(records) + "\n").encode()
     local = tmp_path / "corpus" / "x.jsonl"
     local.parent.mkdir()
     local.write_bytes(data)
     s3.fs().pipe(f"{bucket}/fine/x.jsonl", data)
+    unit_bytes = len(data) // 8  # eight ranges and a few bytes, which join the eighth
     options = dict(name="fine", val_fraction=0.2, seed=5, shard_tokens=30_000, stats_column="src")
-    monkeypatch.setattr(units, "MIN_UNITS", 1)
     one = make_builder(tmp_path / "one")(local, **options)
-    monkeypatch.setattr(units, "MIN_UNITS", 8)
-    monkeypatch.setattr(units, "FLOOR_BYTES", len(data) // 10)
     url = f"s3://{bucket}/fine/x.jsonl"
-    plan = plan_build(BuildConfig(sources=(url,), **options), data_root=tmp_path / "p" / "data", catalog=tmp_path / "p" / "catalog")
-    # Byte ranges of about an eighth, covering the object; rows counted by their workers (-1), numbered by the layout.
-    assert len(plan.units) == 8 and [u.first_row for u in plan.units] == [0] + [-1] * 7
-    assert plan.units[0].start == 0 and plan.units[-1].stop == len(data)
-    assert all(a.stop == b.start for a, b in zip(plan.units, plan.units[1:]))
-    assert all(u.rows == -1 for u in plan.units)
-    # A local file: at line boundaries, rows counted while planning.
-    lplan = plan_build(BuildConfig(sources=(str(local),), **options), data_root=tmp_path / "lp" / "data",
-                       catalog=tmp_path / "lp" / "catalog")
-    assert len(lplan.units) >= 7 and sum(u.rows for u in lplan.units) == len(records)
-    local_fine = make_builder(tmp_path / "local")(local, workers=2, **options)
-    remote = make_builder(tmp_path / "s3")(url, workers=2, **options)
+    plan = plan_build(BuildConfig(sources=(url,), unit_bytes=unit_bytes, **options), data_root=tmp_path / "p" / "data",
+                      catalog=tmp_path / "p" / "catalog")
+    # Byte ranges at the multiples of the unit size, covering the object; rows counted by their workers (-1),
+    # numbered by the layout.
+    assert [(u.start, u.stop) for u in plan.units] == [(k * unit_bytes, (k + 1) * unit_bytes) for k in range(7)] + [
+        (7 * unit_bytes, len(data))
+    ]
+    assert [u.first_row for u in plan.units] == [0] + [-1] * 7 and all(u.rows == -1 for u in plan.units)
+    # A local file: at the first line at or after each of them, rows counted while planning.
+    lplan = plan_build(BuildConfig(sources=(str(local),), unit_bytes=unit_bytes, **options),
+                       data_root=tmp_path / "lp" / "data", catalog=tmp_path / "lp" / "catalog")
+    begins = [0] + [k + 1 for k, byte in enumerate(data[:-1]) if byte == ord("\n")]
+    # (a range inside a line that runs past its end has no line of its own)
+    firsts = sorted({begins[i] for u in plan.units if (i := bisect.bisect_left(begins, u.start)) < len(begins)})
+    assert [u.start for u in lplan.units] == firsts and sum(u.rows for u in lplan.units) == len(records)
+    local_fine = make_builder(tmp_path / "local")(local, unit_bytes=unit_bytes, workers=2, **options)
+    remote = make_builder(tmp_path / "s3")(url, unit_bytes=unit_bytes, workers=2, **options)
     for built in (local_fine, remote):
         assert files_of(built.directory) == files_of(one.directory)
         assert (built.directory / "stats.json").read_bytes() == (one.directory / "stats.json").read_bytes()
-        assert read_manifest(built.directory).build_key == read_manifest(one.directory).build_key
+    keys = [read_manifest(b.directory).build_key for b in (one, local_fine, remote)]
+    assert keys[1] == keys[2] != keys[0]
     (entry,) = json.loads((one.directory / "stats.json").read_text())["inputs"]
     assert sorted(entry["by_column"]) == ["s0", "s1", "s2"] and entry["documents"] == len(records)

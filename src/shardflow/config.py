@@ -26,10 +26,11 @@ BACKENDS = ("auto", "gigatoken", "tiktoken", "hf", "sentencepiece")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
-# Fields that change nothing in the output bytes: how the work is cut up and
-# which (identical) backend runs it. They stay out of the build key, so a
-# rebuild that only changes them reports the existing version.
-_NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "unit_bytes", "batch_bytes", "batch_rows", "description"})
+# Fields that change nothing in the output bytes: how the work is read in batches
+# and which (identical) backend runs it. They stay out of the build key, so a
+# rebuild that only changes them reports the existing version. ``unit_bytes`` is
+# in it: a unit's boundaries are its input's and the unit size's (sources/cuts.py).
+_NOT_IN_BUILD_KEY = frozenset({"sources", "backend", "batch_bytes", "batch_rows", "description"})
 
 # Where the boundary tokens go: before each document, after it, or both (BOS + ids + EOS).
 BOUNDARY_PLACEMENTS = ("bos", "eos", "both")

@@ -20,22 +20,24 @@ from shardflow.build import build
 from shardflow.config import BuildConfig
 from shardflow.manifest import read_manifest
 
+# (options, build key, digest of the files, number of files). The build keys changed once since b9be734, the
+# bytes never: issue 28 put the unit size (unit_bytes) into the key.
 CASES = {
     "a": (
         {},
-        "0633289fc9933a568e8dec04105c38608649231bba99cc9aba2674d7368f1212",
+        "f140139e8d7d1212a7b8eaaa54b42eacc01ecc7b27edcf26e03193fa604b748d",
         "672ec71977b4a43cde97a76ec41ca03dfb105b9ea4bf7d29901f95084da827d9",
         2,
     ),
     "b": (
         dict(format="npy", boundary="eos", val_fraction=0.2, shard_tokens=20000, unit_bytes=1),
-        "d8e5aa71fc1ad1a1e55f4b3579b0d7091da96ce0043fcba6c816dbb1c5067d5e",
+        "a1b8a6f66502875f953577e85cfaf43fc0054e623fe5e0afb81ea415f71fa0af",
         "9de761871bb2bd335edeeb889014d4ac3f1ba7b764d10f4574502fc016ae74d6",
         18,
     ),
     "c": (
         dict(val_count=7, shard_tokens=15000, unit_bytes=1, format="nanogpt"),
-        "ce5711887f8c44d456c76867074950d6ef37ffad0e7a23bd9bc2c8563e630e82",
+        "a3a9baed9576b1faa7f1a2eeda1109b326cee64638eeb110b83bee091df807ab",
         "6b2c84bb5f87001afb1dbe43eade35bad6a8ddb372f475cc7a9d3fe023798b20",
         22,
     ),

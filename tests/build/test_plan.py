@@ -79,14 +79,15 @@ def test_dtype_follows_the_vocabulary(built, tiny_parquet, small_vocab, tmp_path
 
 @pytest.mark.slow
 def test_resume_with_other_work_units_does_not_reuse_stale_parts(tmp_path, sample_texts):
-    # unit_bytes is not part of the build key: a rerun with another cut of the same
-    # build must not take the old plan's unit 0 (one row group) for the new unit 0 (all).
+    # A rerun with another cut of the same inputs must not take the old plan's unit 0 (one row group)
+    # for the new unit 0 (all): unit_bytes is part of the build key, so it is another staging directory.
     root = tmp_path / "r"
     four = BuildConfig(name="cut", sources=(str(SAMPLE),), unit_bytes=1)
     plan = plan_build(four, data_root=root / "data", catalog=root / "catalog")
     assert len(plan.units) == 4
     tokenize_unit(plan.staging, 0)
     one = BuildConfig(name="cut", sources=(str(SAMPLE),))
+    assert plan_build(one, data_root=root / "data", catalog=root / "catalog").staging != plan.staging
     result = build(one, data_root=root / "data", catalog=root / "catalog")
     split = open_version(result.ref, catalog=root / "catalog").split("train")
     assert split.num_documents == len(sample_texts)

@@ -30,7 +30,9 @@ def test_identical_output_for_1_and_2_workers_and_both_backends(built, tmp_path)
     assert len(ref) > 6
     assert files_of(b.directory) == ref
     assert files_of(c.directory) == ref
-    assert stable_manifest(b.directory) == stable_manifest(a.directory) == stable_manifest(c.directory)
+    sa, sb, sc = (stable_manifest(x.directory) for x in (a, b, c))
+    assert sa.pop("build_key") != sb.pop("build_key") == sc.pop("build_key")  # the unit size is in the key
+    assert sb == sa == sc
     assert a.ref == b.ref == c.ref == "det@v1"
 
 

@@ -37,7 +37,6 @@ from .staging import (
     sweep_stale_tmp,
     write_plan,
 )
-from .units import cut_for_cores
 
 __all__ = ["plan_build", "token_dtype", "build_key", "resolve_boundaries"]
 
@@ -210,8 +209,6 @@ def plan_build(
             units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
             # The version whose tokens this build takes is the one it succeeds.
             plan = dataclasses.replace(plan, units=tuple(units), reuse=chosen, parent=chosen.parent)
-    # Few units left to do (a file added, a small corpus): cut finer so that more workers get a share (units.py).
-    plan = dataclasses.replace(plan, units=tuple(cut_for_cores(list(plan.units), inputs, config)))
     staging.root.mkdir(parents=True, exist_ok=True)
     with staging_lock(staging, config.name, lock_timeout):
         found = cat.find_build(config.name, key)

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
+from .cuts import join_small_tail
 from .base import (
     DEFAULT_BATCH_BYTES,
     READ_ERRORS,
@@ -95,7 +96,8 @@ class _ArrowIPCKind(InputKind):
         check_schema(inp, schema, text_column, id_column)
         path = column_path(inp, schema, text_column)
         sizes = [(b.num_rows, select_column(b, path).nbytes) for b in batches]
-        return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+        units = cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+        return join_small_tail(units, unit_bytes)  # a small last batch or two: no unit of its own (cuts.py)
 
     def _each(self, inp: InputFile) -> Iterator[pa.RecordBatch]:
         """Every record batch, read one at a time (an object read in place is not held whole)."""

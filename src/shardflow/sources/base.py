@@ -269,9 +269,7 @@ class InputKind(ABC):
     def divisible(self, inp: InputFile) -> bool:
         """Whether a smaller ``unit_bytes`` may cut ``inp`` into more units (False: always one unit).
 
-        The planner cuts finer when little is left to do (``build/units.py``) and
-        plans again only the files this allows, so a file that is one unit
-        whatever the size (a compressed stream) is not read twice for nothing.
+        (A compressed stream is one unit whatever its size.)
         """
         return True
 

@@ -35,11 +35,16 @@ whose workers find their line boundaries and count their rows; the layout
 places each range's rows after those of the ranges before it, so line
 indexes, split scores and bytes are those of a local copy.
 
-Units. An uncompressed file is cut at line boundaries into byte ranges of
-about ``unit_bytes`` (``start``/``stop`` are byte offsets, ``first_row`` the
-index of the unit's first line), so a big file is tokenized in parallel. A
-compressed file is one unit (``start``/``stop`` span its decompressed bytes):
-a gzip or Zstandard stream cannot be entered in the middle.
+Units. An uncompressed file is cut into byte ranges of whole lines, so a big
+file is tokenized in parallel: unit k holds the lines that begin in ``[k *
+unit_bytes, (k + 1) * unit_bytes)``, a last range under a quarter of
+``unit_bytes`` joined to the one before (``cuts.byte_offsets``). A local file
+is cut at the first line at or after each offset (``start``/``stop`` are byte
+offsets, ``first_row`` the index of the unit's first line; an offset inside a
+line that runs past the next one gives no unit of its own); an object at the
+offsets themselves. So a local copy and an object hold the same lines per
+unit. A compressed file is one unit (``start``/``stop`` span its decompressed
+bytes): a gzip or Zstandard stream cannot be entered in the middle.
 
 Reading. A unit is read in 1 MiB blocks, split into lines, and decoded line
 by line with the standard ``json`` module into slices of at most
@@ -81,6 +86,7 @@ from .._arrow import large_binaries, large_strings
 from ..errors import InputError
 from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
 from .base import budget_words, file_name, has_suffix, record_limit
+from .cuts import byte_offsets
 from .lines import BLOCK, Oversized, range_lines, read_lines
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
 
@@ -259,9 +265,9 @@ class JsonLinesKind(InputKind):
             return self._plan_object(
                 inp, input_index=input_index, id_column=id_column, unit_bytes=unit_bytes, first_index=first_index
             )
-        cut = _codec(inp.path) is None
-        starts = [(0, 0)]  # (byte offset, line index) where each unit starts
-        target = unit_bytes if cut else None
+        # (byte offset, line index, k) where a unit starts: at the first line at or after k * unit_bytes.
+        found = [(0, 0, 0)]
+        k: int | None = 1 if _codec(inp.path) is None else None  # a compressed stream is one unit
         pos = lines = 0
         last = b"\n"
         try:
@@ -270,13 +276,15 @@ class JsonLinesKind(InputKind):
                     if pos == 0:
                         _not_json_lines(inp, block)
                     end = pos + len(block)
-                    # Cut before the first line that starts at or after the target offset.
-                    while target is not None and target <= end:
-                        nl = block.find(b"\n", max(target - 1 - pos, 0))
+                    # Cut before the first line that starts at or after the offset k * unit_bytes.
+                    while k is not None and k * unit_bytes <= end:
+                        nl = block.find(b"\n", max(k * unit_bytes - 1 - pos, 0))
                         if nl < 0:
                             break
-                        starts.append((pos + nl + 1, lines + block.count(b"\n", 0, nl + 1)))
-                        target = pos + nl + 1 + unit_bytes
+                        at = pos + nl + 1
+                        found.append((at, lines + block.count(b"\n", 0, nl + 1), k))
+                        # The offsets up to this cut have no line of their own (it begins after them).
+                        k = at // unit_bytes + 1
                     lines += block.count(b"\n")
                     pos = end
                     last = block[-1:]
@@ -285,7 +293,9 @@ class JsonLinesKind(InputKind):
                 raise  # the disk's or the mount's, not the data's
             raise _read_failed(inp, lines, exc) from None
         total = lines + (1 if pos and last != b"\n" else 0)
-        starts = [s for s in starts if s[0] < pos] or [(0, 0)]
+        # The ranges of the bytes read (a small last one joined to the one before), as for an object.
+        ranges = max(len(byte_offsets(pos, unit_bytes)), 1)
+        starts = [(at, first) for at, first, n in found if at < pos and n < ranges] or [(0, 0)]
         if id_column is not None:
             self._check_id(inp, id_column)
         units = []
@@ -322,10 +332,10 @@ class JsonLinesKind(InputKind):
         _not_json_lines(inp, _head(inp))
         if id_column is not None:
             self._check_id(inp, id_column)
-        # Uncompressed: byte ranges of about unit_bytes, cut at the first line boundary after each
-        # offset by the workers themselves; a compressed stream is one unit.
-        step = unit_bytes if _codec(inp.path) is None else inp.size
-        cuts = list(range(0, inp.size, max(step, 1))) + [inp.size]
+        # Uncompressed: byte ranges at the multiples of unit_bytes (cuts.py), cut at the first line
+        # boundary at or after each offset by the workers themselves; a compressed stream is one unit.
+        offsets = byte_offsets(inp.size, unit_bytes) if _codec(inp.path) is None else [0] if inp.size else []
+        cuts = offsets + [inp.size]
         return [
             WorkUnit(
                 index=first_index + k,

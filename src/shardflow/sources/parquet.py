@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
+from .cuts import join_small_tail
 from .base import (
     DEFAULT_BATCH_BYTES,
     READ_ERRORS,
@@ -76,7 +77,8 @@ class ParquetKind(InputKind):
             # Leaf index equals field index for flat schemas, which text corpora are.
             nbytes = rg.column(col).total_uncompressed_size if col < rg.num_columns else rg.total_byte_size
             sizes.append((rg.num_rows, nbytes))
-        return cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+        units = cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
+        return join_small_tail(units, unit_bytes)  # a small last row group or two: no unit of its own (cuts.py)
 
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
