@@ -35,7 +35,7 @@ from shardflow.flows.terminal import (
     PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
 )
 from shardflow.flows.options import (
-    _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths,
+    _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths, is_url,
 )
 from shardflow.flows.progress import BuildProgress, Progress
 
@@ -144,10 +144,8 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
     return result.ref
 
 
-def _prefect_defaults() -> None:
-    """Prefect settings for the command line, set before Prefect is imported; the user's own win."""
-    # The core's log lines go to the Prefect run logs too.
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
+# Set before Prefect is imported (the user's own setting wins): the core's log lines go to Prefect's console and run logs.
+PREFECT_DEFAULTS = {"PREFECT_LOGGING_EXTRA_LOGGERS": "shardflow"}
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -178,7 +176,7 @@ def _build(args: argparse.Namespace, config: Any) -> str:
     if args.no_prefect:
         with display:
             return _build_without_prefect(args, config, display)
-    _prefect_defaults()
+    os.environ.update({**PREFECT_DEFAULTS, **os.environ})
     from shardflow.flows.server import start_server
 
     # Before Prefect's import: the two overlap. (Dask's workers need a server they can reach: never a temporary one.)
@@ -196,6 +194,8 @@ def _build(args: argparse.Namespace, config: Any) -> str:
 
 def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) -> str:
     """Run the ``build_dataset`` flow for ``shardflow build`` (on ``server``, if any); its reference."""
+    from prefect.settings import get_current_settings
+
     from shardflow.flows.build import build_dataset, make_task_runner
     from shardflow.flows.progress import listening
     from shardflow.flows.terminal import filtered_console, quiet_prefect_tracebacks, recorded_note
@@ -205,7 +205,8 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) 
         try:
             with server.serve() if server else contextlib.nullcontext(None) as temporary, display, \
                     listening(display):
-                console.hide_links = _on_temporary_server(temporary)
+                # A temporary server: ours, or Prefect's own (no API URL) when we started none.
+                console.hide_links = temporary if temporary is not None else not get_current_settings().api.url
                 ref = build_dataset(
                     config=config,
                     workers=args.workers,
@@ -218,13 +219,6 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) 
             if console.hide_links and console.run_path:  # the server is gone: its link would be dead
                 print(recorded_note(console.run_path), file=sys.stderr, flush=True)
     return str(ref)
-
-
-def _on_temporary_server(temporary: bool | None) -> bool:
-    """Whether the flow runs on a temporary server: ours, or Prefect's own (no API URL) when we started none."""
-    from prefect.settings import get_current_settings
-
-    return temporary if temporary is not None else not get_current_settings().api.url
 
 
 def check_sources_exist(sources: Sequence[str]) -> None:
@@ -256,8 +250,6 @@ def _checked_build_config(args: argparse.Namespace) -> Any:
 
 def _absolute(path: str | None) -> str | None:
     """A local path made absolute (a served run may start in another directory); a URL as given."""
-    from shardflow.tasks.sources import is_url
-
     return path if path is None or is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
@@ -293,7 +285,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     config = config.replace(sources=tuple(_absolute(s) or s for s in config.sources))
     if not args.dry_run:
-        _prefect_defaults()  # before Prefect's import
+        os.environ.update({**PREFECT_DEFAULTS, **os.environ})  # before Prefect's import
     schedules = _schedules(args.cron, args.timezone)
     from shardflow.flows.build import build_dataset, dataset_tag
     from shardflow.tasks.build import TAGS

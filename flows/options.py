@@ -31,6 +31,10 @@ from shardflow.errors import ConfigError
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def is_url(spec: str) -> bool:
+    return bool(_URL.match(spec))
+
+
 def check_local_paths(args: argparse.Namespace) -> None:
     """Refuse a URL where only a local directory works: --data-root, --catalog and their environment variables.
 

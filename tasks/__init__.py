@@ -2,7 +2,6 @@
 
 Each task calls one function of ``shardflow.build`` and returns small,
 serializable metadata (paths, counts, checksums), never token arrays.
-``tasks.sources`` tells URL sources from paths.
 """
 
 from .build import STAGE_TASKS, attach_core_logs, plan_task

@@ -20,6 +20,10 @@ any published version (``shardflow validate REF``):
   size and SHA-256, their counts those of the splits (``shardflow.stats.stats_problems``).
 
 Shards are scanned in bounded blocks, so memory does not grow with shard size.
+One shard's checks (``validate_shard_entry``) need its manifest entry and a
+``ShardContext`` (the version's facts, and lookups of the neighbouring shards'
+edge tokens), not the whole manifest: a build's validate-shard job builds that
+from its plan and a neighbour's record (``build/check.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,7 +49,14 @@ from .stats import stats_problems
 
 # published_manifest_problems is the catalog's check (shardflow.catalog); it is
 # re-exported here, where it has always been importable from.
-__all__ = ["ValidationReport", "validate_dir", "validate_shard", "published_manifest_problems"]
+__all__ = [
+    "ShardContext",
+    "ValidationReport",
+    "validate_dir",
+    "validate_shard",
+    "validate_shard_entry",
+    "published_manifest_problems",
+]
 
 _BLOCK = 8 << 20  # tokens per scan block (two buffers of it: 64 MiB of uint32, as one of 16 Mi before)
 
@@ -88,33 +99,98 @@ def _shard_set(directory: Path, manifest: Manifest, split: str) -> ShardSet:
     return shards
 
 
-def _starts_document(directory: Path, manifest: Manifest, split: str, k: int, boundary: int) -> bool | None:
-    """With EOS placement: whether shard ``k`` begins a document (None when that cannot be read)."""
-    if k == 0:
-        return True
-    try:
-        last = _shard_set(directory, manifest, split).last_token(k - 1)
-    except (ValidationError, OSError, ValueError):
-        return None
-    return last is not None and last == boundary
+def _nothing() -> int | None:
+    return None
 
 
-def _next_token(directory: Path, manifest: Manifest, split: str, k: int) -> int | None:
-    """The first token after shard ``k`` in its split (None at the split's end or when unreadable)."""
-    try:
-        shards = _shard_set(directory, manifest, split)
-        for j in range(k + 1, shards.num_shards):
-            if shards.shards[j].tokens:
-                return shards.first_token(j)
-    except (ValidationError, OSError, ValueError):
-        return None
+@dataclass(frozen=True, kw_only=True)
+class ShardContext:
+    """What validating one shard needs besides its own manifest entry: the version's facts and two neighbours' tokens.
+
+    Built from a manifest (``of_manifest``, as ``validate_shard`` does) or, by a
+    build's validate-shard job, from its plan and the neighbouring shards' records
+    (``build/check.py``), so that validating one shard reads O(1) records, not the
+    whole manifest. The lookups are called only when a check needs them, and may
+    raise ``ValidationError``, ``OSError`` or ``ValueError`` when that shard cannot
+    be read (then reported on its own): the check then trusts the index.
+    """
+
+    format_name: str
+    dtype: str
+    vocab_size: int
+    boundary: int
+    """The manifest's ``boundary.token_id``: the BOS (placements ``bos``, ``both``) or the EOS (``eos``)."""
+    placement: str
+    bos_id: int | None
+    eos_id: int | None
+    previous_last: Callable[[], int | None] = _nothing
+    """The last token of the shard before this one (None when it is empty); asked only with EOS placement, k > 0."""
+    next_first: Callable[[], int | None] = _nothing
+    """The first token after this shard in its split (None at the split's end); asked only with placement
+    ``both`` and one token as BOS and EOS, when the shard ends with it."""
+
+    @classmethod
+    def of_manifest(
+        cls,
+        manifest: Manifest,
+        *,
+        previous_last: Callable[[], int | None] = _nothing,
+        next_first: Callable[[], int | None] = _nothing,
+    ) -> "ShardContext":
+        placement, bos, eos = manifest.boundary_tokens
+        return cls(
+            format_name=manifest.format_name,
+            dtype=manifest.dtype,
+            vocab_size=int(manifest.tokenized_info["vocab_size"]),
+            boundary=int(manifest.boundary["token_id"]),
+            placement=placement,
+            bos_id=None if bos is None else bos[1],
+            eos_id=None if eos is None else eos[1],
+            previous_last=previous_last,
+            next_first=next_first,
+        )
+
+    def edge_token(self, directory: Path, entry: ShardEntry, *, last: bool, what: str) -> int | None:
+        """The first (or last) token id of the shard ``entry`` describes (``what``: which, for messages),
+        None when it is empty; reads one page and keeps no map."""
+        if entry.tokens == 0:
+            return None
+        path = version_file(directory, entry.file, what)
+        tokens = get_format(self.format_name).open(path, np.dtype(self.dtype).newbyteorder("<"))
+        if len(tokens) != entry.tokens:
+            raise ValidationError(f"{path}: {len(tokens)} tokens, but {entry.tokens} were expected when it was opened")
+        return int(tokens[-1 if last else 0])
+
+
+def _next_first(shards: ShardSet, k: int) -> int | None:
+    """The first token after shard ``k`` in its split (None at the split's end)."""
+    for j in range(k + 1, shards.num_shards):
+        if shards.shards[j].tokens:
+            return shards.first_token(j)
     return None
 
 
 def validate_shard(
     directory: Path, manifest: Manifest, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
 ) -> list[str]:
-    """Problems with one shard and its index (empty list when both are right)."""
+    """Problems with one shard and its index (empty list when both are right); the neighbours from ``manifest``."""
+    directory = Path(directory)
+    # The split's set is built (and cached) only when a check asks for a neighbour's token.
+    ctx = ShardContext.of_manifest(
+        manifest,
+        previous_last=lambda: _shard_set(directory, manifest, split).last_token(k - 1),
+        next_first=lambda: _next_first(_shard_set(directory, manifest, split), k),
+    )
+    return validate_shard_entry(directory, ctx, split, k, entry, checksums=checksums)
+
+
+def validate_shard_entry(
+    directory: Path, ctx: ShardContext, split: str, k: int, entry: ShardEntry, *, checksums: bool = True
+) -> list[str]:
+    """Problems with shard ``k`` of ``split`` and its index (empty list when both are right).
+
+    Reads the shard's own files, and at most one page of a neighbouring shard (``ctx``'s lookups).
+    """
     try:  # the one confinement check (relative, inside the version, no symlink out of it)
         path = version_file(directory, entry.file, f"shard {k} of split {split!r}")
         idx_path = version_file(directory, entry.index.file, f"the index of shard {k} of split {split!r}")
@@ -122,8 +198,8 @@ def validate_shard(
         return [str(exc)]
     fault("validate", path)
     problems: list[str] = []
-    fmt = get_format(manifest.format_name)
-    dtype = np.dtype(manifest.dtype).newbyteorder("<")
+    fmt = get_format(ctx.format_name)
+    dtype = np.dtype(ctx.dtype).newbyteorder("<")
     if not path.exists():
         return [f"{path}: shard {k} of split {split!r} is missing"]
     size = path.stat().st_size
@@ -148,13 +224,11 @@ def validate_shard(
     if len(starts) != entry.documents:
         problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
     problems.extend(_sidecar_problems(directory, fmt, path, entry, len(tokens), dtype, starts, checksums=checksums))
-    vocab = int(manifest.tokenized_info["vocab_size"])
-    boundary = int(manifest.boundary["token_id"])
-    placement, bos_tok, eos_tok = manifest.boundary_tokens
-    bos_id = None if bos_tok is None else bos_tok[1]
-    eos_id = None if eos_tok is None else eos_tok[1]
+    vocab = ctx.vocab_size
+    boundary = ctx.boundary
+    placement, bos_id, eos_id = ctx.placement, ctx.bos_id, ctx.eos_id
     # With EOS placement token 0 starts a document when the previous shard ends with EOS.
-    first_is_start = _starts_document(directory, manifest, split, k, boundary) if placement == "eos" else None
+    first_is_start = _starts_document(ctx, k) if placement == "eos" else None
     n = len(tokens)
     header_bytes = path.stat().st_size - n * dtype.itemsize
     # One pass of plain reads through two bounded buffers (a memory map would grow resident
@@ -171,12 +245,12 @@ def validate_shard(
         lo = 0
         while lo < n:
             buf = buffers[(lo // size) % 2]  # its block of two steps ago is hashed: update() waited for it
-            k = min(len(buf), n - lo)
-            view = memoryview(buf[:k]).cast("B")
+            count = min(len(buf), n - lo)
+            view = memoryview(buf[:count]).cast("B")
             if f.readinto(view) != len(view):
                 return problems + [f"{path}: ended early while reading token {lo}"]
             h.update(view)
-            block = buf[:k]
+            block = buf[:count]
             top = int(block.max())
             if top >= vocab:
                 at = lo + int(np.argmax(block))
@@ -184,7 +258,7 @@ def validate_shard(
             boundary_positions.append(np.flatnonzero(block == boundary) + lo)
             if placement == "both" and eos_id != bos_id:
                 eos_positions.append(np.flatnonzero(block == eos_id) + lo)
-            lo += k
+            lo += count
     if checksums and h.hexdigest() != entry.sha256:
         problems.append(
             f"{path}: SHA-256 {h.hexdigest()[:16]}... does not match the manifest's {entry.sha256[:16]}...; "
@@ -200,7 +274,7 @@ def validate_shard(
         # that token too (documents are never empty), the next shard's first one at the end.
         after = np.isin(positions + 1, positions)
         if len(positions) and positions[-1] == n - 1:
-            after[-1] = _next_token(directory, manifest, split, k) in (None, boundary)
+            after[-1] = _next_token(ctx) in (None, boundary)
         expected = positions[~after]
         ends = positions[after]
     elif placement == "bos":
@@ -243,6 +317,25 @@ def validate_shard(
                 f"{path}: the EOS token at {int(unclosed[0])} is not followed by a document start in {idx_path.name}"
             )
     return problems
+
+
+def _starts_document(ctx: ShardContext, k: int) -> bool | None:
+    """With EOS placement: whether shard ``k`` begins a document (None when the shard before cannot be read)."""
+    if k == 0:
+        return True
+    try:
+        last = ctx.previous_last()
+    except (ValidationError, OSError, ValueError):
+        return None
+    return last is not None and last == ctx.boundary
+
+
+def _next_token(ctx: ShardContext) -> int | None:
+    """The first token after the shard in its split (None at the split's end or when unreadable)."""
+    try:
+        return ctx.next_first()
+    except (ValidationError, OSError, ValueError):
+        return None
 
 
 def _sidecar_problems(

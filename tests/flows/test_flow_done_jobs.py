@@ -55,13 +55,13 @@ def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
     assert build_dataset(config=config, workers=2, **where) == f"{name}@v1"
 
     read: list[str] = []
-    real = check_mod.validate_shard
+    real = check_mod.validate_shard_entry
 
-    def counting(directory: Path, manifest: Any, split: str, k: int, entry: Any, **kw: Any) -> list[str]:
+    def counting(directory: Path, ctx: Any, split: str, k: int, entry: Any, **kw: Any) -> list[str]:
         read.append(entry.file)
-        return real(directory, manifest, split, k, entry, **kw)
+        return real(directory, ctx, split, k, entry, **kw)
 
-    monkeypatch.setattr(check_mod, "validate_shard", counting)
+    monkeypatch.setattr(check_mod, "validate_shard_entry", counting)
     shutil.copy(corpus / "part-3.parquet", src)
     assert build_dataset(config=config, workers=2, **where) == f"{name}@v2"
 

@@ -18,7 +18,8 @@ from shardflow.build import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
-from shardflow.tasks.sources import file_url_to_path, is_url
+from shardflow.flows.options import is_url
+from shardflow.sources.storage import local_path as file_url_to_path
 
 from ops_support import SAMPLE, version_files
 

@@ -1,10 +1,13 @@
 """Validating one written shard, as a job of its own: the shard checks fan out like the writes.
 
 ``validate_staged_shard(plan, split, k)`` runs the whole per-shard validation
-(``validation.validate_shard``: size, SHA-256, header, token ids, the
-``.bos.idx`` and the format's sidecars) against the manifest assembled from the
-stages' recorded results, on whichever worker runs the job, and records it in
+(``validation.validate_shard_entry``: size, SHA-256, header, token ids, the
+``.bos.idx`` and the format's sidecars) against the manifest entry that the
+write-shard job recorded, on whichever worker runs the job, and records it in
 ``layout/<split>-NNNNNN.valid.json`` (written last, the job's commit point).
+The job reads O(1) records, never the whole manifest (N jobs x N records): the
+plan, its shard's record, and a neighbour's where a boundary check needs its
+edge token (``shard_context``: EOS placement; ``both`` with one token for both).
 ``finalize``, still the one writer of the manifest, then checks only that
 every shard has such a record matching its manifest entry, and validates what
 is not per shard (totals, tokenizer file, embeddings): reading every shard's
@@ -24,22 +27,26 @@ rewritten shards are read.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._io import atomic_write_text
-from ..errors import ValidationError
-from ..validation import validate_shard
+from ..errors import ConfigError, ValidationError
+from ..formats import get_format
 from ..manifest import ShardEntry
+from ..tokenizers import load_tokenizer
+from ..validation import ShardContext, validate_shard_entry
 from .incremental import open_parent
-from .model import BuildPlan
-from .publish import staged_manifest
+from .layout import read_layout
+from .model import BuildPlan, ShardResult
 from .staging import Staging, as_plan, shard_check_record
 from .write import shard_done
 
-__all__ = ["ShardCheck", "validate_staged_shard", "shard_checked"]
+__all__ = ["ShardCheck", "validate_staged_shard", "shard_checked", "shard_context"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,19 +61,81 @@ class ShardCheck:
 def validate_staged_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardCheck:
     """Validate written shard ``k`` of ``split`` byte for byte; a shard already validated is not read again."""
     plan = as_plan(plan)
-    done = shard_checked(plan, split, k)
+    written = _written(plan, split, k)
+    done = _checked(plan, written)
     if done is not None:
         return done
     staging = Staging(plan.staging)
-    manifest = staged_manifest(plan, embeddings=False)
-    entry = manifest.splits[split].shards[k]
-    record = shard_check_record(entry)
-    path = staging.shard_check(split, k)
-    problems = validate_shard(staging.out, manifest, split, k, entry, checksums=True)
+    entry = written.entry
+    problems = validate_shard_entry(staging.out, shard_context(plan, split, k), split, k, entry, checksums=True)
     if problems:
         raise ValidationError("\n  ".join([f"validation of shard {k} of split {split!r} failed:", *problems]))
-    atomic_write_text(path, json.dumps(record, sort_keys=True))
+    atomic_write_text(staging.shard_check(split, k), json.dumps(shard_check_record(entry), sort_keys=True))
     return ShardCheck(split=split, index=k, tokens=entry.tokens)
+
+
+def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardContext:
+    """What validating shard ``k`` needs besides its entry, from the plan and the neighbours' records only.
+
+    The facts are those the manifest will record (``build/manifest.py`` assembles
+    them from the same plan and tokenizer); a neighbour's record is read only
+    where the placement needs its token, and must be written, as the manifest
+    needs every shard.
+    """
+    plan = as_plan(plan)
+    cfg = plan.config
+    b = plan.boundaries
+    if b is None:  # plan_build always resolves them (and fills them into an older plan.json)
+        raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
+    main = b.bos if b.bos is not None else b.eos
+    assert main is not None  # Boundaries checks that its placement has its tokens
+    ctx = ShardContext(
+        format_name=get_format(cfg.format).name,
+        dtype=plan.dtype,
+        vocab_size=load_tokenizer(cfg.tokenizer, backend=cfg.backend).vocab_size,
+        boundary=main[1],
+        placement=b.placement,
+        bos_id=b.bos_id,
+        eos_id=b.eos_id,
+    )
+    out = Staging(plan.staging).out
+    if b.placement == "eos" and k > 0:
+        before = _written(plan, split, k - 1).entry
+        what = f"shard {k - 1} of split {split!r}"
+        ctx = dataclasses.replace(ctx, previous_last=functools.partial(ctx.edge_token, out, before, last=True, what=what))
+    if b.placement == "both" and b.bos_id == b.eos_id:
+        after = _following(plan, split, k)
+        if after is not None:
+            what = f"shard {after.index} of split {split!r}"
+            ctx = dataclasses.replace(
+                ctx, next_first=functools.partial(ctx.edge_token, out, after.entry, last=False, what=what)
+            )
+    return ctx
+
+
+def _written(plan: BuildPlan, split: str, k: int) -> ShardResult:
+    """Shard ``k``'s record, its files in place; raises naming the shard (and the stage to run) otherwise."""
+    written = shard_done(plan, split, k)
+    if written is not None:
+        return written
+    info = read_layout(plan).splits.get(split)
+    if info is None or not 0 <= k < info.shards:
+        shards = 0 if info is None else info.shards
+        raise ConfigError(f"{plan.staging}: split {split!r} has {shards} shards; there is no shard {k} to validate")
+    raise ConfigError(
+        f"{plan.staging}: shard {k} of split {split!r} is not written; run write_shard for it first "
+        "(build() and the Prefect flow do)"
+    )
+
+
+def _following(plan: BuildPlan, split: str, k: int) -> ShardResult | None:
+    """The first shard after ``k`` in ``split`` that holds tokens (None at the split's end)."""
+    shards = read_layout(plan).splits[split].shards
+    for j in range(k + 1, shards):
+        result = _written(plan, split, j)
+        if result.entry.tokens:
+            return result
+    return None
 
 
 def shard_checked(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardCheck | None:
@@ -77,10 +146,14 @@ def shard_checked(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) 
     """
     plan = as_plan(plan)
     written = shard_done(plan, split, k)
-    if written is None:
-        return None
+    return None if written is None else _checked(plan, written)
+
+
+def _checked(plan: BuildPlan, written: ShardResult) -> ShardCheck | None:
+    """``shard_checked`` for the written shard ``written``."""
     staging = Staging(plan.staging)
     entry = written.entry
+    split, k = written.split, written.index
     record = shard_check_record(entry)
     path = staging.shard_check(split, k)
     check = ShardCheck(split=split, index=k, tokens=entry.tokens)
