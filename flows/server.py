@@ -213,32 +213,33 @@ class Handover(Exception):
 
 
 def build_until_answered(server: TemporaryServer, config: Any, *, workers: int, **where: Any) -> None:
-    """While ``server`` starts, the build runs without Prefect: planned, locked, work units tokenized on
-    ``workers`` threads until the server answers; then the lock is released and the flow resumes the build.
+    """While ``server`` starts, the build runs without Prefect: planned, locked, and its stages' jobs run on
+    ``workers`` threads until the server answers (never the manifest and the publish: the flow's); then the
+    lock is released and the flow resumes the build.
 
-    The units finished here are committed, as those of a run that was stopped: the flow answers them from
+    The jobs finished here are committed, as those of a run that was stopped: the flow answers them from
     disk (``Stage.done``) without a task run, and their log lines stay out of the run's logs. A bad input
     fails here, before any flow run. The driver is the same (``drive``); only the executor stops it.
     """
     from shardflow.build import ThreadExecutor, drive
+    from shardflow.build.run import retrying, stage_retries
 
     class UntilAnswered(ThreadExecutor):
         def map(self, stage: Any, plan: Any, jobs: Any, on_done: Any) -> list[Any]:
-            if stage.fan_out == "units":
-                pending: set[Any] = set()
-                todo = iter(jobs)
-                while True:
-                    while len(pending) < workers and not server.answering():
-                        job = next(todo, None)
-                        if job is None:
-                            break
-                        pending.add(self.pool.submit(stage, plan, *job))
-                    if not pending:
-                        break
-                    finished, pending = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        future.result()  # a unit's error is the build's, here as in the flow
-            raise Handover
+            if stage.name in ("validate", "publish"):
+                raise Handover
+            results: dict[int, Any] = {}
+            pending: dict[Any, int] = {}
+            while len(results) < len(jobs):
+                while len(pending) < workers and len(results) + len(pending) < len(jobs) and not server.answering():
+                    i = len(results) + len(pending)
+                    pending[self.pool.submit(retrying, stage, plan, *jobs[i], retries=stage_retries(stage))] = i
+                if not pending:
+                    raise Handover  # the server answers: the flow takes the rest
+                finished, _ = wait(list(pending), timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    results[pending.pop(future)] = future.result()  # a job's error is the build's, here as in the flow
+            return [results[i] for i in range(len(jobs))]
 
     with contextlib.suppress(Handover), UntilAnswered(workers) as executor:
         drive(config, executor, **where)
