@@ -153,6 +153,7 @@ def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
         assert staging is not None and not (staging / "out").exists()
 
     caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.clear()
     result = build_in(root, crashes["src"], NAME, crashes["options"], workers=2)
     assert result.created and result.ref == f"{NAME}@v1"
     redone_units, redone_shards = _redone(caplog)
@@ -179,6 +180,7 @@ def test_kill_after_the_catalog_entry_leaves_a_published_version(crashes, caplog
     assert_same_version(v1, crashes["reference"], DROP)
     assert _staging(root) is not None  # killed before cleaning up
     caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.clear()
     again = build_in(root, crashes["src"], NAME, crashes["options"])
     assert not again.created and again.ref == f"{NAME}@v1"
     assert _redone(caplog) == (set(), set())
@@ -213,6 +215,7 @@ def test_killed_incremental_build_resumes_to_the_same_bytes_as_a_full_build(tmp_
     units, shards = _committed(staging)
     assert len(shards) >= 1
     caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.clear()  # only the rerun's lines (an earlier test's flow may have left the logger at INFO: v1's lines)
     v2 = build_in(root, src, NAME, options)
     assert v2.ref == f"{NAME}@v2"
     redone_units, redone_shards = _redone(caplog)
