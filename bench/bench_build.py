@@ -3,6 +3,8 @@
     python bench/bench_build.py                      # makes a 1000 MB corpus with make_corpus.py
     python bench/bench_build.py --corpus DIR --small-mb 100
     python bench/bench_build.py --mb 300 --compare-with b9be734     # this checkout vs a commit, alternating
+    python bench/bench_build.py --corpus C1000 --realistic /tmp/bench/realistic --incremental \
+        --compare-with GIT_REF --rounds 5                            # raw, core, ratio, incremental; both trees
 
 For each backend it measures, each in a fresh process (so no warm caches are
 shared between measurements):
@@ -22,6 +24,22 @@ about 10x slower. Peak memory is reported for the small and the large corpus,
 to show it does not grow with the corpus. Prefect's temporary-server start-up
 is measured separately (a trivial flow in a fresh process), and so is the
 Prefect flow's own end-to-end time on the large corpus.
+
+With ``--compare-with GIT_REF``, ``--realistic DIR`` or ``--incremental`` it
+measures instead, in ``--rounds`` rounds, for this checkout and (with
+``--compare-with``) the commit ``GIT_REF`` (its ``git archive``, imported
+through ``PYTHONPATH``), the two alternating (A B, then B A, ...), on the
+``--corpus`` corpus and, with ``--realistic``, on the corpus of source files
+``bench/realistic_corpus.py`` makes (made in ``DIR`` if missing):
+
+* the raw rate of the fast backend (as above: the better of 4096-row batches and whole files);
+* the core build (``shardflow.build.build``, ``workers=2``, what ``--no-prefect`` runs) in tokens/s,
+  and its ratio to the raw rate of the same round;
+* with ``--incremental``: a build of all inputs but the last (sorted by name), then, in the same
+  data root and catalog, of all of them (the first build is its parent), against the round's
+  first build of all inputs: incremental seconds / first-build seconds.
+
+It prints the medians over the rounds as a table and, last, one JSON line with every figure.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +73,8 @@ for texts in batches:
     tokens, offsets = tok.encode_batch(texts)
     n += len(tokens)
 dt = time.perf_counter() - t0
-print(json.dumps({"tokens": n, "seconds": dt, "backend": tok.backend}))
+import shardflow
+print(json.dumps({"tokens": n, "seconds": dt, "backend": tok.backend, "module": shardflow.__file__}))
 """
 
 E2E = r"""
@@ -66,10 +87,16 @@ t0 = time.perf_counter()
 r = build(BuildConfig(name="bench", sources=(corpus,), backend=backend), data_root=out + "/data", catalog=out + "/manifests", workers=2)
 dt = time.perf_counter() - t0
 m = open_version(r.ref, catalog=out + "/manifests").manifest
+import shardflow
+reuse = m.extra.get("reuse") or {}
 print(json.dumps({"tokens": m.totals["tokens"], "documents": m.totals["documents"], "seconds": dt,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "shards": sum(len(e.shards) for e in m.splits.values()), "module": shardflow.__file__,
+                  "reused_inputs": len(reuse.get("reused_inputs", ())), "linked_shards": reuse.get("linked_shards", 0)}))
 """
 
+# Each stage of the build's table in turn (whatever the stages are: this script also times other trees),
+# its jobs on 2 threads; a background stage (stats-card) runs in its place here.
 PHASES = r"""
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -80,21 +107,15 @@ t = {}
 t0 = time.perf_counter()
 plan = b.plan_build(BuildConfig(name="bench", sources=(corpus,)), data_root=out + "/data", catalog=out + "/manifests")
 t["plan (fingerprint inputs)"] = time.perf_counter() - t0
-t0 = time.perf_counter()
-with ThreadPoolExecutor(2) as pool:
-    tokens = sum(r.tokens for r in pool.map(lambda u: b.tokenize_unit(plan, u), range(len(plan.units))))
-t["read + tokenize + write parts"] = time.perf_counter() - t0
-t0 = time.perf_counter()
-layout = b.make_layout(plan)
-with ThreadPoolExecutor(2) as pool:
-    list(pool.map(lambda sk: b.write_shard(plan, *sk), layout.shard_jobs()))
-t["layout + write shards"] = time.perf_counter() - t0
-t0 = time.perf_counter()
-b.finalize(plan)
-t["validate (re-read, SHA-256)"] = time.perf_counter() - t0
-t0 = time.perf_counter()
-b.publish(plan)
-t["publish"] = time.perf_counter() - t0
+done = {}
+for stage in b.STAGES:
+    if not stage.when(plan):
+        continue
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        done[stage.name] = list(pool.map(lambda job: stage(plan, *job), stage.jobs(plan, done)))
+    t[stage.name] = time.perf_counter() - t0
+tokens = sum(getattr(r, "tokens", 0) for r in next(iter(done.values())))  # the first stage tokenizes
 print(json.dumps({"tokens": tokens, "phases": t}))
 """
 
@@ -200,31 +221,128 @@ def make_corpus(path: Path, mb: int, files: int) -> Path:
     return path
 
 
-def compare_with(ref: str, corpus: Path, work: Path, rounds: int) -> None:
-    """End-to-end build time of this checkout against git ``ref``, alternating runs, same corpus.
+def baseline_tree(ref: str, work: Path) -> Path:
+    """Commit ``ref`` of this repository as a plain directory tree (``git archive``; the checkout is not touched).
 
-    The two builds run in turns (A B A B ...) so that noise from the shared
-    machine hits both alike; the medians and their ratio are printed.
+    ``ref`` may also be a directory holding another tree already (``git archive REF | tar -x -C DIR``).
     """
-    import statistics
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode:
+        sys.exit(f"--compare-with {ref}: not a commit of {ROOT} ({sha.stderr.strip()})")
+    base = work / f"baseline-{sha.stdout.strip()[:12]}"
+    if not base.is_dir():
+        tmp = Path(tempfile.mkdtemp(prefix="baseline-", dir=work))
+        archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", "--format=tar", sha.stdout.strip()],
+                                   stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(tmp)], stdin=archive.stdout, check=True)
+        if archive.wait():
+            sys.exit(f"git archive {ref} failed")
+        # This checkout is installed in editable mode, which maps shardflow.flows/.tasks to *its* flows/ and
+        # tasks/; the baseline's own, linked into its package, are found first on its PYTHONPATH.
+        for package in ("flows", "tasks"):
+            if (tmp / package).is_dir() and not (tmp / "src" / "shardflow" / package).exists():
+                (tmp / "src" / "shardflow" / package).symlink_to(Path("..", "..", package))  # relative: tmp is renamed
+        os.replace(tmp, base)
+    return base
 
-    base = work / f"baseline-{ref.replace('/', '_')}"
-    if not base.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), ref], check=True,
-                       capture_output=True)
-    times: dict[str, list[float]] = {"this checkout": [], ref: []}
-    try:
-        for _ in range(rounds):
-            for label, tree in (("this checkout", ROOT), (ref, base)):
-                out = tempfile.mkdtemp(prefix="cmp-", dir=work)
-                r = run_py(E2E, str(corpus), "gigatoken", out, tree=tree)
-                times[label].append(r["seconds"])
-                print(f"  {label:14s} {r['seconds']:6.2f} s  ({r['tokens'] / r['seconds'] / 1e6:.1f} M tok/s)", flush=True)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
-    ours, theirs = statistics.median(times["this checkout"]), statistics.median(times[ref])
-    print(f"\nmedian end-to-end build over {rounds} alternating runs on {corpus.name}: this checkout {ours:.2f} s, "
-          f"{ref} {theirs:.2f} s; ratio {ours / theirs:.3f} (below 1: faster)")
+
+def _rate(r: dict) -> float:
+    return r["tokens"] / r["seconds"]
+
+
+def one_round(tree: Path, corpus: Path, work: Path, incremental: bool) -> dict:
+    """Raw rate, core build and (optionally) the incremental pair of one tree on one corpus, each a fresh process."""
+    raws = [run_py(RAW, str(corpus), "gigatoken", str(rows), tree=tree) for rows in (4096, 10**9)]
+    raw = max(raws, key=_rate)
+    out = Path(tempfile.mkdtemp(prefix="core-", dir=work))
+    core = run_py(E2E, str(corpus), "gigatoken", str(out), tree=tree)
+    shutil.rmtree(out, ignore_errors=True)
+    for r in (raw, core):  # the other tree's shardflow must not have been imported instead
+        if not Path(r["module"]).resolve().is_relative_to(tree.resolve()):
+            sys.exit(f"measuring {tree}, but shardflow was imported from {r['module']}")
+    row = {"raw_rate": _rate(raw), "core_rate": _rate(core), "ratio": _rate(core) / _rate(raw),
+           "core_s": core["seconds"], "tokens": core["tokens"], "shards": core["shards"],
+           "peak_rss_mb": core["peak_rss_mb"], "raw_tokens_agree": raw["tokens"] + core["documents"] == core["tokens"]}
+    if incremental:
+        files = sorted(corpus.glob("*.parquet"))
+        out = Path(tempfile.mkdtemp(prefix="incremental-", dir=work))
+        src = out / "src"
+        src.mkdir()
+        for f in files[:-1]:
+            os.symlink(f.resolve(), src / f.name)
+        first = run_py(E2E, str(src), "gigatoken", str(out), tree=tree)
+        os.symlink(files[-1].resolve(), src / files[-1].name)
+        inc = run_py(E2E, str(src), "gigatoken", str(out), tree=tree)  # the catalog's latest is its parent
+        shutil.rmtree(out, ignore_errors=True)
+        row.update(first_minus_one_s=first["seconds"], incremental_s=inc["seconds"],
+                   incremental_ratio=inc["seconds"] / core["seconds"], reused_inputs=inc["reused_inputs"],
+                   linked_shards=inc["linked_shards"])
+        if inc["reused_inputs"] != len(files) - 1:
+            print(f"  WARNING: the incremental build reused {inc['reused_inputs']} of {len(files) - 1} inputs",
+                  flush=True)
+    return row
+
+
+def measure(trees: dict[str, Path], corpora: dict[str, Path], work: Path, rounds: int, incremental: bool,
+            baseline_ref: str | None = None) -> dict:
+    """Every tree on every corpus, ``rounds`` times, the trees' order alternating per round; medians."""
+    runs: dict[str, dict[str, list[dict]]] = {c: {t: [] for t in trees} for c in corpora}
+    print(f"cores: {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    for i in range(rounds):
+        order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
+        for cname, corpus in corpora.items():
+            for label, tree in order:
+                row = one_round(tree, corpus, work, incremental)
+                runs[cname][label].append(row)
+                inc = (f", incremental {row['incremental_s']:.2f} s ({row['incremental_ratio']:.3f} of the first build)"
+                       if incremental else "")
+                print(f"round {i + 1} {cname:10s} {label:14s} raw {row['raw_rate'] / 1e6:6.1f} M tok/s, core "
+                      f"{row['core_s']:6.2f} s ({row['core_rate'] / 1e6:5.1f} M tok/s, ratio {row['ratio']:.3f}){inc}",
+                      flush=True)
+    med = statistics.median
+    summary: dict = {"rounds": rounds, "trees": {k: str(v) for k, v in trees.items()}, "corpora": {}}
+    if "baseline" in trees:
+        summary["baseline_ref"] = baseline_ref
+    for cname, corpus in corpora.items():
+        entry: dict = {"path": str(corpus), "files": len(list(corpus.glob("*.parquet")))}
+        for label, rows in runs[cname].items():
+            keys = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            entry[label] = {k: med([r[k] for r in rows]) for k in keys}
+            entry[label]["raw_tokens_agree"] = all(r["raw_tokens_agree"] for r in rows)
+        summary["corpora"][cname] = entry
+    summary["load_average_end"] = os.getloadavg()[0]
+    return summary
+
+
+def report(summary: dict, incremental: bool) -> None:
+    labels = list(summary["trees"])
+    print(f"\nmedians over {summary['rounds']} alternating round(s); ratio = core rate / raw rate of the same round, "
+          "then the median; load average at the end " f"{summary['load_average_end']:.2f}\n")
+    head = "| corpus | tree | tokens | shards | raw tokenizer (M tok/s) | core build (M tok/s) | core ÷ raw | core build (s) |"
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|"
+    if incremental:
+        head += " incremental +1 of N (s) | incremental ÷ first build |"
+        rule += "---:|---:|"
+    print(head + "\n" + rule)
+    for cname, entry in summary["corpora"].items():
+        for label in labels:
+            e = entry[label]
+            line = (f"| {cname} ({entry['files']} files) | {label} | {e['tokens'] / 1e6:.1f} M | {e['shards']:.0f} | "
+                    f"{e['raw_rate'] / 1e6:.1f} | {e['core_rate'] / 1e6:.1f} | {e['ratio']:.3f} | {e['core_s']:.2f} |")
+            if incremental:
+                line += f" {e['incremental_s']:.2f} | {e['incremental_ratio']:.3f} |"
+            print(line)
+            if not e["raw_tokens_agree"]:
+                print(f"  WARNING: {label} on {cname}: raw tokens + documents != built tokens")
+    if len(labels) == 2:
+        a, b = labels
+        for cname, entry in summary["corpora"].items():
+            print(f"{cname}: core build {a} {entry[a]['core_s']:.2f} s vs {b} {entry[b]['core_s']:.2f} s, "
+                  f"ratio {entry[a]['core_s'] / entry[b]['core_s']:.3f} (below 1: {a} faster)")
+    print(json.dumps(summary))
 
 
 def main() -> None:
@@ -235,14 +353,33 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--skip-prefect", action="store_true")
     ap.add_argument("--compare-with", metavar="GIT_REF",
-                    help="only compare the end-to-end build with another commit's, alternating runs")
-    ap.add_argument("--rounds", type=int, default=3, help="runs of each side with --compare-with")
+                    help="measure raw, core and ratio (and --incremental) for this checkout and commit GIT_REF "
+                         "(or a directory holding another tree), alternating runs")
+    ap.add_argument("--realistic", type=Path, metavar="DIR",
+                    help="also measure on the corpus of source files in DIR (bench/realistic_corpus.py; made if missing)")
+    ap.add_argument("--realistic-mb", type=float, default=300, help="its size, when it is made")
+    ap.add_argument("--incremental", action="store_true",
+                    help="also time the build of all inputs but the last, then of all (incremental) against a first build")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds with --compare-with, --realistic or --incremental")
     args = ap.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-"))
+    work = (args.workdir or Path(tempfile.mkdtemp(prefix="shardflow-bench-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    big = args.corpus or make_corpus(work / f"corpus-{args.mb}mb", args.mb, 16)
-    if args.compare_with:
-        compare_with(args.compare_with, big, work, args.rounds)
+    big = (args.corpus or make_corpus(work / f"corpus-{args.mb}mb", args.mb, 16)).resolve()
+    if args.compare_with or args.realistic or args.incremental:
+        corpora = {big.name: big}
+        if args.realistic:
+            from realistic_corpus import build_corpus, describe
+
+            record = build_corpus(args.realistic, mb=args.realistic_mb)
+            print(f"realistic corpus {args.realistic}: {describe(record)}", flush=True)
+            corpora["realistic"] = args.realistic.resolve()
+        trees = {"this checkout": ROOT}
+        if args.compare_with:
+            # Labelled "baseline", not by its commit: the tables go into docs, which name no commit of ours.
+            trees["baseline"] = baseline_tree(args.compare_with, work)
+            print(f"baseline: {args.compare_with} ({trees['baseline']})", flush=True)
+        report(measure(trees, corpora, work, args.rounds, args.incremental, args.compare_with), args.incremental)
         return
     # Same size of file as the big corpus (1000 MB / 16 files), so peak memory compares like with like.
     small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, max(1, round(args.small_mb * 16 / args.mb)))

@@ -120,6 +120,8 @@ def _build_flags() -> dict[str, Flag]:
         "stats": Flag(name="no-stats", help="collect no statistics: no stats.json, no 'stats' in the manifest, no card "
                       "(a version with other files: another build key)"),
         "card": Flag(name="no-card", help="draw no dataset card (card/); stats.json is still written"),
+        "unit_bytes": Flag(name="unit-mb", mebibytes=True, help="MB of text per work unit: one tokenize job, whose "
+                           "tokens become its own shard(s), so this sets the typical shard size (default {default})"),
         "batch_bytes": Flag(name="batch-mb", mebibytes=True, help="MB of text read and tokenized at once per worker "
                             "(bounds memory; default {default})"),
         "batch_rows": Flag(help="at most this many rows per batch (default {default})"),
@@ -130,7 +132,6 @@ def _build_flags() -> dict[str, Flag]:
 UNFLAGGED_BUILD_FIELDS: Mapping[str, str] = types.MappingProxyType({
     "sources": "the commands' positional arguments (build: one or more; serve: beside --name and --cron)",
     "boundary": "set by the two switches --bos and --eos (both: BOS + ids + EOS); neither: the target's, else bos",
-    "unit_bytes": "how the work is cut (in the build key; it changes no token): the Python API and prefect.yaml parameters",
 })
 """``BuildConfig`` fields with no flag of their own, and why."""
 

@@ -110,7 +110,7 @@ def built(tmp_path: Path) -> BuildFactory:
 
 @pytest.fixture(scope="session")
 def sample_built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The sample corpus, cl100k, nanogpt, 3 shards of <= 50,000 tokens. Read-only: copy before changing."""
+    """The sample corpus, cl100k, nanogpt, 4 shards of whole documents, <= 50,000 tokens each. Read-only: copy before changing."""
     return make_builder(tmp_path_factory.mktemp("sample-built"))(SAMPLE, name="sample", shard_tokens=50_000)
 
 

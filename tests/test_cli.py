@@ -163,8 +163,10 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     import io
 
     from shardflow.flows.build import build_dataset
+    from shardflow.build import build
     from shardflow.config import BuildConfig
     from shardflow.manifest import read_manifest
+    from stream_support import assert_whole_documents, split_streams
 
     def files(directory: Path) -> dict[str, bytes]:
         return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*"))
@@ -180,15 +182,25 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     # The CLI sets this (setdefault) for the process; setting it here makes monkeypatch undo it.
     monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
     common = ["build", str(SAMPLE), "--name", "pf", "--shard-tokens", "40000", "--val-fraction", "0.1", "--eos"]
+    # (one work unit: the sample's 600 kB of text are under the default unit size)
     plain = Path(run_main(*common, "--data-root", "plain/data", "--catalog", "plain/cat", "--no-prefect")[-1]).parent
 
-    # The flow itself, 4 work units (one per row group) two at a time.
+    # The flow itself, 4 work units (one per row group) two at a time, against the same configuration built
+    # without Prefect (build(): the driver on threads, as --no-prefect runs it).
     config = BuildConfig(name="pf", sources=(str(SAMPLE),), shard_tokens=40_000, val_fraction=0.1, boundary="eos", unit_bytes=1)
     ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
     assert ref == "pf@v1"
     flow_dir = tmp_path / "flow" / "data" / "pf" / "v1"
-    assert files(flow_dir) == files(plain)
-    assert len(files(plain)) >= 8
+    bare = build(config, workers=2, data_root=tmp_path / "bare" / "data", catalog=tmp_path / "bare" / "cat")
+    bare_dir = Path(bare.manifest_path).parent
+    assert files(flow_dir) == files(bare_dir)
+    assert len(files(flow_dir)) >= 8
+    # Each of its units wrote its own train shards of whole documents: other shards than the one unit's of the
+    # command line, the same documents in the same order (val is gathered: the same shards).
+    assert assert_whole_documents(flow_dir) >= 4 + 1
+    assert files(flow_dir) != files(plain) and split_streams(flow_dir) == split_streams(plain)
+    assert {k: v for k, v in files(flow_dir).items() if k.startswith("val/")} == \
+        {k: v for k, v in files(plain).items() if k.startswith("val/")}
 
     # And through the command line without --no-prefect.
     lines = run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat")
@@ -200,9 +212,13 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
     assert cli_dir == tmp_path / "cli" / "data" / "pf" / "v1"
     assert files(cli_dir) == files(plain)
 
-    # (not their build keys: the flow's 1-byte unit size is in its key)
-    a, b = read_manifest(plain), read_manifest(flow_dir)
-    assert (a.splits, a.totals, a.boundary) == (b.splits, b.totals, b.boundary)
+    a, b, c = read_manifest(plain), read_manifest(flow_dir), read_manifest(bare_dir)
+    assert (b.splits, b.totals, b.boundary, b.build_key) == (c.splits, c.totals, c.boundary, c.build_key)
+    # (not their build keys, shard lists or shard counts: the flow's 1-byte unit size is in its key and cuts
+    # its train shards otherwise)
+    counts = lambda m: ({k: v for k, v in m.totals.items() if k not in ("shards", "bytes")},  # noqa: E731
+                        {s: (e.documents, e.tokens) for s, e in m.splits.items()}, m.boundary)
+    assert counts(a) == counts(b) and a.build_key != b.build_key
 
 
 @pytest.mark.slow

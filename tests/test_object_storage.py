@@ -177,6 +177,8 @@ def test_json_lines_objects_cut_blind_into_byte_ranges_give_a_local_builds_bytes
     s3.fs().pipe(f"{bucket}/cut/x.jsonl", data)
     options = dict(name="cut", val_fraction=0.2, seed=5, shard_tokens=30_000, stats_column="src")
     a = make_builder(tmp_path / "local")(local, **options)  # one unit
+    # Cut into ranges, the val split is decided only once the layout numbers their rows: every split is gathered
+    # from all units and cut at whole documents by the rule one unit's pieces follow, so the shards are a's.
     b = make_builder(tmp_path / "s3")(f"s3://{bucket}/cut/x.jsonl", unit_bytes=unit_bytes, workers=2, **options)
     assert files_of(a.directory) == files_of(b.directory)
     ma, mb = read_manifest(a.directory), read_manifest(b.directory)

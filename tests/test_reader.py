@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from core_support import SAMPLE, make_builder
+from core_support import ASSETS, SAMPLE, make_builder
+from recut_support import whole_document_cuts
 from shardflow import open_version as top_level_open_version
 from shardflow.reader import open_version
 
@@ -13,7 +15,8 @@ from shardflow.reader import open_version
 def test_sample_documents_round_trip(sample_built, sample_texts):
     v = sample_built.open()
     train = v.split("train")
-    assert (train.num_documents, train.num_shards) == (len(sample_texts), 3)
+    # Whole documents, at most 50,000 tokens a shard (manifest schema 3): 4 shards.
+    assert (train.num_documents, train.num_shards) == (len(sample_texts), 4)
     assert [train.text(i) for i in range(train.num_documents)] == sample_texts
     assert top_level_open_version is open_version
 
@@ -37,24 +40,51 @@ def test_documents_and_token_ranges(sample_built):
     eot = v.manifest.boundary["token_id"]
     everything = np.concatenate([np.asarray(train.shard(k)) for k in range(train.num_shards)])
     assert len(everything) == train.num_tokens == v.manifest.totals["tokens"]
-    assert train.shard_offsets.tolist() == [0, 50_000, 100_000, train.num_tokens]
-    assert np.array_equal(train.doc_starts, np.flatnonzero(everything == eot))
-    # A range across a shard boundary.
-    assert np.array_equal(train.tokens(49_990, 100_010), everything[49_990:100_010])
+    bos = np.flatnonzero(everything == eot)
+    assert np.array_equal(train.doc_starts, bos)
+    # Schema 3: shards of whole documents, cut where the next document would pass 50,000 tokens.
+    lengths = np.diff(np.append(bos, len(everything)))
+    assert train.shard_offsets.tolist() == np.cumsum([0, *whole_document_cuts(lengths, 50_000)]).tolist()
+    assert np.isin(train.shard_offsets[:-1], bos).all()  # no document continues into the next shard
+    # A range across two shard boundaries.
+    lo, hi = int(train.shard_offsets[1]) - 10, int(train.shard_offsets[2]) + 10
+    assert np.array_equal(train.tokens(lo, hi), everything[lo:hi])
     assert np.array_equal(train.tokens(-5, 3), everything[:3])
     assert len(train.tokens(10, 10)) == 0 and len(train.tokens(train.num_tokens, train.num_tokens + 9)) == 0
-    for i in (0, 14, 15, 60):  # includes documents that continue into the next shard
+    last_of_shard = np.searchsorted(bos, train.shard_offsets[1:-1]) - 1
+    for i in {0, *last_of_shard.tolist(), *(last_of_shard + 1).tolist(), train.num_documents - 1}:
         with_bos = train.document(i, with_boundary=True)
         assert with_bos[0] == eot and eot not in with_bos[1:]
+        assert np.array_equal(with_bos, everything[bos[i] : bos[i] + lengths[i]])
         assert np.array_equal(train.document(i), with_bos[1:])
-    crossing = [i for i in range(train.num_documents - 1) if np.searchsorted(train.shard_offsets, train.doc_starts[i], "right") != np.searchsorted(train.shard_offsets, train.doc_starts[i + 1] - 1, "right")]
-    assert crossing, "the sample build should have documents spanning shards"
+
+
+def test_documents_spanning_shards_of_an_older_schema():
+    """A schema-2 version as published (tests/assets/schema2): its documents cross shard boundaries."""
+    v = open_version("two@v1", catalog=ASSETS / "schema2" / "catalog")
+    assert v.manifest.schema_version == 2
+    train = v.split("train")
+    eot = v.manifest.boundary["token_id"]
+    everything = np.concatenate([np.asarray(train.shard(k)) for k in range(train.num_shards)])
+    bos = np.flatnonzero(everything == eot)
+    assert np.array_equal(train.doc_starts, bos)
+    ends = np.append(bos[1:], len(everything))
+    crossing = [i for i in range(train.num_documents) if np.searchsorted(train.shard_offsets, bos[i], "right") != np.searchsorted(train.shard_offsets, ends[i] - 1, "right")]
+    assert len(crossing) == train.num_shards - 1, "every shard boundary of the fixture falls inside a document"
+    for i in crossing:
+        with_bos = train.document(i, with_boundary=True)
+        assert np.array_equal(with_bos, everything[bos[i] : ends[i]]) and eot not in with_bos[1:]
+    texts = pq.read_table(ASSETS / "schema2" / "two.parquet", columns=["text"]).column("text").to_pylist()
+    val = v.split("val")
+    read = [train.text(i) for i in range(train.num_documents)] + [val.text(i) for i in range(val.num_documents)]
+    assert sorted(read) == sorted(texts)
 
 
 def test_shards_are_read_only_memory_maps(sample_built):
-    shard = sample_built.open().split("train").shard(0)
+    v = sample_built.open()
+    shard = v.split("train").shard(0)
     assert isinstance(shard, np.memmap) and not shard.flags.writeable
-    assert shard.dtype == np.dtype("<u4") and len(shard) == 50_000
+    assert shard.dtype == np.dtype("<u4") and len(shard) == v.manifest.splits["train"].shards[0].tokens == 47_107
 
 
 def test_out_of_range_and_unknown_split(sample_built):

@@ -77,8 +77,10 @@ def test_a_schema_1_parent_serves_an_incremental_build_of_the_new_layout(old_roo
     grown = build(BuildConfig(sources=sources, **OPTIONS), data_root=old_root / "data", catalog=old_root / "catalog")
     assert grown.ref == "old@v2"
     m2 = read_manifest(Path(grown.manifest_path))
-    assert m2.schema_version == 2 and m2.parent == "old@v1"
-    assert m2.extra["reuse"]["reused_inputs"] == ["old.parquet"] and m2.extra["reuse"]["tokenized_inputs"] == ["new.parquet"]
+    assert m2.schema_version == 3 and m2.parent == "old@v1"
+    assert "reuse" not in m2.extra  # its shards mix inputs: tokenized again, once (tests/test_schema2.py: the line)
+    (a0, an), (b0, bn) = (inp["shards"]["train"] for inp in m2.inputs)  # each input's own shards, for the next build
+    assert (a0, b0) == (0, an) and an > 1 and bn >= 1 and an + bn == len(m2.splits["train"].shards)
     assert all(s.file.startswith(f"{split}/") for split, e in m2.splits.items() for s in e.shards)
     # The same tokens as a build of everything from scratch.
     full = build(BuildConfig(sources=sources, **OPTIONS), data_root=tmp_path / "full", catalog=tmp_path / "fullcat")

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core_support import SAMPLE, Built, make_builder
+from core_support import ASSETS, SAMPLE, Built, make_builder
+from recut_support import whole_document_cuts
+from shardflow.build import BuildResult
 from shardflow.formats import NANOGPT
 from shardflow.manifest import read_manifest
 from shardflow.runtime import open_shards
@@ -29,13 +31,23 @@ from shardflow.shardset import ShardInfo, ShardSet
 
 @pytest.fixture(scope="module")
 def eos_built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The sample corpus with EOS placement, in 4 shards of <= 40,000 tokens."""
+    """The sample corpus with EOS placement, in shards of whole documents, at most 40,000 tokens each."""
     return make_builder(tmp_path_factory.mktemp("eos-built"))(SAMPLE, name="eos", shard_tokens=40_000, boundary="eos")
 
 
-@pytest.fixture(params=["bos", "eos"])
+SCHEMA2 = ASSETS / "schema2"
+# two@v1 as the code of manifest schema 2 published it (read in place, never written): BOS placement,
+# 2,000-token shards cut across documents, so the tests below also read documents that span shards.
+schema2_built = Built(
+    result=BuildResult(ref="two@v1", manifest_path=str(SCHEMA2 / "data/two/v1/metadata.yaml"), created=False),
+    data_root=SCHEMA2 / "data",
+    catalog=SCHEMA2 / "catalog",
+)
+
+
+@pytest.fixture(params=["bos", "eos", "schema2"])
 def version(request: pytest.FixtureRequest, sample_built: Built, eos_built: Built) -> Built:
-    return sample_built if request.param == "bos" else eos_built
+    return {"bos": sample_built, "eos": eos_built, "schema2": schema2_built}[request.param]
 
 
 def _set(b: Built) -> ShardSet:
@@ -58,7 +70,8 @@ def test_offsets_add_up_to_the_manifest(version):
     assert s.num_shards == len(entries) > 2
     assert s.offsets.dtype == np.int64 and len(s.offsets) == s.num_shards + 1 and s.offsets[0] == 0
     assert np.diff(s.offsets).tolist() == [e.tokens for e in entries] == [len(s.shard(k)) for k in range(s.num_shards)]
-    assert s.num_tokens == int(s.offsets[-1]) == m.splits["train"].tokens == m.totals["tokens"]
+    assert s.num_tokens == int(s.offsets[-1]) == m.splits["train"].tokens
+    assert sum(entry.tokens for entry in m.splits.values()) == m.totals["tokens"]
     assert sum(len(s.doc_starts(k)) for k in range(s.num_shards)) == len(s.all_doc_starts()) == m.splits["train"].documents
 
 
@@ -92,10 +105,21 @@ def test_document_starts_sit_at_the_boundary_token(version):
         np.testing.assert_array_equal(inside, s.doc_starts(k))
 
 
-def test_documents_cross_shard_boundaries(version):
-    """Not vacuous: some shard starts inside a document, so its first document start is not token 0."""
+def test_documents_cross_shard_boundaries_only_before_schema_3(version):
+    """Schema 3: every shard begins with a document, and is cut where the next one would pass ``shard_tokens``.
+
+    Not vacuous for the tests above: in the schema-2 version some shard starts
+    inside a document, so its first document start is not token 0.
+    """
     s = _set(version)
-    assert any(len(s.doc_starts(k)) == 0 or s.doc_starts(k)[0] != 0 for k in range(1, s.num_shards))
+    m = read_manifest(version.directory)
+    begins_a_document = [len(s.doc_starts(k)) > 0 and s.doc_starts(k)[0] == 0 for k in range(s.num_shards)]
+    if m.schema_version >= 3:
+        assert all(begins_a_document)
+        lengths = np.diff(np.append(s.all_doc_starts(), s.num_tokens))
+        assert np.diff(s.offsets).tolist() == whole_document_cuts(lengths, m.config["shard_tokens"])
+    else:
+        assert not all(begins_a_document[1:])
 
 
 def test_read_across_shard_boundaries(version):
@@ -185,15 +209,16 @@ def test_cached_arrays_are_read_only(sample_built):
 
 def test_pickles_without_maps_or_indexes(sample_built):
     s = _set(sample_built)
-    expected = s.read(49_990, 100_010).copy()
+    lo, hi = int(s.offsets[1]) - 10, int(s.offsets[2]) + 10  # shards 0, 1 and 2
+    expected = s.read(lo, hi).copy()
     starts = s.all_doc_starts().copy()
-    assert s._views[0] is not None and s._views[1] is not None
+    assert all(s._views[k] is not None for k in range(3))
     blob = pickle.dumps(s)
     assert len(blob) < 16_000  # the description only: the shards hold 600 KB
     copy = pickle.loads(blob)
     assert all(v is None for v in copy._views) and all(x is None for x in copy._starts) and copy._all_starts is None
     assert copy.shards == s.shards and copy.fingerprint == s.fingerprint
-    np.testing.assert_array_equal(copy.read(49_990, 100_010), expected)
+    np.testing.assert_array_equal(copy.read(lo, hi), expected)
     np.testing.assert_array_equal(copy.all_doc_starts(), starts)
 
 

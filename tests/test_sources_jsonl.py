@@ -6,10 +6,15 @@ What is compared to what, and why:
   ``val_fraction=0``: the held-out split scores hash the input's name
   (``corpus.jsonl`` vs ``corpus.parquet``), so with a validation split the two
   legitimately choose other documents; with none, every shard and index byte
-  must be the same, and the manifests agree on every count.
+  must be the same when both are one work unit, and the manifests agree on
+  every count. A file cut into other units holds the same documents in other
+  shards (each unit writes its own, manifest schema 3): its token streams are
+  compared.
 - One unit against many (``unit_bytes=1``) of the same JSON Lines file is
   compared with ``val_fraction > 0``: a document's identity (its line index)
-  must not depend on the cut, so the bytes are identical, validation split included.
+  must not depend on the cut, and with a validation split every split of a
+  file cut into several units is gathered whole (``split_decided_late``), so
+  the bytes are identical, validation split included.
 - A Parquet struct column read through ``meta.text`` is compared with a flat
   Parquet file of the same name in another directory, validation split included.
 """
@@ -28,6 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core_support import SAMPLE, files_of, make_builder, write_parquet
+from stream_support import assert_whole_documents, split_streams
 from shardflow.errors import InputError
 from shardflow.manifest import read_manifest
 from shardflow.sources import discover_inputs, iter_text_batches, plan_units
@@ -109,11 +115,21 @@ def test_jsonl_gives_the_shards_of_a_parquet_build_of_the_same_texts(tmp_path, d
         records = [{"id": i, "text": t, "n": len(t)} for i, t in enumerate(docs)]
     src = write_jsonl(tmp_path / "in" / file_name, records)
     pqt = write_parquet(tmp_path / "in-pq" / "corpus.parquet", docs)
-    options = dict(name="same", shard_tokens=60_000, workers=2, unit_bytes=200_000)
+    options = dict(name="same", shard_tokens=60_000, workers=2)
+    # One unit each (the default unit size): the same shards, byte for byte.
     a = make_builder(tmp_path / "a")(src, text_column=column, **options)
     b = make_builder(tmp_path / "b")(pqt, **options)
     assert files_of(a.directory) == files_of(b.directory)
     validate_dir(a.directory)
+    # Cut into byte ranges (an uncompressed file; a compressed one stays one unit): each unit writes its own
+    # shards of whole documents, so the shards differ, and the documents in them, in order, do not.
+    units, *_ = read_all(src, text_column=column, unit_bytes=200_000)
+    assert (len(units) > 1) == (file_name == "corpus.jsonl"), len(units)
+    cut = make_builder(tmp_path / "cut")(src, text_column=column, unit_bytes=200_000, **options)
+    assert split_streams(cut.directory) == split_streams(b.directory)
+    assert assert_whole_documents(cut.directory) >= len(units)
+    uncut = lambda m: {k: v for k, v in m.totals.items() if k not in ("shards", "bytes")}  # noqa: E731
+    assert uncut(read_manifest(cut.directory)) == uncut(read_manifest(a.directory))
     ma, mb = read_manifest(a.directory), read_manifest(b.directory)
     assert ma.totals["documents"] == len(docs) and ma.totals["bad_records"] == 0
     assert {k: v for k, v in ma.totals.items() if k != "bad_records"} == mb.totals
@@ -324,8 +340,12 @@ def test_a_50mb_file_is_read_in_batches_bounded_by_the_batch_size(tmp_path, real
 @pytest.mark.slow
 def test_a_jsonl_file_builds_with_small_batches(tmp_path, docs, small_vocab):
     src = write_jsonl(tmp_path / "in" / "c.jsonl", [{"text": t} for t in docs])
+    # The same units (their boundaries come from the file and unit_bytes alone), read in batches of 4 KiB or of
+    # the default size: the same shards.
+    units, *_ = read_all(src, unit_bytes=100_000)
+    assert len(units) > 1
     small = make_builder(tmp_path / "s")(src, name="b", tokenizer=str(small_vocab), batch_bytes=4096, unit_bytes=100_000)
-    big = make_builder(tmp_path / "l")(src, name="b", tokenizer=str(small_vocab))
+    big = make_builder(tmp_path / "l")(src, name="b", tokenizer=str(small_vocab), unit_bytes=100_000)
     assert files_of(small.directory) == files_of(big.directory)
 
 

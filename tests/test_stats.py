@@ -9,6 +9,8 @@ directly. Builds run on a real Parquet corpus (``make_corpus.py``).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import re
@@ -126,6 +128,34 @@ def test_vocabulary_counts_are_the_shards_token_counts(one_worker):
     assert [t["id"] for t in voc["top"]] == order
     assert [t["count"] for t in voc["top"]] == [int(expected[k]) for k in order]
     assert voc["top"][0]["text"] == " the"  # English prose: the most frequent cl100k token
+
+
+def test_the_vocabulary_file_is_what_np_save_writes_for_the_rows_of_every_input(one_worker):
+    # The file is written input by input, its header last: it must still be np.save's bytes for
+    # the (input, id, count) rows of every input, each input's ids ascending, counted from the shards.
+    d = one_worker.directory
+    m = read_manifest(d)
+    per_input: dict[int, np.ndarray] = {}
+    for split in m.splits:
+        tokens, _ = _raw_split(d, split)
+        for i, inp in enumerate(m.inputs):
+            rng = inp["splits"][split]
+            part = tokens[rng["first_token"] : rng["first_token"] + rng["tokens"]]
+            per_input[i] = _add(per_input.get(i, np.zeros(0, dtype=np.int64)), np.bincount(part))
+    dtype = np.dtype([("input", "<u4"), ("id", "<u4"), ("count", "<i8")])
+    parts = []
+    for i in sorted(per_input):
+        ids = np.flatnonzero(per_input[i])
+        rows = np.zeros(len(ids), dtype=dtype)
+        rows["input"], rows["id"], rows["count"] = i, ids, per_input[i][ids]
+        parts.append(rows)
+    assert len(parts) == 3 and all(len(r) > 1000 for r in parts)  # several inputs, each its own rows
+    buf = io.BytesIO()
+    np.save(buf, np.concatenate(parts))
+    data = (d / "stats.vocab.npy").read_bytes()
+    assert data == buf.getvalue()
+    entry = {e["file"]: e for e in m.extra["stats"]["files"]}["stats.vocab.npy"]
+    assert (entry["bytes"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
 
 
 def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
+from recut_support import cut_across_documents
 from shardflow.errors import ValidationError
+from shardflow.manifest import MANIFEST_NAME, read_manifest
 from shardflow.reader import open_version
 from shardflow.validation import validate_dir
 
@@ -49,7 +52,8 @@ def problems(directory: Path, *, checksums: bool = True) -> str:
 
 def test_an_intact_version_validates(version_copy):
     report = validate_dir(version_copy)
-    assert report.ok and (report.shards, report.tokens, report.documents) == (3, 148378, 61)
+    # Whole documents, at most 50,000 tokens a shard (schema 3): 47107 + 49874 + 48391 + 3006 tokens.
+    assert report.ok and (report.shards, report.tokens, report.documents) == (4, 148378, 61)
     assert open_version(version_copy, verify=True).manifest.ref == "sample@v1"
 
 
@@ -59,7 +63,8 @@ def test_truncated_shard(version_copy):
     path.write_bytes(data[:-6])
     msg = problems(version_copy, checksums=False)
     assert f"{path}: {len(data) - 6} bytes, but the manifest says {len(data)}; the shard is truncated or was changed" in msg
-    assert re.search(rf"file is {len(data) - 6} bytes but its header says 50000 tokens of 4 bytes after a 1024-byte header \({len(data)} bytes\)", msg)
+    n = (len(data) - HEADER) // 4  # what the intact header says
+    assert re.search(rf"file is {len(data) - 6} bytes but its header says {n} tokens of 4 bytes after a 1024-byte header \({len(data)} bytes\)", msg)
     with pytest.raises(ValidationError, match=rf"{re.escape(str(path))}: {len(data) - 6} bytes, but the manifest says {len(data)}"):
         open_version(version_copy)
 
@@ -98,7 +103,8 @@ def test_stray_boundary_token_is_an_unindexed_document(version_copy):
     [
         (0, 12345, r"header magic 12345 is not nanogpt's 278895051; wrong format or a damaged header"),
         (1, 7, r"unsupported nanogpt header version 7 \(expected 1\)"),
-        (2, 49_999, r"file is 201024 bytes but its header says 49999 tokens of 4 bytes after a 1024-byte header \(201020 bytes\)"),
+        # shard 1 holds 49874 tokens (200520 bytes)
+        (2, 49_873, r"file is 200520 bytes but its header says 49873 tokens of 4 bytes after a 1024-byte header \(200516 bytes\)"),
         (3, 2, r"header says uint16 tokens but the manifest says uint32"),
         (3, 8, r"header says 8 bytes per token; only 2 and 4 are defined"),
     ],
@@ -139,7 +145,7 @@ def test_missing_index_entry_with_a_consistent_manifest(version_copy):
 
     path = version_copy / INDEX
     starts = np.fromfile(path, dtype="<i4")
-    data = np.delete(starts, 0).astype("<i4").tobytes()
+    data = np.delete(starts, 1).astype("<i4").tobytes()  # not the first: a shard must begin with a document
     path.write_bytes(data)
     manifest_path = version_copy / "metadata.yaml"
     raw = yaml.safe_load(manifest_path.read_text())
@@ -153,7 +159,7 @@ def test_missing_index_entry_with_a_consistent_manifest(version_copy):
     manifest_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     msg = problems(version_copy)
     assert "(1 problem):" in msg
-    assert f"the document starting at token {int(starts[0])} has no entry in {Path(INDEX).name} (1 unindexed)" in msg
+    assert f"the document starting at token {int(starts[1])} has no entry in {Path(INDEX).name} (1 unindexed)" in msg
 
 
 def test_missing_index_file_and_missing_shard(version_copy):
@@ -242,18 +248,36 @@ def _rewrite_index(directory: Path, shard: int, entries: list[int]) -> Path:
 
 
 def test_eos_document_starting_a_shard_must_be_indexed(built, tiny_parquet):
-    # EOS stream [a b E][ok E The][end . E]: shard 1 starts a document (shard 0 ends with EOS),
-    # shard 2 continues "The end." -- even with a manifest rewritten to agree with the index.
+    # Whole documents of at most 3 tokens, EOS placement: [a b E] [ok E] [The end . E] ("The end." is longer
+    # than the bound: alone). Shard 1 starts a document (shard 0 ends with EOS) -- even with a manifest
+    # rewritten to agree with an index that leaves it out.
     b = built(tiny_parquet, name="tiny", boundary="eos", shard_tokens=3)
-    assert [(b.directory / f"train/tiny_train_00000{k}.bos.idx").read_bytes() for k in range(3)] == [
-        struct.pack("<i", 0), struct.pack("<2i", 0, 2), b""]
-    _rewrite_index(b.directory, 1, [2])
+    assert [e.tokens for e in read_manifest(b.directory).splits["train"].shards] == [3, 2, 4]
+    assert [(b.directory / f"train/tiny_train_00000{k}.bos.idx").read_bytes() for k in range(3)] == [struct.pack("<i", 0)] * 3
+    _rewrite_index(b.directory, 1, [])
     msg = problems(b.directory)
     assert "tiny_train_000001.bin: the document starting at token 0 has no entry in tiny_train_000001.bos.idx" in msg
 
 
-def test_eos_continued_document_must_not_be_indexed(built, tiny_parquet):
-    b = built(tiny_parquet, name="tiny", boundary="eos", shard_tokens=3)
-    _rewrite_index(b.directory, 2, [0])
-    msg = problems(b.directory)
+def test_eos_continued_document_must_not_be_indexed(built, tiny_parquet, tmp_path):
+    # Schema 2 cut across documents (by hand: no build does now): [a b E] [ok E The] [end . E];
+    # shard 2 continues "The end.", so its token 0 starts no document.
+    b = built(tiny_parquet, name="tiny", boundary="eos")
+    old = tmp_path / "schema2"
+    shutil.copytree(b.directory, old)
+    cut_across_documents(old, "train", 3)
+    assert [(old / f"train/tiny_train_00000{k}.bos.idx").read_bytes() for k in range(3)] == [
+        struct.pack("<i", 0), struct.pack("<2i", 0, 2), b""]
+    assert validate_dir(old).ok
+    _rewrite_index(old, 2, [0])
+    msg = problems(old)
     assert "tiny_train_000002.bos.idx: entry 0 points at token 0, which is not a document start (EOS token 100257 expected)" in msg
+
+
+def test_a_schema_3_shard_that_begins_mid_document_is_refused(version_copy):
+    cut_across_documents(version_copy, "train", 20_011)
+    validate_dir(version_copy)  # as schema 2 wrote it: shards cut across documents are fine there
+    manifest = yaml.safe_load((version_copy / MANIFEST_NAME).read_text())
+    manifest["schema_version"] = 3  # claimed whole documents: the second shard begins inside one
+    (version_copy / MANIFEST_NAME).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    assert re.search(r"train_000001\.bos\.idx: .*does not begin with a document .* schema 3 hold whole documents", problems(version_copy))

@@ -211,8 +211,12 @@ class BuildConfig:
     "fail" names its file and line and stops; "skip" skips and counts it (``bad_records``).
     Left out of ``to_dict`` (so of manifests and build keys) at its default."""
     description: str = ""
-    unit_bytes: int = 64 << 20
-    """Target size of one work unit, in uncompressed text bytes (row groups are never split)."""
+    unit_bytes: int = 256 << 20
+    """Target size of one work unit, in uncompressed text bytes (row groups are never split). A unit's
+    tokens become its own shard(s), so this sets the typical shard size: 256 MiB of text is about
+    6.7 x 10^7 tokens (four bytes a token), and an input's last unit, up to 1.25 times that, still fits
+    one shard of the default 10^8. Every core stays busy on a small corpus anyway: a batch's encoding is
+    spread over the cores (``batch_bytes``)."""
     batch_bytes: int = 32 << 20
     """Text bytes read and tokenized at once (estimated from each unit's bytes per row);
     memory is bounded by this x workers, not by the corpus size. Bigger batches let the

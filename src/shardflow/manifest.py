@@ -51,9 +51,10 @@ __all__ = [
     "version_file",
 ]
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
-"""1: every file flat in the version directory; 2: one directory per split, ``embeddings/``."""
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+"""1: every file flat in the version directory; 2: one directory per split, ``embeddings/``; 3: shards of
+whole documents and of any size up to ``shard_tokens``, each input's own shards listed in its entry."""
 MANIFEST_NAME = "metadata.yaml"
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest ``metadata.yaml`` read (one of 100,000 shards is about 40 MB)."""
@@ -382,7 +383,7 @@ class Manifest:
         if isinstance(version, bool) or version not in READABLE_SCHEMA_VERSIONS:
             raise ManifestError(
                 f"{where}: unknown manifest schema_version {version!r}; this shardflow reads schema_version "
-                f"{' and '.join(map(str, READABLE_SCHEMA_VERSIONS))}. Upgrade shardflow (pip install -U shardflow) or rebuild the dataset"
+                f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS[:-1]))} and {READABLE_SCHEMA_VERSIONS[-1]}. Upgrade shardflow (pip install -U shardflow) or rebuild the dataset"
             )
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         kwargs: dict[str, Any] = {}

@@ -128,6 +128,9 @@ class ShardContext:
     next_first: Callable[[], int | None] = _nothing
     """The first token after this shard in its split (None at the split's end); asked only with placement
     ``both`` and one token as BOS and EOS, when the shard ends with it."""
+    whole_documents: bool = True
+    """Every shard holds whole documents (manifest schema 3): its first token starts one. False for
+    versions of schemas 1 and 2, whose shards were cut across documents."""
 
     @classmethod
     def of_manifest(
@@ -148,6 +151,7 @@ class ShardContext:
             eos_id=None if eos is None else eos[1],
             previous_last=previous_last,
             next_first=next_first,
+            whole_documents=manifest.schema_version >= 3,
         )
 
     def edge_token(self, directory: Path, entry: ShardEntry, *, last: bool, what: str) -> int | None:
@@ -224,11 +228,17 @@ def validate_shard_entry(
     if len(starts) != entry.documents:
         problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
     problems.extend(_sidecar_problems(directory, fmt, path, entry, len(tokens), dtype, starts, checksums=checksums))
+    if ctx.whole_documents and len(tokens) and (not len(starts) or starts[0] != 0):
+        problems.append(
+            f"{idx_path}: {entry.file} does not begin with a document (its index does not start with 0), but shards "
+            "of manifest schema 3 hold whole documents; the shard or its index was changed, or cut by other software"
+        )
     vocab = ctx.vocab_size
     boundary = ctx.boundary
     placement, bos_id, eos_id = ctx.placement, ctx.bos_id, ctx.eos_id
     # With EOS placement token 0 starts a document when the previous shard ends with EOS.
-    first_is_start = _starts_document(ctx, k) if placement == "eos" else None
+    # (Schema 3: every shard begins with a document, and no neighbour needs reading.)
+    first_is_start = (ctx.whole_documents or _starts_document(ctx, k)) if placement == "eos" else None
     n = len(tokens)
     header_bytes = path.stat().st_size - n * dtype.itemsize
     # One pass of plain reads through two bounded buffers (a memory map would grow resident
@@ -237,6 +247,7 @@ def validate_shard_entry(
     h = BackgroundSha256()
     boundary_positions: list[np.ndarray] = []
     eos_positions: list[np.ndarray] = []
+    last_token = None  # the shard's last token id (None when it has none)
     size = min(_BLOCK, max(n, 1))
     buffers = (np.empty(size, dtype=dtype), np.empty(size, dtype=dtype))
     with open(path, "rb") as f:
@@ -258,6 +269,7 @@ def validate_shard_entry(
             boundary_positions.append(np.flatnonzero(block == boundary) + lo)
             if placement == "both" and eos_id != bos_id:
                 eos_positions.append(np.flatnonzero(block == eos_id) + lo)
+            last_token = int(block[-1])
             lo += count
     if checksums and h.hexdigest() != entry.sha256:
         problems.append(
@@ -274,7 +286,7 @@ def validate_shard_entry(
         # that token too (documents are never empty), the next shard's first one at the end.
         after = np.isin(positions + 1, positions)
         if len(positions) and positions[-1] == n - 1:
-            after[-1] = _next_token(ctx) in (None, boundary)
+            after[-1] = ctx.whole_documents or _next_token(ctx) in (None, boundary)
         expected = positions[~after]
         ends = positions[after]
     elif placement == "bos":
@@ -287,6 +299,11 @@ def validate_shard_entry(
             first = bool(len(starts)) and starts[0] == 0
         if first:
             expected = np.concatenate(([0], expected))
+    if ctx.whole_documents and n and placement != "bos" and last_token != eos_id:
+        problems.append(
+            f"{path}: its last token is {last_token}, not the EOS token {eos_id}: its last document is cut short, "
+            "but shards of manifest schema 3 hold whole documents"
+        )
     if len(expected) != len(starts) or not np.array_equal(expected, starts):
         missing = np.setdiff1d(expected, starts)
         extra = np.setdiff1d(starts, expected)

@@ -65,6 +65,8 @@ def _check_version(b, texts: list[str], bos: int, eos: int) -> None:
         for k in range(s.num_shards):
             toks = s.shard(k)
             starts = bosidx.read(bosidx.index_path(s.shards.shards[k].path), len(toks)).astype(np.int64)
+            # Whole documents (schema 3): each shard opens with a document's BOS and ends with one's EOS.
+            assert starts[0] == 0 and toks[-1] == eos
             assert np.all(toks[starts] == bos)
             inner = starts[starts > 0]
             assert np.all(toks[inner - 1] == eos)
@@ -87,10 +89,14 @@ def test_both_with_chosen_tokens(built, corpus):
     }
     assert m.config["bos_token"] == FIM_PREFIX and m.config["eos_token"] == FIM_SUFFIX
     assert m.totals["max_token_id"] >= max(bos, eos)
+    # --shard-tokens bounds every shard but one of a single longer document.
+    entries = [e for split in m.splits.values() for e in split.shards]
+    assert len(entries) > 2 and all(e.tokens <= 20_000 or e.documents == 1 for e in entries)
     _check_version(b, texts, bos, eos)
     # Ids name the same tokens: the same bytes (the key differs: the option is spelled differently).
+    # (The same unit_bytes too: work units decide where shards are cut.)
     by_id = built(src, name="both", boundary="both", bos_token=str(bos), eos_token=eos,
-                  shard_tokens=20_000, val_fraction=0.1, root=b.data_root.parent / "ids")
+                  shard_tokens=20_000, val_fraction=0.1, unit_bytes=1, root=b.data_root.parent / "ids")
     assert files_of(by_id.directory) == files_of(b.directory)
     assert read_manifest(by_id.directory).boundary == m.boundary
 
@@ -140,7 +146,9 @@ def test_validation_catches_a_corrupted_boundary(built, corpus, tmp_path):
     m = read_manifest(copy)
     shard = copy / m.splits["train"].shards[0].file
     starts = bosidx.read(bosidx.index_path(shard), m.splits["train"].shards[0].tokens)
+    assert len(starts) >= 5
     data = bytearray(shard.read_bytes())
+    original = bytes(data)
     header = m.format["header_bytes"]
     at = int(starts[3]) - 1  # the EOS closing document 2
     data[header + 4 * at : header + 4 * at + 4] = (11).to_bytes(4, "little")
@@ -149,10 +157,22 @@ def test_validation_catches_a_corrupted_boundary(built, corpus, tmp_path):
         validate_dir(copy, checksums=False)
     # A BOS turned into an ordinary token: its document is no longer a start.
     data[header + 4 * at : header + 4 * at + 4] = m.boundary["eos"]["id"].to_bytes(4, "little")
-    at = int(starts[5])
+    at = int(starts[4])
     data[header + 4 * at : header + 4 * at + 4] = (11).to_bytes(4, "little")
     shard.write_bytes(bytes(data))
-    with pytest.raises(ValidationError, match=rf"entry 5 points at token {at}, which is not a document start \(BOS token"):
+    with pytest.raises(ValidationError, match=rf"entry 4 points at token {at}, which is not a document start \(BOS token"):
+        validate_dir(copy, checksums=False)
+    # The shard's last EOS turned into an ordinary token: its last document is cut short.
+    data = bytearray(original)
+    data[-4:] = (11).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValidationError, match=r"its last token is 11, not the EOS token .*cut short"):
+        validate_dir(copy, checksums=False)
+    # An index without its first entry: the shard no longer begins with a document.
+    shard.write_bytes(original)
+    validate_dir(copy, checksums=False)  # the shard restored: valid again
+    bosidx.index_path(shard).write_bytes(bosidx.encode(starts[1:]))
+    with pytest.raises(ValidationError, match=r"does not begin with a document \(its index does not start with 0\)"):
         validate_dir(copy, checksums=False)
 
 

@@ -112,27 +112,30 @@ def _build_counting(tmp_path: Path, shards: int, boundary: str) -> dict[str, Any
 def test_each_validate_shard_job_reads_a_constant_number_of_records(tmp_path, boundary):
     small = _build_counting(tmp_path / "small", 4, boundary)
     large = _build_counting(tmp_path / "large", 16, boundary)
-    assert (small["shards"], large["shards"]) == (4, 16)
-    assert len(small["per_job"]) == 4 and len(large["per_job"]) == 16
-    # Per job: its own record (done check and run), its validation record, at most a neighbour's and the layout.
-    assert max(large["per_job"]) == max(small["per_job"]) <= 6, (small["per_job"], large["per_job"])
-    assert sum(large["per_job"]) <= 16 * max(small["per_job"])  # O(N) in all
-    # finalize reads each shard's records once or twice: 12 more shards, at most 3 x 12 more reads (not 16² - 4²).
-    assert large["finalize"] - small["finalize"] <= 3 * 12, (small["finalize"], large["finalize"])
+    # Shards of whole documents: about 4 and 16 (a shard is cut before the document that would pass the bound).
+    n_small, n_large = small["shards"], large["shards"]
+    assert 4 <= n_small <= 6 and 16 <= n_large <= 20
+    assert len(small["per_job"]) == n_small and len(large["per_job"]) == n_large
+    # Per job: its own record (done check and run), its validation record and the layout; no neighbour's
+    # (whole documents: each shard's boundaries are checked on their own).
+    assert max(large["per_job"]) == max(small["per_job"]) <= 5, (small["per_job"], large["per_job"])
+    assert sum(large["per_job"]) <= n_large * max(small["per_job"])  # O(N) in all
+    # finalize reads each shard's records once or twice: at most 3 more reads per added shard (not N² growth).
+    extra = n_large - n_small
+    assert large["finalize"] - small["finalize"] <= 3 * extra, (small["finalize"], large["finalize"])
     # Validating the published version: the manifest once, and a constant number of files per shard.
     for counted in (small, large):
         assert counted["report"].shards == counted["shards"]
         assert sum(p.endswith("metadata.yaml") for p in counted["published"]) == 1
     growth = len(large["published"]) - len(small["published"])
-    assert 0 < growth <= 10 * 12, (len(small["published"]), len(large["published"]))
+    assert 0 < growth <= 10 * extra, (len(small["published"]), len(large["published"]))
 
 
 def test_a_shard_ending_with_a_bos_that_is_also_the_eos_validates(tmp_path, tiny_parquet):
-    """<|endoftext|> as BOS and EOS: E 64 293 E | E 564 E | E 791 842 13 E, cut every 5 tokens.
+    """<|endoftext|> as BOS and EOS: E 64 293 E | E 564 E | E 791 842 13 E, at most 5 tokens a shard.
 
-    Shard 0 is E 64 293 E E: its last token opens the second document (the next shard
-    begins with 564, not with E), so the index lists it; shard 1 (564 E E 791 842)
-    holds the EOS and BOS between the second and third documents.
+    Whole documents: one a shard (4 + 3 > 5), each ending with E, which closes its
+    document (the next shard begins with its own E): no neighbour is read to tell.
     """
     config = BuildConfig(name="edge", sources=(str(tiny_parquet),), boundary="both", shard_tokens=5, stats=False)
     result = build(config, data_root=tmp_path / "data", catalog=tmp_path / "cat", workers=1)

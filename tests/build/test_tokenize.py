@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -151,26 +152,41 @@ def test_a_local_rank_file_travels_with_the_version(built, tiny_parquet, small_v
 
 
 @pytest.mark.slow
-def test_the_token_file_is_handed_to_the_writeback_in_order_as_it_grows(built, monkeypatch, tmp_path):
-    # Each work unit's token file asks the kernel to start writing what it has so far (_io.start_writeback),
-    # piece after piece with no gap or overlap, so its fsync waits only for the tail; the bytes are the same.
-    import shardflow.build.tokenize as tok
+def test_the_pieces_are_handed_to_the_writeback_in_order_as_they_grow(built, monkeypatch, tmp_path):
+    # A tokenize job writes its unit's pieces (shard files) through ShardWriter, which asks the kernel to
+    # start writing each batch's tokens as they come (start_writeback), so that a piece's fsync waits only
+    # for its tail: per piece, its tokens after the header end to end, every byte once; piece after piece;
+    # and the bytes are those of a build without the spy. (tests/formats covers ShardWriter alone, with
+    # its count known; here the pieces are opened without it and cut by UnitShardWriter.)
+    import shardflow.formats.writer as writer
+    from shardflow.formats import get_format
 
     calls: list[tuple[str, int, int]] = []
 
     def spy(fd: int, offset: int, nbytes: int) -> bool:
-        calls.append((os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else str(fd), offset, nbytes))
+        calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), offset, nbytes))
         return True
 
-    monkeypatch.setattr(tok, "start_writeback", spy)
-    monkeypatch.setattr(tok, "WRITEBACK_MIN_BYTES", 1)  # every batch of the small sample
-    b = built(SAMPLE, name="wb", batch_rows=8)
-    pieces = [(offset, nbytes) for _, offset, nbytes in calls]
-    assert len(pieces) == (61 + 7) // 8 and len({name for name, _, _ in calls}) == 1  # one unit, 8 batches
-    assert [offset for offset, _ in pieces] == [sum(n for _, n in pieces[:i]) for i in range(len(pieces))]
+    monkeypatch.setattr(writer, "start_writeback", spy)
+    monkeypatch.setattr(writer, "WRITEBACK_MIN_BYTES", 1)  # every batch of the small sample
+    options = dict(name="wb", batch_rows=8, shard_tokens=40_000)
+    b = built(SAMPLE, **options)
     m = read_manifest(b.directory)
-    assert sum(n for _, n in pieces) == m.totals["tokens"] * np.dtype(m.dtype).itemsize  # every byte, once
+    shards = m.splits["train"].shards
+    assert len(shards) >= 3  # one unit, cut into several pieces
+    files = list(dict.fromkeys(name for name, _, _ in calls))  # each piece's temporary file, in first-call order
+    assert [re.match(r"\.train-(\d{6})", f).group(1) for f in files] == [f"{k:06d}" for k in range(len(shards))]
+    assert [name for name, _, _ in calls] == sorted((name for name, _, _ in calls), key=files.index)  # no going back
+    header = len(get_format(m.format_name).header(0, np.dtype(m.dtype)))  # the pieces' header, written at commit
+    width = np.dtype(m.dtype).itemsize
+    for f, shard in zip(files, shards):
+        ranges = [(offset, nbytes) for name, offset, nbytes in calls if name == f]
+        assert len(ranges) >= 2  # handed over batch by batch as the piece grew, not once at its end
+        assert [offset for offset, _ in ranges] == [header + sum(n for _, n in ranges[:i]) for i in range(len(ranges))]
+        assert sum(n for _, n in ranges) == shard.tokens * width  # every token byte, once
     monkeypatch.undo()
-    plain = built(SAMPLE, name="wb", batch_rows=8, root=tmp_path / "plain")
-    shard = m.splits["train"].shards[0].file
-    assert (plain.directory / shard).read_bytes() == (b.directory / shard).read_bytes()
+    plain = built(SAMPLE, root=tmp_path / "plain", **options)
+    for shard in shards:
+        assert (plain.directory / shard.file).read_bytes() == (b.directory / shard.file).read_bytes()
+
+

@@ -125,7 +125,7 @@ def test_an_input_is_cut_the_same_alone_among_others_and_as_the_file_added_to_an
     assert {u.input for u in added.units} == {2} and _cut(added, 2) == alone
     # The file's own cut at this size: one unit under the default (the old rule cut a file this size, when it
     # was alone or the file added, into 16 MiB pieces), several at 6 MiB, covering its rows in order.
-    if unit_bytes == DEFAULT_UNIT:
+    if unit_bytes == DEFAULT_UNIT or kind == "arrow":  # an Arrow input is one unit, as on object storage
         assert len(alone) == 1
     else:
         assert len(alone) >= 3
@@ -170,7 +170,14 @@ def _pieces(tmp_path: Path, kind: str, texts: list[str], per_piece: int) -> tupl
     return path, reader.get_batch(reader.num_record_batches - 1).column(0).nbytes
 
 
-@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_an_arrow_file_is_one_unit_whatever_the_unit_size(tmp_path, sample_texts):
+    # A local file is cut as its copy on object storage is (planned from its schema alone): one unit.
+    path, _ = _pieces(tmp_path, "arrow", sample_texts[:40], 10)
+    units = plan_units(discover_inputs([str(path)]), text_column="text", id_column=None, unit_bytes=1)
+    assert [(u.start, u.stop, u.first_row, u.rows) for u in units] == [(0, 4, 0, 40)]
+
+
+@pytest.mark.parametrize("kind", ["parquet"])
 def test_a_small_last_row_group_or_record_batch_joins_the_unit_before(tmp_path, sample_texts, kind):
     # Four pieces of 10 real documents, then one of a short one: each piece is bigger than the unit sizes below.
     path, tail = _pieces(tmp_path, kind, sample_texts[:40] + ["a short last document"], 10)

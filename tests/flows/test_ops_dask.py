@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ops_support import PrefectServer, run_cli, version_files
+from shardflow.manifest import read_manifest
 
 pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional extra: pip install 'shardflow[dask]'")
 distributed = pytest.importorskip("distributed")
@@ -34,7 +35,7 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
         )
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"Connecting to an existing Dask cluster at {cluster.scheduler_address}" in res.stderr
-        # The cluster ran the work: 4 tokenize tasks, 4 shard writes and their 4 validations, over both workers.
+        # The cluster ran the work: 4 tokenize tasks, a write and a validation per shard, over both workers.
         with distributed.Client(cluster) as client:
             per_worker = client.run(
                 lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory")
@@ -48,12 +49,15 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
         assert bare.returncode == 0, bare.stderr[-3000:]
         with distributed.Client(cluster) as client:
             after = client.run(lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory"))
-    assert sum(per_worker.values()) == 4 + 4 + 4, per_worker
-    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
-    assert sum(after.values()) - sum(per_worker.values()) == 4 + 4 + 4, after  # the bare run's jobs ran there too
-
     assert res.stdout.splitlines()[0] == "published scale@v1"
     dask_dir = Path(res.stdout.strip().splitlines()[-1]).parent
+    # 5 shards: each unit's train documents (90k to 140k tokens, under the 200k bound) are one shard of its own,
+    # and the gathered val split (about 40k) is one.
+    splits = read_manifest(dask_dir).splits
+    assert [len(splits[s].shards) for s in ("train", "val")] == [4, 1]
+    assert sum(per_worker.values()) == 4 + 5 + 5, per_worker
+    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
+    assert sum(after.values()) - sum(per_worker.values()) == 4 + 5 + 5, after  # the bare run's jobs ran there too
 
     res = run_cli([*common, "--data-root", "local/data", "--catalog", "local/cat"], env, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

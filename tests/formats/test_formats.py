@@ -105,17 +105,28 @@ def test_golden_bytes_eos(built, tiny_parquet):
     assert (b.directory / "train/tiny_train_000000.bos.idx").read_bytes() == idx(0, 3, 5)
 
 
-def test_golden_bytes_across_shards(built, tiny_parquet):
-    # 4 tokens per shard: [E a b E] [ok E The end] [.]; a continued document has no entry.
-    b = built(tiny_parquet, name="tiny", shard_tokens=4)
+# Shards of whole documents (schema 3), documents [E a b] [E ok] [E The end .] of 3, 2 and 4 tokens:
+# at most 5 tokens, a shard takes documents while it stays within the bound: [E a b E ok] [E The end .];
+# at most 3, "The end." (4 tokens) is longer than the bound and alone: [E a b] [E ok] [E The end .].
+ACROSS_SHARDS = {
+    5: [(slice(0, 5), (0, 3)), (slice(5, 9), (0,))],
+    3: [(slice(0, 3), (0,)), (slice(3, 5), (0,)), (slice(5, 9), (0,))],
+}
+
+
+@pytest.mark.parametrize("shard_tokens", list(ACROSS_SHARDS))
+def test_golden_bytes_across_shards(built, tiny_parquet, shard_tokens):
+    b = built(tiny_parquet, name="tiny", shard_tokens=shard_tokens)
     s = stream(CL100K_EOT)
-    expected = [(s[0:4], idx(0, 3)), (s[4:8], idx(1)), (s[8:9], b"")]
-    for k, (tokens, index) in enumerate(expected):
+    expected = ACROSS_SHARDS[shard_tokens]
+    for k, (cut, starts) in enumerate(expected):
+        tokens = s[cut]
         assert (b.directory / f"train/tiny_train_{k:06d}.bin").read_bytes() == nanogpt_header(len(tokens), 4) + pack(tokens, "I")
-        assert (b.directory / f"train/tiny_train_{k:06d}.bos.idx").read_bytes() == index
-    # metadata.yaml and train/ (manifest schema 2), besides the statistics and the card
+        assert (b.directory / f"train/tiny_train_{k:06d}.bos.idx").read_bytes() == idx(*starts)
+    assert [e.tokens for e in b.open().manifest.splits["train"].shards] == [c.stop - c.start for c, _ in expected]
+    # metadata.yaml and train/ (one directory per split), besides the statistics and the card
     assert len({p.name for p in b.directory.iterdir()} - STATS_AND_CARD) == 2
-    assert len(list((b.directory / "train").iterdir())) == 6
+    assert len(list((b.directory / "train").iterdir())) == 2 * len(expected)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +134,7 @@ def test_golden_bytes_across_shards(built, tiny_parquet):
 )
 @pytest.mark.slow
 def test_round_trip_every_format(built, small_vocab, sample_texts, fmt, which):
-    # Small shards so that documents continue across shard boundaries.
+    # Small shards, so that the documents are read from many of them.
     b = built(SAMPLE, name="rt", format=fmt, tokenizer=_tokenizer(which, small_vocab), shard_tokens=20_011)
     v = b.open()
     train = v.split("train")

@@ -19,10 +19,12 @@ import pytest
 import yaml
 
 from core_support import SAMPLE, STATS_AND_CARD, TINY_IDS, Built, make_builder
+from recut_support import cut_across_documents
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.formats import FORMATS, MEGATRON
 from shardflow.formats.megatron import encode_idx, parse_idx
 from shardflow.manifest import FileEntry, ShardEntry, read_manifest
+from shardflow.reader import open_version
 from shardflow.runtime import open_shards
 from shardflow.validation import validate_dir
 
@@ -143,18 +145,41 @@ def test_golden_bytes_three_documents(built, tiny_parquet, small_vocab, which, e
 
 @pytest.mark.parametrize("placement", ["bos", "eos"])
 def test_golden_bytes_across_shards(built, tiny_parquet, placement):
-    # 4 tokens per shard. A shard that begins inside a document gets a sequence for that tail:
-    # bos: [E a b | E]  [ok | E The end]  [.]        eos: [a b E | ok]  [E | The end .]  [E]
-    b = built(tiny_parquet, name="tiny", format="megatron", shard_tokens=4, boundary=placement)
+    # At most 5 tokens per shard, whole documents (schema 3): one sequence per document, none split.
+    # bos: [E a b | E ok]  [E The end .]        eos: [a b E | ok E]  [The end . E]
+    b = built(tiny_parquet, name="tiny", format="megatron", shard_tokens=5, boundary=placement)
     s = stream(CL100K_EOT, placement)
-    expected = [(s[0:4], [3, 1], bos_idx(0, 3)), (s[4:8], [1, 3], bos_idx(1)), (s[8:9], [1], b"")]
+    expected = [(s[0:5], [3, 2], bos_idx(0, 3)), (s[5:9], [4], bos_idx(0))]
     for k, (tokens, lengths, index) in enumerate(expected):
         stem = b.directory / f"train/tiny_train_{k:06d}"
         assert Path(f"{stem}.bin").read_bytes() == pack(tokens, "I")
         assert Path(f"{stem}.idx").read_bytes() == idx_bytes(CODE_INT32, lengths, 4)
         assert Path(f"{stem}.bos.idx").read_bytes() == index
+    assert not (b.directory / "train/tiny_train_000002.bin").exists()
     validate_dir(b.directory)
     v = b.open()
+    assert [v.split("train").text(i) for i in range(3)] == ["a b", "ok", "The end."]
+
+
+@pytest.mark.parametrize("placement", ["bos", "eos"])
+def test_golden_bytes_of_a_schema_2_shard_beginning_mid_document(built, tiny_parquet, tmp_path, placement):
+    # Schema 2 cut across documents (4 tokens per shard; cut here by hand, no build writes it now).
+    # A shard that begins inside a document gets a sequence for that tail:
+    # bos: [E a b | E]  [ok | E The end]  [.]        eos: [a b E | ok]  [E | The end .]  [E]
+    b = built(tiny_parquet, name="tiny", format="megatron", boundary=placement)
+    old = tmp_path / "schema2"
+    shutil.copytree(b.directory, old)
+    cut_across_documents(old, "train", 4)
+    s = stream(CL100K_EOT, placement)
+    expected = [(s[0:4], [3, 1], bos_idx(0, 3)), (s[4:8], [1, 3], bos_idx(1)), (s[8:9], [1], b"")]
+    for k, (tokens, lengths, index) in enumerate(expected):
+        stem = old / f"train/tiny_train_{k:06d}"
+        assert Path(f"{stem}.bin").read_bytes() == pack(tokens, "I")
+        assert Path(f"{stem}.idx").read_bytes() == idx_bytes(CODE_INT32, lengths, 4)
+        assert Path(f"{stem}.bos.idx").read_bytes() == index
+    validate_dir(old)
+    v = open_version(old, catalog=tmp_path / "no-catalog")
+    assert v.manifest.schema_version == 2
     assert [v.split("train").text(i) for i in range(3)] == ["a b", "ok", "The end."]
 
 
@@ -163,8 +188,23 @@ def test_golden_bytes_across_shards(built, tiny_parquet, placement):
 
 @pytest.fixture(scope="module")
 def sample_megatron(tmp_path_factory) -> Built:
-    """The sample corpus, cl100k, --format megatron, in shards small enough that documents cross them."""
+    """The sample corpus, cl100k, --format megatron, in shards of whole documents, at most 20,011 tokens each."""
     return make_builder(tmp_path_factory.mktemp("megatron"))(SAMPLE, name="meg", format="megatron", shard_tokens=20_011)
+
+
+@pytest.fixture(scope="module")
+def sample_megatron_schema2(sample_megatron, tmp_path_factory) -> Path:
+    """The same version cut by hand as schema 2 cut it: shards of exactly 20,011 tokens, documents crossing them."""
+    dest = tmp_path_factory.mktemp("megatron-schema2") / "v1"
+    shutil.copytree(sample_megatron.directory, dest)
+    cut_across_documents(dest, "train", 20_011)
+    return dest
+
+
+@pytest.fixture(params=["whole", "schema2"])
+def meg_dir(request, sample_megatron, sample_megatron_schema2) -> Path:
+    """A megatron version directory, read-only: shards of whole documents (schema 3), or cut across them (schema 2)."""
+    return sample_megatron.directory if request.param == "whole" else sample_megatron_schema2
 
 
 def test_one_shard_build_reads_token_for_token(built, sample_texts):
@@ -186,13 +226,13 @@ def test_one_shard_build_reads_token_for_token(built, sample_texts):
 
 
 @pytest.mark.slow
-def test_documents_across_shards_give_consistent_sequences(sample_megatron, sample_texts):
-    v = sample_megatron.open()
+def test_documents_across_shards_give_consistent_sequences(meg_dir, sample_texts, tmp_path):
+    v = open_version(meg_dir, catalog=tmp_path / "no-catalog")
     train = v.split("train")
     assert train.num_shards > 3
     docs: list[list[int]] = []
     tails = 0
-    for k, prefix in enumerate(prefixes(sample_megatron.directory, "meg")):
+    for k, prefix in enumerate(prefixes(meg_dir, "meg")):
         idx, seqs = read_prefix(prefix)
         shard = train.shard(k)
         starts = train.shard_starts(k).tolist()
@@ -208,13 +248,16 @@ def test_documents_across_shards_give_consistent_sequences(sample_megatron, samp
                 tails += 1
             else:
                 docs.append(seq.tolist())
-    assert tails >= 3  # documents do cross shard boundaries here
+    if v.manifest.schema_version >= 3:
+        assert tails == 0  # whole documents: every shard's first sequence starts one
+    else:
+        assert tails >= 3  # documents do cross shard boundaries here
     assert len(docs) == train.num_documents == len(sample_texts)
     for i, doc in enumerate(docs):
         assert doc == train.document(i, with_boundary=True).tolist()
     # Round trip: the reader's text equals the original.
     assert [train.text(i) for i in range(train.num_documents)] == sample_texts
-    validate_dir(sample_megatron.directory)
+    validate_dir(meg_dir)
 
 
 def test_uint16_vocabulary_writes_code_8(built, small_vocab, sample_texts):
@@ -233,13 +276,14 @@ def test_uint16_vocabulary_writes_code_8(built, small_vocab, sample_texts):
 
 
 @pytest.fixture
-def meg_copy(sample_megatron, tmp_path) -> Path:
+def meg_copy(meg_dir, tmp_path) -> Path:
+    """A private copy of ``meg_dir``, to corrupt."""
     dest = tmp_path / "v1"
-    shutil.copytree(sample_megatron.directory, dest)
+    shutil.copytree(meg_dir, dest)
     return dest
 
 
-IDX1 = "train/meg_train_000001.idx"  # begins with a continued document: sequence 0 is a tail
+IDX1 = "train/meg_train_000001.idx"  # in the schema-2 cut it begins with a continued document: sequence 0 is a tail
 
 
 def _edit(path: Path, offset: int, data: bytes) -> None:
@@ -257,10 +301,16 @@ def test_validation_catches_a_corrupted_idx(meg_copy, checksums):
 
 def test_validation_reports_sha256_and_what_the_bytes_say(meg_copy):
     path = meg_copy / IDX1
-    assert read_idx(path)["pointers"][1] > 0 and 0 not in np.fromfile(meg_copy / "train/meg_train_000001.bos.idx", "<i4")
+    starts = np.fromfile(meg_copy / "train/meg_train_000001.bos.idx", "<i4").tolist()
+    pointers = (read_idx(path)["pointers"] // 4).tolist()
+    if read_manifest(meg_copy).schema_version >= 3:
+        assert starts[0] == 0 and pointers == starts  # one sequence per document, the first at token 0
+    else:
+        assert 0 not in starts and pointers == [0, *starts]  # sequence 0 is the tail of a continued document
     nseq = struct.unpack_from("<Q", path.read_bytes(), 18)[0]
     # Swap the first two lengths: they still add up, but the pointers no longer follow them.
     a, b2 = struct.unpack_from("<2i", path.read_bytes(), 34)
+    assert a != b2
     _edit(path, 34, struct.pack("<2i", b2, a))
     with pytest.raises(ValidationError) as info:
         validate_dir(meg_copy)
@@ -273,8 +323,9 @@ def test_validation_reports_sha256_and_what_the_bytes_say(meg_copy):
 def test_validation_checks_lengths_version_dtype_and_starts(meg_copy):
     path = meg_copy / IDX1
     original = path.read_bytes()
+    n = read_manifest(meg_copy).splits["train"].shards[1].tokens
     _edit(path, 34, struct.pack("<i", struct.unpack_from("<i", original, 34)[0] + 1))
-    with pytest.raises(ValidationError, match=r"sequence lengths add up to 20012 tokens, the shard holds 20011"):
+    with pytest.raises(ValidationError, match=rf"sequence lengths add up to {n + 1} tokens, the shard holds {n}\b"):
         validate_dir(meg_copy, checksums=False)
     path.write_bytes(original)
     _edit(path, 9, struct.pack("<Q", 2))
@@ -285,7 +336,7 @@ def test_validation_checks_lengths_version_dtype_and_starts(meg_copy):
     with pytest.raises(ValidationError, match=r"dtype code 8 \(uint16\), but the manifest's uint32 tokens are code 4 \(int32\)"):
         validate_dir(meg_copy, checksums=False)
     # A self-consistent index for other document starts: the sequences must start at the .bos.idx's.
-    path.write_bytes(encode_idx(20011, np.dtype("<u4"), np.array([0, 5, 100])))
+    path.write_bytes(encode_idx(n, np.dtype("<u4"), np.array([0, 5, 100])))
     with pytest.raises(ValidationError, match=r"3 sequences, \d+ document starts in meg_train_000001\.bin .*first differ at sequence 1"):
         validate_dir(meg_copy, checksums=False)
     path.write_bytes(original[:-8])

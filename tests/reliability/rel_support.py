@@ -49,7 +49,7 @@ def small_vocab(directory: Path) -> Path:
 
 def fault_options(vocab: Path) -> dict[str, Any]:
     """Options of the fault-injection builds: with 4 inputs (one work unit each) of the
-    61 sample documents, two splits (7 train shards, 2 val shards), small batches."""
+    61 sample documents, two splits (9 train shards, placed; 3 val shards, gathered), small batches."""
     return dict(tokenizer=str(vocab), shard_tokens=25_000, val_fraction=0.2, seed=3, batch_rows=8)
 
 

@@ -224,12 +224,13 @@ def test_invalid_utf8_in_a_binary_column_follows_the_policy_and_is_counted(tmp_p
     assert v.manifest.inputs[0]["invalid_utf8"] == 2
 
 
-def test_a_document_longer_than_a_shard_is_split_across_shards(tmp_path):
+def test_a_document_longer_than_a_shard_gets_a_shard_of_its_own(tmp_path):
     from rel_support import build_in
 
     vocab = small_vocab(tmp_path)
     long_text = " ".join(f"word{i}" for i in range(3000))
-    f = _parquet(tmp_path / "in" / "long.parquet", {"text": ["short one", long_text, "tail"]})
+    texts = ["short one", long_text, "tail", "end"]
+    f = _parquet(tmp_path / "in" / "long.parquet", {"text": texts})
     result = build_in(tmp_path, f, "long", dict(tokenizer=str(vocab), shard_tokens=1000))
     directory = Path(result.manifest_path).parent
     validate_dir(directory)
@@ -237,13 +238,17 @@ def test_a_document_longer_than_a_shard_is_split_across_shards(tmp_path):
     tok = load_tokenizer(str(vocab))
     ids = tok.encode_ordinary(long_text)
     assert len(ids) > 3 * 1000
-    assert m.splits["train"].tokens == sum(len(tok.encode_ordinary(t)) + 1 for t in ["short one", long_text, "tail"])
-    assert len(m.splits["train"].shards) >= 4
-    # Shards in the middle of the long document start no document.
-    assert [s.documents for s in m.splits["train"].shards][1:-1] == [0] * (len(m.splits["train"].shards) - 2)
+    sizes = [len(tok.encode_ordinary(t)) + 1 for t in texts]  # each document with its BOS
+    assert m.splits["train"].tokens == sum(sizes)
+    # Never split: the long document is one shard, alone; the documents before and after it are not
+    # packed with it, and the two after it share one shard (it holds at most 1000 tokens).
+    shards = m.splits["train"].shards
+    assert [(s.tokens, s.documents) for s in shards] == [(sizes[0], 1), (sizes[1], 1), (sizes[2] + sizes[3], 2)]
     train = open_version(directory).split("train")
+    assert list(train.shard_starts(1)) == [0] and list(train.shard_starts(2)) == [0, sizes[2]]
+    assert np.array_equal(train.shard(1)[1:], np.array(ids, dtype=train.shard(1).dtype))
     assert np.array_equal(train.document(1), np.array(ids, dtype=train.document(1).dtype))
-    assert train.text(1) == long_text and train.text(2) == "tail"
+    assert [train.text(i) for i in range(4)] == texts
 
 
 def test_an_arrow_file_with_a_missing_column(tmp_path, capsys):

@@ -181,8 +181,8 @@ def test_shard_path_escaping_the_version_directory(root, capsys, name):
 
 
 def test_unknown_schema_version(root, capsys):
-    _edit_manifest(root, lambda d: d.update(schema_version=3))
-    pattern = r"unknown manifest schema_version 3; this shardflow reads schema_version 1 and 2"
+    _edit_manifest(root, lambda d: d.update(schema_version=4))
+    pattern = r"unknown manifest schema_version 4; this shardflow reads schema_version 1, 2 and 3\. Upgrade shardflow"
     rc, err = validate_cli(root, capsys)
     assert rc == 2 and re.search(pattern, err), err
     with pytest.raises(ManifestError, match=pattern):

@@ -54,7 +54,7 @@ SCENARIOS: dict[str, list[str]] = {
     "after-3-units": ["tokenize-done:3"],
     "layout": ["layout"],
     "mid-shard": ["shard-mid:3"],
-    "shard-before-index": ["shard-written:5"],
+    "shard-before-index": ["shard-written:2"],  # a gathered (val) shard: a placed one is linked index first
     "index-before-json": ["shard-indexed:7"],
     "staged-manifest": ["finalize-manifest"],
     "validating": ["validate:4"],
@@ -126,7 +126,7 @@ def _redone(caplog: pytest.LogCaptureFixture) -> tuple[set[int], set[tuple[str, 
         msg = rec.getMessage()
         if m := re.match(r"tokenized unit (\d+) ", msg):
             units.add(int(m.group(1)))
-        elif m := re.match(r"(?:wrote|linked) (\w+) shard (\d+) ", msg):
+        elif m := re.match(r"(?:wrote|placed|linked) (\w+) shard (\d+) ", msg):
             shards.add((m.group(1), int(m.group(2))))
     return units, shards
 
@@ -147,6 +147,9 @@ def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
     units, shards = _committed(staging)
     if sid == "mid-shard":
         assert list((staging / "out").rglob(".*.tmp-*")), "the killed writer left its temporary shard"
+    if sid == "shard-before-index":
+        written = list((staging / "out" / "val").glob(f"{NAME}_val_*.bin"))
+        assert [p for p in written if not p.with_suffix(".bos.idx").exists()], "no val shard was left without its index"
     if sid in ("renamed-before-catalog", "catalog-write", "three-crashes"):
         # The renamed directory exists but is not published.
         assert (root / "data" / NAME / "v1" / "metadata.yaml").exists()

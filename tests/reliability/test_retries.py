@@ -77,7 +77,8 @@ def setup(tmp_path, monkeypatch):
     faults.reset()
     vocab = small_vocab(tmp_path)
     src = split_sample(tmp_path / "src")
-    options = dict(tokenizer=str(vocab), shard_tokens=30_000, batch_rows=8)
+    # A held-out split: its val shards are gathered (copied, with shard-mid in the copy); train's are hard-linked pieces.
+    options = dict(tokenizer=str(vocab), shard_tokens=30_000, batch_rows=8, val_fraction=0.2)
     reference = build_in(tmp_path / "reference", src, "r", options)
     return tmp_path, src, options, Path(reference.manifest_path).parent
 
@@ -102,13 +103,13 @@ def test_a_transient_error_is_retried_and_the_result_is_unchanged(setup, monkeyp
 @pytest.mark.slow
 def test_retries_are_bounded(setup, monkeypatch, caplog, capsys):
     tmp_path, src, options, _ = setup
-    # Every attempt of the first shard fails: 1 try + 2 retries, then the error surfaces.
+    # Every attempt of the first gathered shard (val's) fails: 1 try + 2 retries, then the error surfaces.
     monkeypatch.setenv(faults.ENV, "eio:shard-mid:1,eio:shard-mid:2,eio:shard-mid:3,eio:shard-mid:4")
     caplog.set_level(logging.WARNING, logger="shardflow.build")
     with pytest.raises(OSError) as info:
         build_in(tmp_path / "broken", src, "r", options, workers=1)
     assert info.value.errno == errno.EIO
-    first = [w.split("; ")[-1] for w in _retry_warnings(caplog) if "r_train_000000" in w]
+    first = [w.split("; ")[-1] for w in _retry_warnings(caplog) if "r_val_000000" in w]
     assert first == ["retry 1 of 2", "retry 2 of 2"]
     # At the command line: one clean line, nothing published; the rerun finishes.
     from shardflow.flows.cli import main
@@ -116,7 +117,7 @@ def test_retries_are_bounded(setup, monkeypatch, caplog, capsys):
     faults.reset()
     args = ["build", str(src), "--name", "r", "--no-prefect", "--data-root", str(tmp_path / "broken" / "data"),
             "--catalog", str(tmp_path / "broken" / "catalog"), "--tokenizer", options["tokenizer"],
-            "--shard-tokens", "30000", "--batch-rows", "8", "--workers", "1"]
+            "--shard-tokens", "30000", "--batch-rows", "8", "--val-fraction", "0.2", "--workers", "1"]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Input/output error" in err.strip().splitlines()[-1]

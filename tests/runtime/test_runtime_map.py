@@ -103,8 +103,14 @@ def test_constructor_limits_are_explained(cat):
         TokenDataset("wiki@latest", seq_len=True, catalog=cat.path)
     with pytest.raises(ValueError, match="overflow='continue' only applies with align_to_bos=True"):
         TokenDataset("wiki@latest", seq_len=64, overflow="continue", catalog=cat.path)
-    with pytest.raises(ValueError, match="seq_len=30000 needs windows of 30001 tokens.*largest shard has 30000"):
-        TokenDataset("wiki@v2", seq_len=30_000, catalog=cat.path)
+    # Shards hold whole documents, so the largest is under the 30,000-token bound: a window of it plus one
+    # token fits nowhere, and the message names that shard's size; a window of exactly its size fits.
+    largest = max(s.tokens for s in open_version("wiki@v2", catalog=cat.path).split("train").entry.shards)
+    assert 20_000 < largest < 30_000
+    with pytest.raises(ValueError, match=rf"seq_len={largest} needs windows of {largest + 1} tokens.*"
+                                         rf"largest shard has {largest} tokens"):
+        TokenDataset("wiki@v2", seq_len=largest, catalog=cat.path)
+    assert len(TokenDataset("wiki@v2", seq_len=largest - 1, catalog=cat.path)) == 1
     with pytest.raises(TypeError):
         TokenDataset("wiki@latest", 64, catalog=cat.path)  # keyword-only
 

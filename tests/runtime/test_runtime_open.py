@@ -98,7 +98,9 @@ def test_verify_checks_checksums(private_version):
 def test_unknown_manifest_schema_is_refused(private_version):
     catalog, directory = private_version
     manifest = directory / "metadata.yaml"
-    manifest.write_text(manifest.read_text().replace("schema_version: 2", "schema_version: 99", 1))
+    text = manifest.read_text()
+    assert "schema_version: 3\n" in text  # what the edit below replaces: without it the test would prove nothing
+    manifest.write_text(text.replace("schema_version: 3\n", "schema_version: 99\n", 1))
     with pytest.raises(ManifestError, match="schema_version 99"):
         TokenDataset("dmg@latest", seq_len=64, catalog=catalog)
 

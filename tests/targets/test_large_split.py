@@ -115,20 +115,25 @@ def test_nanogpt_split_past_the_int32_limit(tmp_path, real_corpus, real_texts, g
 
 @pytest.mark.slow
 def test_bin_shards_of_both_widths(tmp_path, real_corpus, monkeypatch):
-    # Full shards of 30,000 tokens get int64 entries, the shorter last one int32: one split, both widths.
-    monkeypatch.setattr(bosidx, "MAX_INT32_TOKENS", 29_999)
+    # Shards of whole documents vary in size under the 30,000-token bound: those of more than 25,000
+    # tokens get int64 entries, the others (the unit's short last one among them) int32: one split, both widths.
+    limit = 25_000
+    monkeypatch.setattr(bosidx, "MAX_INT32_TOKENS", limit)
     config = BuildConfig(name="mixed", sources=(str(real_corpus),), format="bin", shard_tokens=30_000)
     result = build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
     shards = open_shards(result.ref, catalog=tmp_path / "catalog", verify=True)
     m = open_version(result.ref, catalog=tmp_path / "catalog").manifest
     sizes = [s.tokens for s in m.splits["train"].shards]
-    assert sizes[-1] < 30_000 and len(sizes) > 2
+    assert max(sizes) <= 30_000 and len(sizes) > 2
+    widths = [8 if n > limit else 4 for n in sizes]
+    assert widths[-1] == 4 and widths.count(8) >= 2 and widths.count(4) >= 2, sizes
     bos = m.boundary_tokens.bos[1]
     tokens = np.asarray(shards.read(0, shards.num_tokens))
-    assert [shards.doc_starts(k).dtype.itemsize for k in range(len(sizes))] == [8] * (len(sizes) - 1) + [4]
+    assert [shards.doc_starts(k).dtype.itemsize for k in range(len(sizes))] == widths
     for k, entry in enumerate(m.splits["train"].shards):
-        on_disk = spec.shardflow_bos_idx(shards.shards[k].index, entry.tokens, int32_max=29_999)
+        on_disk = spec.shardflow_bos_idx(shards.shards[k].index, entry.tokens, int32_max=limit)
         assert on_disk.tolist() == shards.doc_starts(k).tolist()
+        assert on_disk[0] == 0  # every shard begins with a document (schema 3: none spans two shards)
     assert shards.all_doc_starts().tolist() == np.flatnonzero(tokens == bos).tolist()
     seq_len = 512
     ds = TokenDataset(result.ref, catalog=tmp_path / "catalog", seq_len=seq_len, align_to_bos=True)

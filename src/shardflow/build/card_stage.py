@@ -1,9 +1,10 @@
 """The stats-card stage: merge the statistics into ``stats.json`` and draw the card's plots, right after the layout.
 
 Everything they show is known once the layout is committed: the units'
-``parts/unit-N.stats.npz``, the document lengths (the layout's
-``<split>.starts.i64``), the shard sizes (the layout cuts each split into
-shards of ``shard_tokens``), the parent version's statistics. So this one job
+``parts/unit-N.stats.npz`` (their document lengths per split included; only a
+``val_count`` build's are measured from the layout's ``<split>.starts.i64``),
+the shard sizes (the layout records each one), the parent version's
+statistics: one small record per unit and per shard. So this one job
 runs beside the write-shard and validate-shard jobs, which mostly wait on
 memcpy, the disk and hashing with the GIL released, rather than in
 ``finalize`` on the build's critical path; the runners start it after the
@@ -75,12 +76,8 @@ class CardResult:
 
 
 def shard_tokens(plan: BuildPlan) -> dict[str, list[int]]:
-    """The tokens of each split's shards, as the layout cut them (``write_shard``: ``shard_tokens`` each, the last the rest)."""
-    cap = plan.config.shard_tokens
-    return {
-        split: [min(cap, info.tokens - k * cap) for k in range(info.shards)]
-        for split, info in read_layout(plan).splits.items()
-    }
+    """The tokens of each split's shards, as the layout recorded them."""
+    return {split: list(info.sizes) for split, info in read_layout(plan).splits.items()}
 
 
 def parent_dir(plan: BuildPlan) -> Path | None:

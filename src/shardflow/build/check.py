@@ -6,8 +6,8 @@
 write-shard job recorded, on whichever worker runs the job, and records it in
 ``layout/<split>-NNNNNN.valid.json`` (written last, the job's commit point).
 The job reads O(1) records, never the whole manifest (N jobs x N records): the
-plan, its shard's record, and a neighbour's where a boundary check needs its
-edge token (``shard_context``: EOS placement; ``both`` with one token for both).
+plan and its shard's record. No neighbour is read: a build's shards hold whole
+documents (manifest schema 3), so each one's boundaries are checked on its own.
 ``finalize``, still the one writer of the manifest, then checks only that
 every shard has such a record matching its manifest entry, and validates what
 is not per shard (totals, tokenizer file, embeddings): reading every shard's
@@ -75,12 +75,10 @@ def validate_staged_shard(plan: BuildPlan | str | os.PathLike[str], split: str, 
 
 
 def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardContext:
-    """What validating shard ``k`` needs besides its entry, from the plan and the neighbours' records only.
+    """What validating shard ``k`` needs besides its entry, from the plan alone.
 
     The facts are those the manifest will record (``build/manifest.py`` assembles
-    them from the same plan and tokenizer); a neighbour's record is read only
-    where the placement needs its token, and must be written, as the manifest
-    needs every shard.
+    them from the same plan and tokenizer).
     """
     plan = as_plan(plan)
     cfg = plan.config
@@ -89,7 +87,7 @@ def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) 
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     main = b.bos if b.bos is not None else b.eos
     assert main is not None  # Boundaries checks that its placement has its tokens
-    ctx = ShardContext(
+    return ShardContext(
         format_name=get_format(cfg.format).name,
         dtype=plan.dtype,
         vocab_size=load_tokenizer(cfg.tokenizer, backend=cfg.backend).vocab_size,
@@ -97,20 +95,8 @@ def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) 
         placement=b.placement,
         bos_id=b.bos_id,
         eos_id=b.eos_id,
+        whole_documents=True,
     )
-    out = Staging(plan.staging).out
-    if b.placement == "eos" and k > 0:
-        before = _written(plan, split, k - 1).entry
-        what = f"shard {k - 1} of split {split!r}"
-        ctx = dataclasses.replace(ctx, previous_last=functools.partial(ctx.edge_token, out, before, last=True, what=what))
-    if b.placement == "both" and b.bos_id == b.eos_id:
-        after = _following(plan, split, k)
-        if after is not None:
-            what = f"shard {after.index} of split {split!r}"
-            ctx = dataclasses.replace(
-                ctx, next_first=functools.partial(ctx.edge_token, out, after.entry, last=False, what=what)
-            )
-    return ctx
 
 
 def _written(plan: BuildPlan, split: str, k: int) -> ShardResult:
@@ -126,16 +112,6 @@ def _written(plan: BuildPlan, split: str, k: int) -> ShardResult:
         f"{plan.staging}: shard {k} of split {split!r} is not written; run write_shard for it first "
         "(build() and the Prefect flow do)"
     )
-
-
-def _following(plan: BuildPlan, split: str, k: int) -> ShardResult | None:
-    """The first shard after ``k`` in ``split`` that holds tokens (None at the split's end)."""
-    shards = read_layout(plan).splits[split].shards
-    for j in range(k + 1, shards):
-        result = _written(plan, split, j)
-        if result.entry.tokens:
-            return result
-    return None
 
 
 def shard_checked(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardCheck | None:
@@ -162,30 +138,34 @@ def _checked(plan: BuildPlan, written: ShardResult) -> ShardCheck | None:
             return check
     except (OSError, ValueError):
         pass
-    if written.linked and _parents_own(plan, staging, entry):
+    if written.linked and _parents_own(plan, staging, split, k, entry):
         atomic_write_text(path, json.dumps(record, sort_keys=True))
         return check
     return None
 
 
-def _parents_own(plan: BuildPlan, staging: Staging, entry: ShardEntry) -> bool:
-    """Whether every file of ``entry`` is the parent version's file of that name, as its manifest records it."""
+def _parents_own(plan: BuildPlan, staging: Staging, split: str, k: int, entry: ShardEntry) -> bool:
+    """Whether every file of ``entry`` is the file of the parent's shard that the layout linked, as its manifest records it."""
     if plan.reuse is None:
         return False
+    source = read_layout(plan).splits[split].sources
+    if source is None or source[k][0] >= 0:
+        return False
     parent = open_parent(plan.reuse)
-    known: dict[str, tuple[int, str]] = {}
-    for shards in parent.manifest.splits.values():
-        for shard in shards.shards:
-            known[shard.file] = (shard.bytes, shard.sha256)
-            known.update({f.file: (f.bytes, f.sha256) for f in shard.files})
+    theirs = parent.splits[split].shards[source[k][1]].entry
+    assert theirs is not None
     directory = Path(plan.reuse.directory)
-    for name, size, sha in [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.files)]:
-        if known.get(name) != (size, sha):
+    ours = [entry.file, *(f.file for f in entry.files)]
+    pairs = [(theirs.file, theirs.bytes, theirs.sha256), *((f.file, f.bytes, f.sha256) for f in theirs.files)]
+    if len(ours) != len(pairs):
+        return False
+    for name, (their_name, size, sha), mine in zip(ours, pairs, [(entry.bytes, entry.sha256), *((f.bytes, f.sha256) for f in entry.files)]):
+        if mine != (size, sha):
             return False
         try:
-            if not os.path.samefile(staging.out / name, directory / name):
+            if not os.path.samefile(staging.out / name, directory / their_name):
                 return False  # a copy (another file system), or another file: read it
-            if not parent.untouched_since_publish((directory / name).stat()):
+            if not parent.untouched_since_publish((directory / their_name).stat()):
                 return False  # written to or replaced since the parent was published: read it
         except OSError:
             return False

@@ -120,7 +120,9 @@ def embed_version(
         extra={k: v for k, v in parent.extra.items() if k != "embeddings"},
         config={**parent.config, "embed": options.to_dict()},
         build_key=key,
-        schema_version=SCHEMA_VERSION,  # the embeddings go into embeddings/, which schema 1 readers refuse
+        # The embeddings go into embeddings/, which schema 1 readers refuse; the shards stay the parent's,
+        # so a schema-2 parent's (cut across inputs) keep schema 2, which no incremental build links from.
+        schema_version=max(2, min(parent.schema_version, SCHEMA_VERSION)),
         created_at=now(),
         parent=parent.ref,
     )

@@ -31,7 +31,7 @@ from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import SPLITS, Boundaries, Reuse, ReusedInput
 
-__all__ = ["NO_REUSE_ENV", "VAL_COUNT_NOTICE", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
+__all__ = ["NO_REUSE_ENV", "VAL_COUNT_NOTICE", "OLD_SCHEMA_NOTICE", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -42,6 +42,13 @@ NO_REUSE_ENV = "SHARDFLOW_NO_REUSE"
 VAL_COUNT_NOTICE = (
     "--val-count %d holds out an exact number of documents over the whole corpus, so this rebuild tokenizes "
     "every input again (%d unchanged since %s); --val-fraction rebuilds tokenize only new or changed files"
+)
+
+
+# The one line a build prints when its parent was written before per-input shards (manifest schema < 3).
+OLD_SCHEMA_NOTICE = (
+    "%s has manifest schema %d, whose shards mix inputs: this build tokenizes its unchanged inputs again, once; "
+    "builds after it reuse them"
 )
 
 
@@ -112,6 +119,11 @@ def plan_reuse(
     if untrusted:
         # Never a dead end: the inputs it holds are tokenized again, so this build's bytes are a full build's.
         log.warning("not reusing %s, tokenizing its inputs again: %s", ref, untrusted)
+        return None
+    if parent.schema_version < 3 or any("shards" not in e for e in parent.inputs):
+        # Its shards are cut across inputs: none is one input's own to link. Tokenized again, once (said
+        # before the options are compared: such a parent's unit size is usually the old default's).
+        log.warning(OLD_SCHEMA_NOTICE, ref, parent.schema_version)
         return None
     ours = config.reuse_fields()
     theirs = parent_config.reuse_fields()
@@ -304,24 +316,6 @@ class ParentVersion:
                 src.seek(header_bytes + within * buf.dtype.itemsize)
                 writer.copy_from(src, take, buf)
             pos += take
-
-    def same_shard(self, pieces: list[tuple[int, int, int]], ntokens: int) -> ShardEntry | None:
-        """The parent shard whose tokens are exactly those of a new shard made of ``pieces``, if any.
-
-        ``pieces`` are ``(source, first token, count)``; a parent range has
-        source ``-1 - SPLITS.index(split)``.
-        """
-        if not pieces or pieces[0][0] >= 0:
-            return None
-        code = pieces[0][0]
-        for (u, lo, n), (u2, lo2, _) in zip(pieces, pieces[1:]):
-            if u2 != code or lo2 != lo + n:
-                return None  # not one contiguous range of one parent split
-        shards = self.splits[SPLITS[-1 - code]]
-        j = int(np.searchsorted(shards.offsets, pieces[0][1], side="left"))
-        if j < shards.num_shards and shards.offsets[j] == pieces[0][1] and shards.shards[j].tokens == ntokens:
-            return shards.shards[j].entry
-        return None
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,11 +1,22 @@
-"""The shard layout: route every document to its split, and cut each split's token stream into shards.
+"""The shard layout: number every shard of every split, and say where each one's tokens come from.
 
-Input: the tokenized units (``parts/``) and, in an incremental build, the
-parent version's ranges of the reused inputs. Output, under ``layout/``: per
-split, a list of segments (where its tokens come from, in order) and the
-document starts; ``layout.json`` (split sizes and shard counts) last, as the
-commit point. Both lists are streamed, so memory does not grow with the corpus.
-The layout only reads: a unit that is not tokenized is an error, never tokenized here.
+Input: the tokenized units' results (``parts/unit-N.json``: their pieces) and,
+in an incremental build, the parent version's manifest. Shards are in corpus
+order: input by input, unit by unit, piece by piece.
+
+* A *placed* split (train, and val unless it is gathered) is one shard per
+  piece, linked as it is, and the parent's own shards for an unchanged input:
+  the layout reads one small record per unit and per parent shard, never a
+  document table.
+* A *gathered* split is one token stream cut into shards of whole documents:
+  a target that needs one file per split (nanogpt), val pieces (small; one
+  cheap second write of val tokens only), and every split of a ``val_count``
+  build, whose split is decided here over the whole corpus (that one reads
+  every document table). Its segments and document starts go under ``layout/``.
+
+``layout.json`` (every shard's source and size) is written last, as the commit
+point. The layout only reads: a unit that is not tokenized is an error, never
+tokenized here.
 """
 
 from __future__ import annotations
@@ -21,13 +32,15 @@ from .._io import atomic_write_text, remove_quietly, tmp_path_for
 from ..config import BuildConfig
 from ..errors import ConfigError, InputError, ValidationError
 from ..faults import fault
+from ..formats import bosidx, get_format
 from ..targets import get_target
 from ..sources import split_scores
 from .incremental import NO_REUSE_ENV, open_parent
-from .model import SPLITS, BuildPlan, Layout, SplitLayout, SplitRange, UnitResult
+from .model import SPLITS, BuildPlan, Layout, ReusedInput, SplitLayout, SplitRange, UnitResult
+from .tokenize import split_decided_late, val_by_fraction
 from .staging import SEGMENT_DTYPE, Staging, as_plan
 
-__all__ = ["make_layout", "read_layout", "unit_results"]
+__all__ = ["make_layout", "read_layout", "unit_results", "cut_at_documents", "gathered_splits"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -35,11 +48,11 @@ log = logging.getLogger("shardflow.build")
 def unit_results(plan: BuildPlan) -> list[UnitResult]:
     """Every unit's recorded result; raises naming the first unit that is not tokenized."""
     staging = Staging(plan.staging)
-    itemsize = np.dtype(plan.dtype).itemsize
+    extension = get_format(plan.config.format).extension
     results = []
     for u in range(len(plan.units)):
         result = staging.unit_result(u)
-        if result is None or not staging.unit_in_place(result, itemsize):
+        if result is None or not staging.unit_in_place(result, extension):
             inp = plan.inputs[plan.units[u].input]
             raise ConfigError(
                 f"{staging.root}: work unit {u} ({inp.relname}) is not tokenized; the layout needs every unit. "
@@ -114,8 +127,7 @@ def _val_selection(plan: BuildPlan, staging: Staging, offsets: dict[int, int]) -
 def _is_val(cfg: BuildConfig, docs: np.ndarray, first_index: int, cut: tuple[int, int] | None) -> np.ndarray:
     scores = np.asarray(docs["score"])
     if cfg.val_fraction:
-        # score / 2**64 < fraction, computed exactly on integers
-        return scores < np.uint64(min(int(cfg.val_fraction * 2.0**64), 2**64 - 1))
+        return val_by_fraction(scores, cfg.val_fraction)
     if cut is not None:
         index = np.arange(first_index, first_index + len(docs), dtype=np.int64)
         s_cut, i_cut = np.uint64(cut[0]), cut[1]
@@ -172,8 +184,8 @@ class _Streams:
         for t in self.starts_tmp.values():
             remove_quietly(t)
 
-    def commit(self, shard_tokens: int) -> dict[str, SplitLayout]:
-        """Write the segment files and move the start files into place."""
+    def commit(self, bound: int) -> dict[str, SplitLayout]:
+        """Write the segment files, move the start files into place, and cut each split at whole documents."""
         for f in self.starts_files.values():
             f.flush()
             os.fsync(f.fileno())
@@ -195,12 +207,45 @@ class _Streams:
             os.replace(tmp, self.staging.segments(split))
             os.replace(self.starts_tmp[split], self.staging.starts(split))
             tokens = self.tokens[split]
-            splits[split] = SplitLayout(tokens=tokens, documents=self.documents[split], shards=-(-tokens // shard_tokens))
+            sizes = cut_at_documents(np.fromfile(self.staging.starts(split), dtype="<i8"), tokens, bound)
+            splits[split] = SplitLayout(tokens=tokens, documents=self.documents[split], shards=len(sizes), sizes=sizes)
         return splits
 
 
+def cut_at_documents(starts: np.ndarray, tokens: int, bound: int) -> tuple[int, ...]:
+    """The sizes of the shards a stream of ``tokens`` tokens whose documents start at ``starts`` is cut into.
+
+    The rule of ``UnitShardWriter``: a shard takes documents while it stays
+    within ``bound`` tokens; a document longer than that is a shard of its own.
+    """
+    sizes: list[int] = []
+    lo = 0
+    while lo < tokens:
+        if tokens - lo <= bound:
+            hi = tokens
+        else:
+            j = int(np.searchsorted(starts, lo + bound, side="right")) - 1  # the last document starting within reach
+            hi = int(starts[j]) if j >= 0 and starts[j] > lo else 0
+            if not hi:  # one document longer than the bound: alone, up to the next document
+                k = int(np.searchsorted(starts, lo, side="right"))
+                hi = int(starts[k]) if k < len(starts) else tokens
+        sizes.append(hi - lo)
+        lo = hi
+    return tuple(sizes)
+
+
+def gathered_splits(plan: BuildPlan) -> tuple[str, ...]:
+    """The splits whose shards are gathered from pieces (copied) rather than placed (linked)."""
+    cfg = plan.config
+    splits = ("train", "val") if cfg.has_val else ("train",)
+    target = get_target(cfg.target) if cfg.target is not None else None
+    if split_decided_late(plan) or (target is not None and (target.one_file_per_split or target.gathers)):
+        return splits
+    return ("val",) if cfg.has_val else ()
+
+
 def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
-    """Route documents to splits and plan the shards (after every unit is tokenized)."""
+    """Number every shard and record its source (after every unit is tokenized)."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
     cfg = plan.config
@@ -220,29 +265,44 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             f"({sum(c.empty_texts for c in counts)})" + (f" or a skipped bad record ({bad})" if bad else "")
             + "; check --text-column"
         )
-    offsets = row_offsets(plan, results)
+    splits_all = ("train", "val") if cfg.has_val else ("train",)
+    gathered = gathered_splits(plan)
+    late = split_decided_late(plan)
+    placed = _Placed(plan, [s for s in splits_all if s not in gathered])
+    offsets = row_offsets(plan, results) if late else {}
     cut = _val_selection(plan, staging, offsets)
     staging.layout_dir.mkdir(exist_ok=True)
-    streams = _Streams(staging, ("train", "val") if cfg.has_val else ("train",))
+    streams = _Streams(staging, gathered)
     units_of: dict[int, list[int]] = {}
     for u, wu in enumerate(plan.units):
         units_of.setdefault(wu.input, []).append(u)
     per_input: list[dict[str, SplitRange]] = []
+    input_shards: list[dict[str, tuple[int, int]]] = []
     try:
         first_index = 0
         for i in range(len(plan.inputs)):
-            mark = streams.mark()
+            mark, shard_mark = streams.mark(), placed.mark()
             if i in reused:
                 _add_reused(plan, streams, i)
+                placed.add_reused(reused[i])
             for u in units_of.get(i, []):
-                first_index = _add_unit(cfg, _unit_docs(plan, staging, u, offsets), streams, u, first_index, cut)
-            # Where this input's documents are in each split's stream: what an
-            # incremental build that reuses the input takes from this version.
-            per_input.append(streams.since(mark))
-        splits = streams.commit(cfg.shard_tokens)
+                placed.add_unit(results[u])
+                if late:
+                    first_index = _add_unit(cfg, _unit_docs(plan, staging, u, offsets), streams, u, first_index, cut)
+                else:
+                    for split in gathered:
+                        _add_pieces(staging, streams, split, results[u], get_format(cfg.format).extension)
+            # Where this input's documents are in each split's stream, and which placed shards are its:
+            # what an incremental build that reuses the input takes from this version.
+            ranges = {**streams.since(mark), **placed.since(shard_mark)}
+            per_input.append({s: ranges[s] for s in splits_all})  # in split order, however each is laid out
+            input_shards.append(placed.shards_since(shard_mark))
+        assert cfg.shard_tokens is not None
+        splits = {**streams.commit(cfg.shard_tokens), **placed.splits()}
     except BaseException:
         streams.abort()
         raise
+    splits = {s: splits[s] for s in splits_all}
     if cfg.has_val and splits["val"].documents == 0:
         log.warning(
             "the val split is empty: val_fraction=%s selects none of the corpus's %d documents; "
@@ -254,10 +314,84 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
         get_target(cfg.target).check_shard_counts(
             {name: info.shards for name, info in splits.items()}, shard_tokens=cfg.shard_tokens, fmt=cfg.format
         )
-    layout = Layout(splits=splits, inputs=per_input)
+    layout = Layout(splits=splits, inputs=per_input, input_shards=input_shards)
     fault("layout", staging.layout_file)
     atomic_write_text(staging.layout_file, json.dumps(layout.to_dict()))
     return layout
+
+
+class _Placed:
+    """The placed splits' shards while the layout is made: one per piece, or a parent shard (O(units) records)."""
+
+    def __init__(self, plan: BuildPlan, splits: list[str]) -> None:
+        self.plan = plan
+        self.sources: dict[str, list[tuple[int, int]]] = {s: [] for s in splits}
+        self.sizes: dict[str, list[int]] = {s: [] for s in splits}
+        self.tokens = dict.fromkeys(splits, 0)
+        self.documents = dict.fromkeys(splits, 0)
+
+    def add_unit(self, result: UnitResult) -> None:
+        for split in self.sources:
+            for p, piece in enumerate(result.pieces.get(split, ())):
+                self._add(split, (result.unit, p), piece.tokens, piece.documents)
+
+    def add_reused(self, entry: ReusedInput) -> None:
+        """An unchanged input: the parent's shards that hold its documents, linked as they are."""
+        assert self.plan.reuse is not None
+        parent = open_parent(self.plan.reuse)
+        for split in self.sources:
+            if split not in entry.shards:  # plan_reuse takes only parents that record them (schema 3)
+                raise parent.damaged(parent.directory, f"its manifest lists no {split} shards of input {entry.relname}")
+            first, count = entry.shards[split]
+            shards = parent.splits[split].shards if count else []
+            for k in range(first, first + count):
+                info = shards[k]
+                assert info.entry is not None
+                self._add(split, (-1, k), info.entry.tokens, info.entry.documents)
+
+    def _add(self, split: str, source: tuple[int, int], tokens: int, documents: int) -> None:
+        self.sources[split].append(source)
+        self.sizes[split].append(tokens)
+        self.tokens[split] += tokens
+        self.documents[split] += documents
+
+    def mark(self) -> dict[str, tuple[int, int, int]]:
+        return {s: (self.tokens[s], self.documents[s], len(self.sources[s])) for s in self.sources}
+
+    def since(self, mark: dict[str, tuple[int, int, int]]) -> dict[str, SplitRange]:
+        return {
+            s: SplitRange(
+                first_token=mark[s][0], tokens=self.tokens[s] - mark[s][0],
+                first_document=mark[s][1], documents=self.documents[s] - mark[s][1],
+            )
+            for s in self.sources
+        }
+
+    def shards_since(self, mark: dict[str, tuple[int, int, int]]) -> dict[str, tuple[int, int]]:
+        return {s: (mark[s][2], len(self.sources[s]) - mark[s][2]) for s in self.sources}
+
+    def splits(self) -> dict[str, SplitLayout]:
+        return {
+            s: SplitLayout(
+                tokens=self.tokens[s], documents=self.documents[s], shards=len(self.sources[s]),
+                sources=tuple(self.sources[s]), sizes=tuple(self.sizes[s]),
+            )
+            for s in self.sources
+        }
+
+
+def _add_pieces(staging: Staging, streams: _Streams, split: str, result: UnitResult, extension: str) -> None:
+    """A unit's pieces of ``split`` as one segment of the gathered stream; their document starts from their ``.bos.idx``."""
+    pieces = result.pieces.get(split, ())
+    total = sum(p.tokens for p in pieces)
+    if not total:
+        return
+    starts, offset = [], 0
+    for p, piece in enumerate(pieces):
+        idx = bosidx.read(bosidx.index_path(staging.piece(result.unit, split, p, extension)), piece.tokens)
+        starts.append(np.asarray(idx, dtype=np.int64) + offset)
+        offset += piece.tokens
+    streams.add(split, result.unit, np.array([0]), np.array([total]), np.concatenate(starts))
 
 
 def _add_reused(plan: BuildPlan, streams: _Streams, i: int) -> None:

@@ -228,7 +228,14 @@ def assemble_manifest(
         splits=splits,
         totals=totals,
         inputs=[
-            {**inp.to_dict(), **entries[n], "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()}}
+            {
+                **inp.to_dict(),
+                **entries[n],
+                "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()},
+                # The placed splits' shards that hold this input's documents and no other's (schema 3):
+                # what an incremental build links for it when the input is unchanged.
+                "shards": {s: list(r) for s, r in layout.input_shards[n].items()},
+            }
             for n, inp in enumerate(hashed_inputs(plan, units))
         ],
         config=cfg.to_dict(),

@@ -18,6 +18,7 @@ from ..sources import InputFile, WorkUnit
 
 __all__ = [
     "SPLITS",
+    "STREAMS",
     "BUILD_FORMAT_VERSION",
     "InputCounts",
     "SplitRange",
@@ -25,6 +26,7 @@ __all__ = [
     "Reuse",
     "Boundaries",
     "BuildPlan",
+    "Piece",
     "UnitResult",
     "SplitLayout",
     "Layout",
@@ -35,7 +37,7 @@ __all__ = [
 
 SPLITS = ("train", "val")
 # Part of every build key: raise it only when the same inputs and options must give other bytes.
-BUILD_FORMAT_VERSION = 1
+BUILD_FORMAT_VERSION = 2  # 2: shards of whole documents, one or more per work unit (manifest schema 3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +96,8 @@ class ReusedInput:
     relname: str
     counts: InputCounts
     splits: dict[str, SplitRange]
+    shards: dict[str, tuple[int, int]]
+    """``(first, count)`` of the parent's shards of a placed split that hold this input's documents (schema 3)."""
     entry: dict[str, Any]
     """The parent manifest's entry of this input, as recorded (what ``plan.json`` keeps)."""
 
@@ -108,6 +112,7 @@ class ReusedInput:
             relname=entry["relname"],
             counts=InputCounts.from_dict(entry),
             splits={s: SplitRange.from_dict(r) for s, r in entry["splits"].items()},
+            shards={s: (int(r[0]), int(r[1])) for s, r in entry.get("shards", {}).items()},
             entry=entry,
         )
 
@@ -294,9 +299,40 @@ class BuildPlan:
         return f"{self.config.name} unit {u.index + 1}/{len(self.units)} {base}[{u.start}:{u.stop}]"
 
 
+STREAMS = ("train", "val", "all")
+"""What a tokenize job writes each document to: its split (``train``, ``val``), or ``all`` where the split
+is decided over the whole corpus after tokenizing (``val_count``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    """One shard file a tokenize job wrote (``parts/unit-N/STREAM-P.EXT``), with its ``.bos.idx`` and sidecars.
+
+    Whole documents, at most ``shard_tokens`` tokens unless one document alone is
+    longer; the layout links it into the version as a shard (no copy), or
+    gathers several pieces' tokens into one shard (a split that needs gathering).
+    """
+
+    tokens: int
+    documents: int
+    bytes: int
+    sha256: str
+    index_bytes: int
+    index_sha256: str
+    sidecars: tuple[tuple[str, int, str], ...] = ()
+    """``(suffix, bytes, sha256)`` per sidecar: its file name is the shard's stem plus the suffix."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sidecars": [list(s) for s in self.sidecars]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Piece":
+        return cls(**{**d, "sidecars": tuple((str(a), int(b), str(c)) for a, b, c in d.get("sidecars", ()))})
+
+
 @dataclass(frozen=True, kw_only=True)
 class UnitResult:
-    """The counts of one tokenized work unit (``parts/unit-N.json``)."""
+    """The counts of one tokenized work unit (``parts/unit-N.json``), and the pieces it wrote per stream."""
 
     unit: int
     rows: int
@@ -311,12 +347,23 @@ class UnitResult:
     input_sha256: str = ""
     """The SHA-256 of the unit's whole input, when this unit hashed it: an object on object storage,
     planned by its storage identity, is hashed by the worker that reads its first unit."""
+    pieces: dict[str, tuple[Piece, ...]] = field(default_factory=dict)
+    """Per stream (``STREAMS``) the unit wrote documents to: its pieces, in order."""
+
+    def stream_tokens(self, stream: str) -> int:
+        return sum(p.tokens for p in self.pieces.get(stream, ()))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if not self.input_sha256:
             del d["input_sha256"]
+        d["pieces"] = {s: [p.to_dict() for p in ps] for s, ps in self.pieces.items()}
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "UnitResult":
+        pieces = {s: tuple(Piece.from_dict(p) for p in ps) for s, ps in d.get("pieces", {}).items()}
+        return cls(**{**d, "pieces": pieces})
 
     def counts(self) -> InputCounts:
         """The same counts under the manifest's names."""
@@ -333,20 +380,59 @@ class UnitResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SplitLayout:
-    """One split's size: its tokens, documents and number of shards."""
+    """One split: its tokens and documents, and where each of its shards comes from.
+
+    A *placed* split (``sources``) has one shard per piece: ``[unit, piece]`` is a
+    piece a tokenize job wrote, ``[-1, k]`` shard ``k`` of the parent version's
+    split (an unchanged input); each is hard-linked, never copied. A *gathered*
+    split (``cuts``) is one token stream (``layout/SPLIT.segments.npy``) cut into
+    shards at whole documents: shard ``k`` holds tokens ``[cuts[k], cuts[k+1])``
+    (the last up to ``tokens``), copied from the pieces.
+    """
 
     tokens: int
     documents: int
     shards: int
+    sources: tuple[tuple[int, int], ...] | None = None
+    sizes: tuple[int, ...] = ()
+    """Each shard's tokens, in order."""
+
+    @property
+    def gathered(self) -> bool:
+        return self.sources is None
+
+    def cut(self, k: int) -> tuple[int, int]:
+        """Tokens ``[lo, hi)`` of the split's stream that shard ``k`` holds."""
+        lo = sum(self.sizes[:k])
+        return lo, lo + self.sizes[k]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"tokens": self.tokens, "documents": self.documents, "shards": self.shards, "sizes": list(self.sizes)}
+        if self.sources is not None:
+            d["sources"] = [list(src) for src in self.sources]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SplitLayout":
+        sources = d.get("sources")
+        return cls(
+            tokens=int(d["tokens"]),
+            documents=int(d["documents"]),
+            shards=int(d["shards"]),
+            sources=None if sources is None else tuple((int(a), int(b)) for a, b in sources),
+            sizes=tuple(int(n) for n in d.get("sizes", ())),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """Which tokens go to which split and shard (``layout/layout.json``; the segment files hold the rest)."""
+    """Which tokens go to which split and shard (``layout/layout.json``; a gathered split's segments hold the rest)."""
 
     splits: dict[str, SplitLayout]
     inputs: list[dict[str, SplitRange]] = field(default_factory=list)
     """Per input, where its documents are in each split's stream."""
+    input_shards: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    """Per input, ``(first, count)`` of the shards of each placed split that hold its documents (and no other's)."""
 
     def shard_jobs(self) -> list[tuple[str, int]]:
         """``(split, k)`` of every shard to write, in manifest order."""
@@ -354,15 +440,17 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "splits": {k: asdict(v) for k, v in self.splits.items()},
+            "splits": {k: v.to_dict() for k, v in self.splits.items()},
             "inputs": [{s: r.to_dict() for s, r in per.items()} for per in self.inputs],
+            "input_shards": [{s: list(r) for s, r in per.items()} for per in self.input_shards],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Layout":
         return cls(
-            splits={k: SplitLayout(**v) for k, v in d["splits"].items()},
+            splits={k: SplitLayout.from_dict(v) for k, v in d["splits"].items()},
             inputs=[{s: SplitRange.from_dict(r) for s, r in per.items()} for per in d["inputs"]],
+            input_shards=[{s: (int(r[0]), int(r[1])) for s, r in per.items()} for per in d.get("input_shards", [])],
         )
 
 

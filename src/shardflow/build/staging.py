@@ -3,12 +3,13 @@
 ``<data_root>/<name>/.staging/<first 16 hex digits of the build key>/``::
 
     plan.json                   the plan (config, inputs with fingerprints, units)     plan
-    parts/unit-000007.tok       unit 7's tokens, boundary tokens inserted, final dtype  tokenize
+    parts/unit-000007/train-000000.bin  unit 7's shard files (pieces) per stream, with     tokenize
+                                .bos.idx and sidecars: linked into out/ as they are
     parts/unit-000007.docs.npy  per document: length (with boundary), row, split score  tokenize
-    parts/unit-000007.json      unit 7's counts: written last, marks the unit done      tokenize
-    layout/<split>.segments.npy where each split's tokens come from                     layout
-    layout/<split>.starts.i64   each split's document starts                            layout
-    layout/layout.json          split sizes and shard counts: marks the layout done     layout
+    parts/unit-000007.json      unit 7's counts and pieces: written last, marks it done tokenize
+    layout/<split>.segments.npy a gathered split: where its tokens come from            layout
+    layout/<split>.starts.i64   a gathered split: its document starts                   layout
+    layout/layout.json          every shard's source and size: marks the layout done    layout
     layout/<split>-000003.shard.json   shard 3's manifest entry: marks it written       write
     embed.json                  the embedding sections: marks the embeddings done       embed
     out/                        the future version directory (shards, indexes, embeddings, manifest)
@@ -41,6 +42,7 @@ import numpy as np
 from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
 from ..catalog import Catalog, file_lock
 from ..errors import ConfigError, ShardflowError
+from ..formats import bosidx
 from ..manifest import SCHEMA_VERSION, read_manifest
 from .model import BUILD_FORMAT_VERSION, BuildPlan, UnitResult
 
@@ -115,9 +117,13 @@ class Staging:
         return self.root.parent / f"{self.root.name}.lock"
 
     def unit_files(self, unit: int) -> tuple[Path, Path, Path]:
-        """``(tokens, document table, done marker)`` of work unit ``unit``."""
+        """``(directory of its pieces, document table, done marker)`` of work unit ``unit``."""
         stem = self.parts / f"unit-{unit:06d}"
-        return stem.with_suffix(".tok"), stem.with_suffix(".docs.npy"), stem.with_suffix(".json")
+        return stem, stem.with_suffix(".docs.npy"), stem.with_suffix(".json")
+
+    def piece(self, unit: int, stream: str, p: int, extension: str) -> Path:
+        """Piece ``p`` of ``stream`` that work unit ``unit`` wrote."""
+        return self.unit_files(unit)[0] / f"{stream}-{p:06d}.{extension}"
 
     def segments(self, split: str) -> Path:
         return self.layout_dir / f"{split}.segments.npy"
@@ -144,15 +150,19 @@ class Staging:
     def unit_result(self, unit: int) -> UnitResult | None:
         """Unit ``unit``'s recorded counts, or None when it has none (see ``unit_in_place``)."""
         try:
-            return UnitResult(**json.loads(self.unit_files(unit)[2].read_text()))
+            return UnitResult.from_dict(json.loads(self.unit_files(unit)[2].read_text()))
         except FileNotFoundError:
             return None
 
-    def unit_in_place(self, result: UnitResult, itemsize: int) -> bool:
-        """Whether a recorded unit's files are still there, its token file of the recorded size."""
-        tok, docs, _ = self.unit_files(result.unit)
+    def unit_in_place(self, result: UnitResult, extension: str) -> bool:
+        """Whether a recorded unit's files are still there: its document table, and its pieces at their recorded sizes."""
         try:
-            return tok.stat().st_size == result.tokens * itemsize and docs.exists()
+            for stream, pieces in result.pieces.items():
+                for p, piece in enumerate(pieces):
+                    path = self.piece(result.unit, stream, p, extension)
+                    if path.stat().st_size != piece.bytes or bosidx.index_path(path).stat().st_size != piece.index_bytes:
+                        return False
+            return self.unit_files(result.unit)[1].exists()
         except FileNotFoundError:
             return False
 

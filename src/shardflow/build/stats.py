@@ -1,19 +1,31 @@
-"""Collecting a build's statistics: per unit while it is tokenized, merged into ``stats.json`` at finalize.
+"""Collecting a build's statistics: per unit while it is tokenized, merged into ``stats.json`` after the layout.
 
 Per work unit (``tokenize_unit``, as the tokens pass, no extra pass over them):
 
     parts/unit-N.stats.npz    ``vocab``: count per token id (``VOCAB_DTYPE`` rows, ids with a count
                               only); ``column``: documents and tokens per value of ``--stats-column``
                               (JSON, as UTF-8 bytes); ``runs``: runs of one token repeated
-                              ``MIN_REPEAT_RUN``+ times (int64 count, longest, its id)
+                              ``MIN_REPEAT_RUN``+ times (int64 count, longest, its id); ``lengths``:
+                              the unit's document-length statistics per split (JSON: documents,
+                              tokens, near-empty and huge documents, shortest, longest, histogram),
+                              for the splits known when it is tokenized (``val_fraction``, or no
+                              val split; not ``val_count``, decided over the whole corpus)
 
-written before the unit's marker (one file: each file written costs an fsync). At finalize, ``write_stats`` adds them
-up per input, takes the document lengths per split and per input from the
-layout's document starts (``layout/<split>.starts.i64``: the split each
-document went to is known there, so no pass over tokens either), and takes a
-reused input's vocabulary and column counts from the parent version's
-``stats.json`` and ``stats.vocab.npy``: an incremental version's statistics
-equal a full build's. Nothing here depends on the number of workers.
+written before the unit's marker (one file: each file written costs an fsync). ``write_stats`` adds
+them up per input: counts, sums, extremes and histograms add exactly, so an
+input's length statistics are what the lengths of all its documents give, and
+the flow's machine reads one small file per unit, never a document. It
+writes each input's rows of ``stats.vocab.npy`` as soon as they are merged
+(``VocabFileWriter``: the header last, the bytes ``np.save`` gives), so it
+holds one input's counts and the totals, O(vocabulary), never every input's
+rows (at 10 TB, 11 k objects x up to 100 k ids). Only a
+split whose units could not know it (``val_count``) is measured from the
+layout's document starts (``layout/<split>.starts.i64``, which such a
+gathered split has). A reused input's statistics (vocabulary, column counts,
+lengths) are the parent version's ``stats.json`` and ``stats.vocab.npy``
+(its lengths read from the parent's ``.bos.idx`` files when the parent has
+no statistics): an incremental version's statistics equal a full build's.
+Nothing here depends on the number of workers.
 
 ``BuildConfig.stats`` False (``--no-stats``, the benchmark's baseline) turns
 collection off: the version then has no ``stats.json`` and its manifest no
@@ -25,7 +37,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +47,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._io import NPY_LOCK, atomic_write_bytes, atomic_write_text, load_npy, sha256_file
+from .._io import NPY_LOCK, atomic_write_bytes, atomic_write_text, fsync_dir, load_npy, remove_quietly, sha256_file, tmp_path_for
 from ..errors import ConfigError, InputError
+from ..faults import fault
 from ..manifest import Manifest
 from ..sources import InputFile, WorkUnit
 from ..sources import input_kind
@@ -48,28 +63,21 @@ from ..stats import (
     ColumnCounts,
     RepeatRuns,
     dense_vocab,
-    hist_quantile,
-    hist_to_pairs,
-    length_histogram,
     merge_columns,
-    pairs_to_hist,
     sparse_vocab,
 )
 from ..tokenizers import Tokenizer
+from .doc_lengths import LONG_DOCUMENT, SHORT_DOCUMENT, InputLengths, merge_ranges, parent_ranges, range_stats, sum_ranges
 from .incremental import open_parent
 from .model import BuildPlan
 from .staging import Staging
 
-__all__ = ["collecting", "UnitCollector", "unit_stats_in_place", "write_stats", "TOP_IDS"]
+__all__ = ["collecting", "UnitCollector", "unit_stats_in_place", "write_stats", "VocabFileWriter", "TOP_IDS"]
 
 log = logging.getLogger("shardflow.build")
 
 TOP_IDS = 20
 """How many of the most frequent ids ``stats.json`` lists with their decoded text."""
-SHORT_DOCUMENT = 3
-"""A document of at most this many tokens (boundary tokens included) is counted as near-empty."""
-LONG_DOCUMENT = 1 << 17
-"""A document of at least this many tokens is counted as huge (a concatenated dump, a binary file)."""
 MAX_COLUMN_VALUES = 1000
 """Values of ``--stats-column`` listed by name in ``stats.json`` (the rest are summed as ``(other)``)."""
 
@@ -114,20 +122,91 @@ class UnitCollector:
         self.runs.add(tokens)
 
     def commit(self, staging: Staging, unit: int, *, column: str | None, inp: InputFile, wu: WorkUnit, docs: np.ndarray, batch_rows: int,
-               batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
-        """Write the unit's statistics file (before its marker)."""
+               batch_bytes: int = DEFAULT_BATCH_BYTES, val: np.ndarray | None = None) -> None:
+        """Write the unit's statistics file (before its marker).
+
+        ``val``: which of ``docs`` went to the val split (all False without one), as the unit's
+        pieces were routed; None when their split is decided only after every unit (``val_count``):
+        the unit then records no length statistics per split.
+        """
         by_column = _column_counts(inp, wu, column, docs, batch_rows, batch_bytes) if column else {}
+        lengths: dict[str, dict[str, Any]] = {}
+        if val is not None:
+            all_lengths = np.asarray(docs["length"], dtype=np.int64)
+            val = np.asarray(val, dtype=bool)
+            lengths = {"train": range_stats(all_lengths[~val]), "val": range_stats(all_lengths[val])}
         buf = io.BytesIO()
         np.savez(buf, vocab=sparse_vocab(self.vocab),
                  column=np.frombuffer(json.dumps(by_column, sort_keys=True).encode("utf-8"), dtype=np.uint8),
-                 runs=self.runs.to_array())
+                 runs=self.runs.to_array(),
+                 lengths=np.frombuffer(json.dumps(lengths).encode("utf-8"), dtype=np.uint8))
         atomic_write_bytes(_unit_path(staging, unit), buf.getvalue())
 
 
-def _npy_bytes(rows: np.ndarray) -> bytes:
+def _vocab_header(nrows: int) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for ``nrows`` ``VOCAB_DTYPE`` rows (format 1.0, C order)."""
     buf = io.BytesIO()
-    np.save(buf, rows)
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(VOCAB_DTYPE), "fortran_order": False, "shape": (nrows,)}
+    )
     return buf.getvalue()
+
+
+class VocabFileWriter:
+    """``stats.vocab.npy`` written input by input, never held whole: rows appended, the header written last.
+
+    The row count is known only after the last input, so the header's bytes
+    are reserved first and filled at ``commit``. numpy (1.26 and later, as
+    required) pads a header to leave room for 21 digits of the shape, so its
+    length is the same for every row count below 2**63: the file is byte for
+    byte what ``np.save`` writes for the concatenated rows. Then it is hashed
+    (read back: SHA-256 cannot prepend a header to a body already hashed),
+    synced and renamed into place. Memory: the caller's rows of one input.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.tmp = tmp_path_for(self.path)
+        self.rows = 0
+        self._reserved = len(_vocab_header(0))
+        self._file = open(self.tmp, "wb")
+        self._file.write(bytes(self._reserved))  # the header's place, filled at commit
+
+    def append(self, rows: np.ndarray) -> None:
+        """Write ``rows`` (``VOCAB_DTYPE``; the caller keeps them sorted by (input, id))."""
+        self._file.write(np.ascontiguousarray(rows, dtype=VOCAB_DTYPE).tobytes())
+        self.rows += len(rows)
+
+    def commit(self) -> dict[str, Any]:
+        """Write the header, sync, hash, rename; the manifest's ``stats.files`` entry of the file."""
+        header = _vocab_header(self.rows)
+        if len(header) != self._reserved:  # not with numpy >= 1.26, whose header length is fixed
+            raise ConfigError(
+                f"{self.path}: numpy writes a {len(header)}-byte .npy header for {self.rows} rows, not the "
+                f"{self._reserved} bytes reserved; upgrade numpy (shardflow needs numpy>=1.26)"
+            )
+        self._file.seek(0)
+        self._file.write(header)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        entry = {"file": self.path.name, "bytes": self.tmp.stat().st_size, "sha256": sha256_file(self.tmp)}
+        fault("atomic-write", self.path)  # the fault point of every other atomic write
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+        return entry
+
+    def abort(self) -> None:
+        """Close and delete the temporary file (a failed build leaves no partial statistics behind)."""
+        self._file.close()
+        remove_quietly(self.tmp)
+
+    def __enter__(self) -> VocabFileWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self.abort()
 
 
 def _column_counts(
@@ -164,7 +243,10 @@ def _column_counts(
     return {names[k]: [int(ndocs[k]), int(ntoks[k])] for k in range(len(names)) if ndocs[k]}
 
 
-def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list[int]], RepeatRuns]:
+def _unit_stats(
+    staging: Staging, unit: int
+) -> tuple[np.ndarray, dict[str, list[int]], RepeatRuns, dict[str, dict[str, Any]]]:
+    """A unit's token counts, column counts, runs, and length statistics per split (those it knew)."""
     path = _unit_path(staging, unit)
     if not path.exists():
         raise ConfigError(
@@ -173,29 +255,16 @@ def _unit_stats(staging: Staging, unit: int) -> tuple[np.ndarray, dict[str, list
         )
     with NPY_LOCK, np.load(path) as z:  # each member's header is parsed as it is read
         runs = RepeatRuns.from_array(z["runs"]) if "runs" in z.files else RepeatRuns()
-        return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8")), runs
-
-
-class _SplitLengths:
-    """Document lengths of a split, by ranges of documents, from the layout's document starts.
-
-    The starts file is mapped, not read: memory follows one input's documents, not the split's.
-    """
-
-    def __init__(self, staging: Staging, split: str, tokens: int) -> None:
-        path = staging.starts(split)
-        self.starts = np.memmap(path, dtype="<i8", mode="r") if path.stat().st_size else np.empty(0, dtype="<i8")
-        self.tokens = tokens
-
-    def __getitem__(self, docs: slice) -> np.ndarray:
-        a, b = docs.start, min(docs.stop, len(self.starts))
-        tail = np.array([self.tokens] if b == len(self.starts) else [], dtype=np.int64)
-        ends = np.concatenate([np.asarray(self.starts[a + 1 : b + 1], dtype=np.int64), tail])
-        return ends[: b - a] - np.asarray(self.starts[a:b], dtype=np.int64)
+        lengths = json.loads(z["lengths"].tobytes().decode("utf-8")) if "lengths" in z.files else {}
+        return z["vocab"], json.loads(z["column"].tobytes().decode("utf-8")), runs, lengths
 
 
 def _parent_stats(plan: BuildPlan) -> tuple[dict[str, Any], np.ndarray] | None:
-    """The parent's statistics (for the inputs an incremental build reuses), checked against its manifest."""
+    """The parent's statistics (for the inputs an incremental build reuses), checked against its manifest.
+
+    Its ``stats.vocab.npy`` is memory-mapped, not loaded: the parent's rows of every input are
+    O(inputs x vocabulary), and only the reused inputs' rows are read (``_parent_rows``).
+    """
     if plan.reuse is None:
         return None
     parent = open_parent(plan.reuse)
@@ -207,42 +276,20 @@ def _parent_stats(plan: BuildPlan) -> tuple[dict[str, Any], np.ndarray] | None:
     for name in (STATS_NAME, VOCAB_NAME):
         if name not in files or sha256_file(directory / name) != files[name]["sha256"]:
             raise parent.damaged(directory / name, "the statistics file does not match its SHA-256 in the manifest")
-    return json.loads((directory / STATS_NAME).read_text()), load_npy(directory / VOCAB_NAME)
+    return json.loads((directory / STATS_NAME).read_text()), load_npy(directory / VOCAB_NAME, mmap_mode="r")
 
 
-def _range_stats(lengths: np.ndarray) -> dict[str, Any]:
-    hist = length_histogram(lengths)
-    return {
-        "documents": int(len(lengths)),
-        "tokens": int(lengths.sum()),
-        "short_documents": int(np.count_nonzero(lengths <= SHORT_DOCUMENT)),
-        "long_documents": int(np.count_nonzero(lengths >= LONG_DOCUMENT)),
-        "min_length": int(lengths.min()) if len(lengths) else 0,
-        "max_length": int(lengths.max()) if len(lengths) else 0,
-        "histogram": hist_to_pairs(hist),
-    }
+def _parent_rows(vocab: np.ndarray, input_index: int) -> np.ndarray:
+    """The rows of the parent's input ``input_index`` (rows sorted by input, then id).
 
-
-def _merge_ranges(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    hist = sum((pairs_to_hist(p["histogram"]) for p in parts), start=pairs_to_hist([]))
-    nonempty = [p for p in parts if p["documents"]]
-    docs = sum(p["documents"] for p in parts)
-    tokens = sum(p["tokens"] for p in parts)
-    top = max((p["max_length"] for p in nonempty), default=0)
-    return {
-        "documents": docs,
-        "tokens": tokens,
-        "short_documents": sum(p.get("short_documents", 0) for p in parts),
-        "long_documents": sum(p.get("long_documents", 0) for p in parts),
-        "min_length": min((p["min_length"] for p in nonempty), default=0),
-        "max_length": top,
-        "mean_length": round(tokens / docs, 3) if docs else 0.0,
-        # A bin's upper edge bounds the quantile, and so does the longest document.
-        "p50_at_most": min(hist_quantile(hist, 0.5), top),
-        "p90_at_most": min(hist_quantile(hist, 0.9), top),
-        "p99_at_most": min(hist_quantile(hist, 0.99), top),
-        "histogram": hist_to_pairs(hist),
-    }
+    A binary search over the memory-mapped column: O(log rows) rows read, where a boolean mask
+    would read the whole file once per reused input. (np.searchsorted would first copy the
+    strided column whole.)
+    """
+    column = vocab["input"]
+    lo = bisect_left(column, input_index)
+    hi = bisect_right(column, input_index, lo)
+    return np.asarray(vocab[lo:hi])
 
 
 def _odd(splits: dict[str, Any], inputs: list[dict[str, Any]], tokenizer: Tokenizer) -> dict[str, Any]:
@@ -287,70 +334,75 @@ def write_stats(
     complete = not reused or parent is not None
     if reused and parent is None:
         log.warning("the parent version has no statistics: the reused inputs' vocabulary and column counts are missing")
-    split_lengths = {s: _SplitLengths(staging, s, e.tokens) for s, e in manifest.splits.items()}
+    lengths = InputLengths(plan, staging, manifest)
     units_of: dict[int, list[int]] = {}
     for u, wu in enumerate(plan.units):
         units_of.setdefault(wu.input, []).append(u)
     vocab_size = tokenizer.vocab_size
     total_vocab = np.zeros(vocab_size, dtype=np.int64)
-    vocab_rows = []
     inputs = []
-    for i, inp in enumerate(plan.inputs):
-        entry = manifest.inputs[i]
-        splits = {}
-        for s, rng in entry["splits"].items():
-            a = int(rng["first_document"])
-            splits[s] = _range_stats(split_lengths[s][a : a + int(rng["documents"])])
-        if i in reused:
-            found = parent_inputs.get(inp.relname)
-            if found is not None and parent is not None:
-                pn, pentry = found
-                prow = parent[1][parent[1]["input"] == pn]
-                counts = dense_vocab(prow, vocab_size)
-                column = pentry.get("by_column", {})
-                runs = RepeatRuns.from_dict(pentry.get("repeated_token_runs"))
-            else:  # the parent has no statistics (or none of this input): its counts are unknown here
-                counts, column, runs = np.zeros(vocab_size, dtype=np.int64), {}, RepeatRuns()
-                complete = False
-        else:
-            counts = np.zeros(vocab_size, dtype=np.int64)
-            col = ColumnCounts()
-            runs = RepeatRuns()
-            for u in units_of.get(i, []):
-                rows, by_value, unit_runs = _unit_stats(staging, u)
-                runs.merge(unit_runs)
-                dense = dense_vocab(rows, vocab_size)
-                if len(dense) > len(counts):
-                    counts = np.concatenate([counts, np.zeros(len(dense) - len(counts), dtype=np.int64)])
-                counts[: len(dense)] += dense
-                col.merge(by_value)
-            column = col.to_dict()
-        if len(counts) > len(total_vocab):
-            total_vocab = np.concatenate([total_vocab, np.zeros(len(counts) - len(total_vocab), dtype=np.int64)])
-        total_vocab[: len(counts)] += counts
-        vocab_rows.append(sparse_vocab(counts, i))
-        item: dict[str, Any] = {
-            "relname": inp.relname,
-            "sha256": entry.get("sha256") or inp.sha256,  # an object's hash is its worker's (the manifest's)
-            "documents": sum(r["documents"] for r in splits.values()),
-            "tokens": sum(r["tokens"] for r in splits.values()),
-            "splits": splits,
-            "vocabulary_used": int(np.count_nonzero(counts)),
-            "repeated_token_runs": runs.to_dict(),
-        }
-        if cfg.stats_column:
-            item["by_column"] = column
-        inputs.append(item)
+    # Each input's rows go to the file as they are merged: memory is O(vocabulary), not O(inputs x vocabulary).
+    with VocabFileWriter(out / VOCAB_NAME) as vocab_file:
+        for i, inp in enumerate(plan.inputs):
+            entry = manifest.inputs[i]
+            known: dict[str, dict[str, Any]] = {}  # this input's length statistics per split, as its units or parent said
+            if i in reused:
+                found = parent_inputs.get(inp.relname)
+                if found is not None and parent is not None:
+                    pn, pentry = found
+                    counts = dense_vocab(_parent_rows(parent[1], pn), vocab_size)
+                    column = pentry.get("by_column", {})
+                    runs = RepeatRuns.from_dict(pentry.get("repeated_token_runs"))
+                    known = parent_ranges(parent[0], pentry, entry)
+                else:  # the parent has no statistics (or none of this input): its counts are unknown here
+                    counts, column, runs = np.zeros(vocab_size, dtype=np.int64), {}, RepeatRuns()
+                    complete = False
+            else:
+                counts = np.zeros(vocab_size, dtype=np.int64)
+                col = ColumnCounts()
+                runs = RepeatRuns()
+                unit_ranges = []
+                for u in units_of.get(i, []):
+                    rows, by_value, unit_runs, unit_lengths = _unit_stats(staging, u)
+                    runs.merge(unit_runs)
+                    dense = dense_vocab(rows, vocab_size)
+                    if len(dense) > len(counts):
+                        counts = np.concatenate([counts, np.zeros(len(dense) - len(counts), dtype=np.int64)])
+                    counts[: len(dense)] += dense
+                    col.merge(by_value)
+                    unit_ranges.append(unit_lengths)
+                column = col.to_dict()
+                known = {s: sum_ranges([r[s] for r in unit_ranges]) for s in entry["splits"] if all(s in r for r in unit_ranges)}
+                for s, got in known.items():
+                    rng = entry["splits"][s]
+                    if (got["documents"], got["tokens"]) != (int(rng["documents"]), int(rng["tokens"])):
+                        raise ConfigError(
+                            f"{staging.root}: the units of {inp.relname} count {got['documents']} documents and "
+                            f"{got['tokens']} tokens of split {s!r} in their statistics files, the layout "
+                            f"{rng['documents']} and {rng['tokens']}; delete {staging.root} and build again"
+                        )
+            splits = {s: known[s] if s in known else range_stats(lengths.of_input(i, s, rng)) for s, rng in entry["splits"].items()}
+            if len(counts) > len(total_vocab):
+                total_vocab = np.concatenate([total_vocab, np.zeros(len(counts) - len(total_vocab), dtype=np.int64)])
+            total_vocab[: len(counts)] += counts
+            vocab_file.append(sparse_vocab(counts, i))
+            item: dict[str, Any] = {
+                "relname": inp.relname,
+                "sha256": entry.get("sha256") or inp.sha256,  # an object's hash is its worker's (the manifest's)
+                "documents": sum(r["documents"] for r in splits.values()),
+                "tokens": sum(r["tokens"] for r in splits.values()),
+                "splits": splits,
+                "vocabulary_used": int(np.count_nonzero(counts)),
+                "repeated_token_runs": runs.to_dict(),
+            }
+            if cfg.stats_column:
+                item["by_column"] = column
+            inputs.append(item)
+        vocab_entry = vocab_file.commit()
     stats = _assemble(plan, manifest, inputs, total_vocab, tokenizer, complete=complete, shard_tokens=shard_tokens)
-    vocab = np.concatenate(vocab_rows) if vocab_rows else np.empty(0, dtype=VOCAB_DTYPE)
-    atomic_write_bytes(out / VOCAB_NAME, _npy_bytes(vocab))
     atomic_write_text(out / STATS_NAME, _dumps(stats))
-    return {
-        "files": [
-            {"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
-            for name in (STATS_NAME, VOCAB_NAME)
-        ]
-    }
+    stats_entry = {"file": STATS_NAME, "bytes": (out / STATS_NAME).stat().st_size, "sha256": sha256_file(out / STATS_NAME)}
+    return {"files": [stats_entry, vocab_entry]}
 
 
 def _dumps(stats: dict[str, Any]) -> str:
@@ -375,7 +427,7 @@ def _assemble(
     totals = manifest.totals
     splits = {}
     for s, entry in manifest.splits.items():
-        merged = _merge_ranges([inp["splits"][s] for inp in inputs if s in inp["splits"]])
+        merged = merge_ranges([inp["splits"][s] for inp in inputs if s in inp["splits"]])
         merged["shards"] = list(shard_tokens[s]) if shard_tokens is not None else [sh.tokens for sh in entry.shards]
         splits[s] = merged
     used = int(np.count_nonzero(vocab))

@@ -1,10 +1,16 @@
-"""Tokenizing one work unit into its part files: the tokens with boundaries inserted, and a document table.
+"""Tokenizing one work unit into its final shard files (pieces), and a document table.
 
 Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
 bounded by the batch, not the unit), encodes each batch with the fast
 backend (one document per batch is re-encoded with the reference library, to
 guard exactness on live data), inserts the plan's boundary tokens before (BOS)
-and/or after (EOS) every document, and appends to ``parts/unit-N.tok``. As the tokens pass, the unit's statistics
+and/or after (EOS) every document, routes each document to its split
+(``val_fraction`` decides from the document alone; ``val_count`` only after
+every unit, so those go to one stream, ``all``) and appends it to that
+stream's current piece, ``parts/unit-N/STREAM-P.EXT``: a shard in the
+version's format, at most ``shard_tokens`` tokens of whole documents, hashed
+as it is written, with its ``.bos.idx``. The layout links pieces into the
+version as they are. As the tokens pass, the unit's statistics
 are collected (``build/stats.py``: counts per token id, per ``--stats-column``
 value) and written beside them. The unit's ``.json`` is written last: it is the
 unit's commit point.
@@ -12,26 +18,31 @@ unit's commit point.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._io import WRITEBACK_MIN_BYTES, atomic_write_text, load_npy, remove_quietly, start_writeback, tmp_path_for
+from .._io import atomic_write_text, load_npy, remove_quietly, tmp_path_for
 from ..config import BuildConfig
 from ..errors import ConfigError, InputError
 from ..faults import fault
+from ..formats import get_format
+from ..formats.unit_writer import UnitShardWriter
 from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
 from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
-from .model import Boundaries, BuildPlan, UnitResult
+from .model import BuildPlan, Piece, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 from .stats import UnitCollector, collecting, unit_stats_in_place
 
-__all__ = ["tokenize_unit", "unit_done", "with_boundaries", "check_unchanged"]
+__all__ = ["tokenize_unit", "unit_done", "with_boundaries", "check_unchanged", "val_by_fraction", "streams_of", "split_decided_late"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -62,82 +73,152 @@ def unit_done(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult
     done = staging.unit_result(unit)
     if (
         done is not None
-        and staging.unit_in_place(done, np.dtype(plan.dtype).itemsize)
+        and staging.unit_in_place(done, get_format(plan.config.format).extension)
         and unit_stats_in_place(staging, unit, plan)
     ):
         return done
     return None
 
 
+def val_by_fraction(scores: np.ndarray, fraction: float) -> np.ndarray:
+    """Which documents ``val_fraction`` holds out: ``score / 2**64 < fraction``, computed exactly on integers."""
+    return np.asarray(scores) < np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+
+
+def split_decided_late(plan: BuildPlan) -> bool:
+    """Whether documents are routed to their splits by the layout, after tokenizing, not by the tokenize job.
+
+    ``val_count`` selects over the whole corpus. And a document's split score
+    depends on its row in its input, which a unit cut blind in bytes (a JSON
+    Lines object on object storage, ``first_row`` -1) learns only from the
+    units before it. Such builds tokenize into one stream, ``all``, and gather
+    every split from it: their tokens are written twice (a JSON Lines file
+    smaller than a unit is one unit, and is not concerned).
+    """
+    cfg = plan.config
+    if cfg.val_count:
+        return True
+    # A JSON Lines file in several units is cut in bytes: on object storage its later units learn their
+    # rows only then, so a local copy (whose lines planning counts) is treated alike: the same bytes.
+    units_of_jsonl = collections.Counter(u.input for u in plan.units if plan.inputs[u.input].kind == "jsonl")
+    return cfg.has_val and (any(n > 1 for n in units_of_jsonl.values()) or any(u.first_row < 0 for u in plan.units))
+
+
+def streams_of(plan: BuildPlan) -> tuple[str, ...]:
+    """The streams a tokenize job writes documents to (``model.STREAMS``)."""
+    if split_decided_late(plan):
+        return ("all",)
+    return ("train", "val") if plan.config.has_val else ("train",)
+
+
 def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitResult:
-    """Tokenize work unit ``unit`` into ``parts/``; a unit already done is not redone."""
+    """Tokenize work unit ``unit`` into its pieces under ``parts/``; a unit already done is not redone."""
     plan = as_plan(plan)
     staging = Staging(plan.staging)
-    tok_path, docs_path, done_path = staging.unit_files(unit)
+    unit_dir, docs_path, done_path = staging.unit_files(unit)
     done = unit_done(plan, unit)
     if done is not None:
         return done
     if done_path.exists():
-        log.warning("unit %d: its recorded result has no token file of the right size; tokenizing it again", unit)
+        log.warning("unit %d: its recorded result has no pieces of the right size; tokenizing it again", unit)
     done_path.unlink(missing_ok=True)
+    shutil.rmtree(unit_dir, ignore_errors=True)  # pieces of an interrupted run: written again, in full
     wu = plan.units[unit]
     inp = plan.inputs[wu.input]
     tokenizer = load_tokenizer(plan.config.tokenizer, backend=plan.config.backend)
     if plan.boundaries is None:
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
-    tmp_tok, tmp_docs = tmp_path_for(tok_path), tmp_path_for(docs_path)
-    extra: dict[str, str] = {}
+    tmp_docs = tmp_path_for(docs_path)
+    extra: dict[str, Any] = {}
     collector = UnitCollector(tokenizer.vocab_size) if collecting(plan) else None
     try:
         check_unchanged(inp)
         with hashing_reads(inp.path) as read:
-            counts = _tokenize_into(
-                tmp_tok, tmp_docs, plan.config, wu, inp, tokenizer, np.dtype(plan.dtype), plan.boundaries,
-                collect=collector,
-            )
+            counts, pieces = _tokenize_into(plan, staging, unit, tmp_docs, tokenizer, collect=collector)
         if not inp.sha256 and wu.start == 0 and wu.first_row == 0:
             # Planned from the storage's identity only: this worker hashes the object for the manifest,
             # from the bytes it just read when it read them all in order (JSON Lines), else reading it again.
             extra["input_sha256"] = read.digest(inp.size) or hash_input(inp.path)
         check_unchanged(inp)  # what was read and hashed is the version that was planned
     except BaseException:
-        # A failed unit (bad input, a full disk) leaves no temporary files behind.
-        remove_quietly(tmp_tok)
+        # A failed unit (bad input, a full disk) leaves no files behind.
         remove_quietly(tmp_docs)
+        shutil.rmtree(unit_dir, ignore_errors=True)
         raise
-    os.replace(tmp_tok, tok_path)
     os.replace(tmp_docs, docs_path)
-    fault("tokenize-tokens", tok_path)
+    fault("tokenize-tokens", docs_path)
     if collector is not None:
+        docs = load_npy(docs_path)
         collector.commit(
-            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=load_npy(docs_path),
+            staging, unit, column=plan.config.stats_column, inp=inp, wu=wu, docs=docs,
             batch_rows=_rows_per_batch(plan.config, wu), batch_bytes=plan.config.batch_bytes,
+            # Each document's split as its pieces were routed (val_fraction 0: none is val); where the
+            # layout decides it (split_decided_late), the unit cannot say.
+            val=None if split_decided_late(plan) else val_by_fraction(docs["score"], plan.config.val_fraction),
         )
-    result = UnitResult(unit=unit, **counts, **extra)
+    result = UnitResult(unit=unit, **counts, **extra, pieces=pieces)
     atomic_write_text(done_path, json.dumps(result.to_dict()))  # the unit's commit point
     log.info("tokenized unit %d of %s: %d documents, %d tokens", unit, inp.relname, result.documents, result.tokens)
     fault("tokenize-done", done_path)
     return result
 
 
+class _Pieces:
+    """A unit's documents, each to its stream's ``UnitShardWriter`` (opened at its first document)."""
+
+    def __init__(self, plan: BuildPlan, staging: Staging, unit: int, dtype: np.dtype) -> None:
+        self.fmt = get_format(plan.config.format)
+        self.plan, self.staging, self.unit, self.dtype = plan, staging, unit, dtype
+        self.writers: dict[str, UnitShardWriter] = {}
+        self.stack = contextlib.ExitStack()
+
+    def write(self, stream: str, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        writer = self.writers.get(stream)
+        if writer is None:
+            ext = self.fmt.extension
+            writer = UnitShardWriter(
+                self.fmt, lambda p: self.staging.piece(self.unit, stream, p, ext), self.dtype, self.plan.config.shard_tokens
+            )
+            self.writers[stream] = self.stack.enter_context(writer)
+        writer.write(tokens, lengths)
+
+    def close(self) -> dict[str, tuple[Piece, ...]]:
+        out = {}
+        for stream, writer in self.writers.items():
+            out[stream] = tuple(
+                Piece(
+                    tokens=s.tokens, documents=s.documents, bytes=s.bytes, sha256=s.sha256,
+                    index_bytes=s.index_bytes, index_sha256=s.index_sha256,
+                    sidecars=tuple((name[len(s.path.stem):], n, sha) for name, n, sha in s.sidecars),
+                )
+                for s in writer.close()
+            )
+        self.stack.close()
+        return out
+
+
 def _tokenize_into(
-    tmp_tok: Path,
+    plan: BuildPlan,
+    staging: Staging,
+    unit: int,
     tmp_docs: Path,
-    cfg: BuildConfig,
-    wu: WorkUnit,
-    inp: InputFile,
     tokenizer: Tokenizer,
-    dtype: np.dtype,
-    boundaries: Boundaries,
     *,
     collect: UnitCollector | None = None,
-) -> dict[str, int]:
-    """Tokenize one unit into its temporary token file and document table; returns its counts."""
+) -> tuple[dict[str, int], dict[str, tuple[Piece, ...]]]:
+    """Tokenize one unit into its pieces and temporary document table; returns its counts and pieces."""
+    cfg, wu = plan.config, plan.units[unit]
+    inp = plan.inputs[wu.input]
+    dtype = np.dtype(plan.dtype)
+    boundaries = plan.boundaries
+    assert boundaries is not None
     limit = np.iinfo(dtype).max
     counts = dict(rows=0, documents=0, tokens=0, nulls=0, empties=0, invalid_utf8=0, skipped_invalid=0, max_id=0, bad_records=0)
     doc_chunks: list[np.ndarray] = []
-    written = sent = 0  # bytes written to the token file; handed to the writeback so far
-    with open(tmp_tok, "wb") as out:
+    routes = streams_of(plan)
+    stream = routes[0] if len(routes) == 1 else None  # else each document by its score (val_fraction)
+    pieces = _Pieces(plan, staging, unit, dtype)
+    with pieces.stack:
         for batch in iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
             on_bad_record=cfg.on_bad_record, batch_bytes=cfg.batch_bytes,
@@ -163,31 +244,32 @@ def _tokenize_into(
                     )
                 counts["max_id"] = max(counts["max_id"], top)
             tokens_out = with_boundaries(tokens, offsets, dtype, bos=boundaries.bos_id, eos=boundaries.eos_id)
-            out.write(tokens_out.data)
-            written += tokens_out.nbytes
-            if written - sent >= WRITEBACK_MIN_BYTES:  # the fsync below then waits for less
-                out.flush()
-                start_writeback(out.fileno(), sent, written - sent)
-                sent = written
             if collect is not None:
                 collect.add_tokens(tokens_out, max_id=max(counts["max_id"], *boundaries.ids))
             docs = np.empty(len(batch.rows), dtype=DOC_DTYPE)
             docs["length"] = np.diff(offsets) + boundaries.per_document
             docs["row"] = batch.rows
             docs["score"] = split_scores(inp.relname, batch.rows, cfg.seed)
+            if stream is not None:
+                pieces.write(stream, tokens_out, docs["length"])
+            else:  # val_fraction: each document to its split, decided here from its score alone
+                val = val_by_fraction(docs["score"], cfg.val_fraction)
+                per_token = np.repeat(val, docs["length"])
+                for name, mask, tok_mask in (("train", ~val, ~per_token), ("val", val, per_token)):
+                    if mask.any():
+                        pieces.write(name, tokens_out[tok_mask], docs["length"][mask])
             doc_chunks.append(docs)
             counts["documents"] += len(docs)
             counts["tokens"] += len(tokens_out)
-            fault("tokenize-batch", tmp_tok)
-        out.flush()
-        os.fsync(out.fileno())
+            fault("tokenize-batch", staging.unit_files(unit)[0])
+        written = pieces.close()
     counts["max_id"] = max(counts["max_id"], *boundaries.ids) if counts["documents"] else counts["max_id"]
     docs_all = np.concatenate(doc_chunks) if doc_chunks else np.empty(0, dtype=DOC_DTYPE)
     with open(tmp_docs, "wb") as f:
         np.save(f, docs_all)
         f.flush()
         os.fsync(f.fileno())
-    return counts
+    return counts, written
 
 
 def with_boundaries(

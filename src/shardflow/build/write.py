@@ -1,11 +1,11 @@
-"""Writing the version's files into ``out/``: one shard and its ``.bos.idx`` at a time, and the tokenizer file.
+"""Putting the version's files into ``out/``: one shard and its ``.bos.idx`` at a time, and the tokenizer file.
 
-A shard's tokens are pieces of the layout's segments: ranges of work units'
-part files, or (incremental builds) ranges of the parent version's splits.
-The format-level ``ShardWriter`` owns the header, the hash, the temporary
-name and the rename; this module only decides which bytes go in. A shard
-whose tokens are exactly one shard of the parent is hard-linked instead.
-``layout/SPLIT-K.shard.json`` is written last: the shard's commit point.
+A placed shard (``layout.py``) is hard-linked, not read: a piece a tokenize
+job wrote, or the parent version's shard of an unchanged input. A gathered
+shard's tokens are ranges of the units' pieces (or of the parent's split)
+copied through the format-level ``ShardWriter``, which owns the header, the
+hash, the temporary name and the rename. ``layout/SPLIT-K.shard.json`` is
+written last: the shard's commit point.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from .._io import atomic_write_text, load_npy, remove_quietly, sha256_file, tmp_
 from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..formats import bosidx, get_format
-from ..formats.writer import ShardWriter, encode_index, write_index, write_sidecars
-from ..manifest import FileEntry, ShardEntry
+from ..formats.writer import ShardWriter, encode_index, header_bytes, write_index, write_sidecars
+from ..manifest import FileEntry, ShardEntry, version_file
 from ..targets import shard_path as shard_path_in_version
 from ..tokenizers import Tokenizer
 from .incremental import open_parent
 from .layout import read_layout
 from .model import SPLITS, BuildPlan, ShardResult
 from .staging import Staging, as_plan
+from .tokenize import split_decided_late
 
 __all__ = ["write_shard", "shard_done", "read_shard_results", "shard_file_name", "tokenizer_file_name", "write_tokenizer_files", "link_or_copy"]
 
@@ -96,10 +97,10 @@ def read_shard_results(plan: BuildPlan) -> dict[str, list[ShardResult]]:
     return out
 
 
-def _pieces(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """Tokens ``[lo, hi)`` of the split as ``(source, first source token, count)``.
+def _segments(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """Tokens ``[lo, hi)`` of a gathered split as ``(source, first source token, count)``.
 
-    A source >= 0 is a work unit's part file; < 0 a range of a parent split.
+    A source >= 0 is a work unit's stream of pieces; < 0 a range of a parent split.
     """
     segs = load_npy(staging.segments(split), mmap_mode="r")
     lengths = np.asarray(segs["length"], dtype=np.int64)
@@ -125,11 +126,12 @@ def shard_done(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> 
 
 
 def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult:
-    """Write shard ``k`` of ``split``, its ``.bos.idx`` and its format's sidecars into ``out/``; returns its result.
+    """Put shard ``k`` of ``split``, its ``.bos.idx`` and its format's sidecars into ``out/``; returns its result.
 
-    In an incremental build, a shard whose tokens are exactly one shard of the
-    parent version (same split, same range, so the same bytes) is hard-linked
-    from the parent instead of written, and so is its index when identical.
+    A placed shard is a file already written: a piece of a tokenize job, or
+    (an unchanged input of an incremental build) the parent version's shard;
+    it is hard-linked under its name, not read. A gathered shard is copied
+    from its split's pieces.
     """
     plan = as_plan(plan)
     staging = Staging(plan.staging)
@@ -138,71 +140,150 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
         return done
     cfg = plan.config
     fmt = get_format(cfg.format)
-    dtype = np.dtype(plan.dtype)
     info = read_layout(plan).splits[split]
-    lo = k * cfg.shard_tokens
-    hi = min(lo + cfg.shard_tokens, info.tokens)
-    if not 0 <= lo < hi:
+    if not 0 <= k < info.shards:
         raise ConfigError(f"{split} has {info.shards} shards; there is no shard {k}")
-    pieces = _pieces(staging, split, lo, hi)
     shard_path = staging.out / shard_path_in_version(cfg.target, cfg.name, split, k, fmt.extension)
     shard_path.parent.mkdir(parents=True, exist_ok=True)  # the split's directory (schema 2)
-    idx_path = bosidx.index_path(shard_path)
+    if info.sources is None:
+        entry = _gather(plan, staging, split, k, shard_path)
+        linked = False
+    else:
+        unit, p = info.sources[k]
+        linked = unit < 0
+        entry = _link_parent(plan, split, p, shard_path) if linked else _link_piece(plan, staging, split, unit, p, shard_path)
+        fault("shard-linked", shard_path)
+    result = ShardResult(split=split, index=k, entry=entry, linked=linked)
+    atomic_write_text(staging.shard_result(split, k), json.dumps(result.to_dict()))
+    log.info("%s %s shard %d (%d tokens)", "linked" if result.linked else "placed" if info.sources else "wrote", split, k, entry.tokens)
+    return result
+
+
+def _rel(staging: Staging, path: Path) -> str:
+    return path.relative_to(staging.out).as_posix()  # manifest file names are relative to the version directory
+
+
+def _sidecar_path(shard_path: Path, suffix: str) -> Path:
+    return shard_path.with_name(shard_path.stem + suffix)
+
+
+def _link_piece(plan: BuildPlan, staging: Staging, split: str, unit: int, p: int, shard_path: Path) -> ShardEntry:
+    """A piece a tokenize job wrote, hard-linked under the shard's name with its index and sidecars."""
+    result = staging.unit_result(unit)
+    ext = get_format(plan.config.format).extension
+    if result is None or p >= len(result.pieces.get(split, ())):
+        raise ConfigError(f"{staging.root}: work unit {unit} has no piece {p} of {split}; tokenize it again")
+    piece = result.pieces[split][p]
+    src = staging.piece(unit, split, p, ext)
+    for sfx, _, _ in piece.sidecars:
+        link_or_copy(_sidecar_path(src, sfx), _sidecar_path(shard_path, sfx))
+    link_or_copy(bosidx.index_path(src), bosidx.index_path(shard_path))
+    fault("shard-indexed", shard_path)
+    link_or_copy(src, shard_path)
+    return ShardEntry(
+        file=_rel(staging, shard_path),
+        bytes=piece.bytes,
+        sha256=piece.sha256,
+        tokens=piece.tokens,
+        documents=piece.documents,
+        index=FileEntry(file=_rel(staging, bosidx.index_path(shard_path)), bytes=piece.index_bytes, sha256=piece.index_sha256),
+        sidecars=tuple(
+            FileEntry(file=_rel(staging, _sidecar_path(shard_path, sfx)), bytes=n, sha256=sha) for sfx, n, sha in piece.sidecars
+        ),
+    )
+
+
+def _link_parent(plan: BuildPlan, split: str, k: int, shard_path: Path) -> ShardEntry:
+    """Shard ``k`` of the parent's ``split`` (an unchanged input's), hard-linked under the shard's name, not read."""
+    assert plan.reuse is not None
+    staging = Staging(plan.staging)
+    parent = open_parent(plan.reuse)
+    info = parent.splits[split].shards[k]
+    same = info.entry
+    assert same is not None
+    dtype = np.dtype(plan.dtype)
+    if same.bytes != header_bytes(get_format(plan.config.format), dtype) + same.tokens * dtype.itemsize:
+        raise parent.damaged(parent.directory / same.file, "its manifest entry does not fit its format")
+    pairs = [(parent.directory / f.file, _sidecar_path(shard_path, Path(f.file).name[len(Path(same.file).stem):])) for f in same.sidecars]
+    pairs += [(parent.directory / same.index.file, bosidx.index_path(shard_path)), (parent.directory / same.file, shard_path)]
+    for src, dest in pairs:
+        link_or_copy(version_file(parent.directory, str(src.relative_to(parent.directory)), "a shard file"), dest)
+    return ShardEntry(
+        file=_rel(staging, shard_path),
+        bytes=same.bytes,
+        sha256=same.sha256,
+        tokens=same.tokens,
+        documents=same.documents,
+        index=FileEntry(file=_rel(staging, bosidx.index_path(shard_path)), bytes=same.index.bytes, sha256=same.index.sha256),
+        sidecars=tuple(
+            FileEntry(file=_rel(staging, dest), bytes=f.bytes, sha256=f.sha256) for f, (_, dest) in zip(same.sidecars, pairs)
+        ),
+    )
+
+
+def _gather(plan: BuildPlan, staging: Staging, split: str, k: int, shard_path: Path) -> ShardEntry:
+    """Copy shard ``k`` of a gathered split from its pieces (and the parent's ranges); write its index and sidecars."""
+    cfg = plan.config
+    fmt = get_format(cfg.format)
+    dtype = np.dtype(plan.dtype)
+    lo, hi = read_layout(plan).splits[split].cut(k)
     starts = np.memmap(staging.starts(split), dtype="<i8", mode="r")
     a, b = np.searchsorted(starts, [lo, hi], side="left")
     local = np.asarray(starts[a:b], dtype=np.int64) - lo
     idx_bytes, idx_sha = encode_index(local, hi - lo)
     parent = open_parent(plan.reuse) if plan.reuse else None
-    same = parent.same_shard(pieces, hi - lo) if parent is not None else None
-    if same is not None:
-        assert parent is not None
-        if same.bytes != len(fmt.header(hi - lo, dtype)) + (hi - lo) * dtype.itemsize:
-            raise parent.damaged(parent.directory / same.file, "its manifest entry does not fit its format")
-        link_or_copy(parent.directory / same.file, shard_path)
-        fault("shard-linked", shard_path)
-        nbytes, digest = same.bytes, same.sha256
-    else:
-        buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
-        with ShardWriter(fmt, shard_path, dtype, hi - lo) as writer:
-            for n, (source, src_lo, take) in enumerate(pieces):
-                if source >= 0:
-                    with open(staging.unit_files(source)[0], "rb") as part:
-                        part.seek(src_lo * dtype.itemsize)
-                        writer.copy_from(part, take, buf)
-                else:
-                    assert parent is not None
-                    parent.copy_range(writer, buf, SPLITS[-1 - source], src_lo, take)
-                if n == 0:
-                    fault("shard-mid", writer.tmp)
-            nbytes, digest = writer.commit()
-        fault("shard-written", shard_path)
-    if same is not None and same.index.sha256 == idx_sha:
-        assert parent is not None
-        link_or_copy(parent.directory / same.index.file, idx_path)
-    else:
-        write_index(idx_path, idx_bytes)
+    stream = "all" if split_decided_late(plan) else split
+    skip = header_bytes(fmt, dtype)
+    buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
+    with ShardWriter(fmt, shard_path, dtype, hi - lo) as writer:
+        for n, (source, src_lo, take) in enumerate(_segments(staging, split, lo, hi)):
+            if source >= 0:
+                _copy_stream(writer, buf, staging, source, stream, src_lo, take, ext=fmt.extension, skip=skip)
+            else:
+                assert parent is not None
+                parent.copy_range(writer, buf, SPLITS[-1 - source], src_lo, take)
+            if n == 0:
+                fault("shard-mid", writer.tmp)
+        nbytes, digest = writer.commit()
+    fault("shard-written", shard_path)
+    idx_path = bosidx.index_path(shard_path)
+    write_index(idx_path, idx_bytes)
     fault("shard-indexed", idx_path)
-    def rel(path: Path) -> str:  # manifest file names are relative to the version directory
-        return path.relative_to(staging.out).as_posix()
-
     # Format-specific files beside the shard (megatron's .idx), derived from the same starts.
     sidecars = tuple(
-        FileEntry(file=rel(shard_path.parent / name), bytes=size, sha256=sha)
+        FileEntry(file=_rel(staging, shard_path.parent / name), bytes=size, sha256=sha)
         for name, size, sha in write_sidecars(fmt, shard_path, dtype, hi - lo, local)
     )
-    entry = ShardEntry(
-        file=rel(shard_path),
+    return ShardEntry(
+        file=_rel(staging, shard_path),
         bytes=nbytes,
         sha256=digest,
         tokens=hi - lo,
         documents=len(local),
-        index=FileEntry(file=rel(idx_path), bytes=len(idx_bytes), sha256=idx_sha),
+        index=FileEntry(file=_rel(staging, idx_path), bytes=len(idx_bytes), sha256=idx_sha),
         sidecars=sidecars,
     )
-    result = ShardResult(split=split, index=k, entry=entry, linked=same is not None)
-    atomic_write_text(staging.shard_result(split, k), json.dumps(result.to_dict()))
-    log.info("%s %s shard %d (%d tokens)", "linked" if result.linked else "wrote", split, k, hi - lo)
-    return result
+
+
+def _copy_stream(
+    writer: ShardWriter, buf: np.ndarray, staging: Staging, unit: int, stream: str, start: int, count: int, *, ext: str, skip: int
+) -> None:
+    """Append tokens ``[start, start + count)`` of work unit ``unit``'s ``stream`` (its pieces, one after another)."""
+    result = staging.unit_result(unit)
+    assert result is not None
+    pos = 0
+    for p, piece in enumerate(result.pieces.get(stream, ())):
+        if count and start < pos + piece.tokens:
+            within = start - pos
+            take = min(piece.tokens - within, count)
+            with open(staging.piece(unit, stream, p, ext), "rb") as src:
+                src.seek(skip + within * buf.dtype.itemsize)
+                writer.copy_from(src, take, buf)
+            start += take
+            count -= take
+        pos += piece.tokens
+    if count:
+        raise ConfigError(f"{staging.root}: work unit {unit}'s {stream} pieces hold fewer tokens than the layout says")
 
 
 def tokenizer_file_name(tokenizer: Tokenizer) -> str | None:

@@ -2,10 +2,11 @@
 
 Both share the suffixes; the first bytes tell them apart (the file format, and
 Feather v2, which is that format, start with ``ARROW1``), so either kind's
-``detect`` names the right one. Record batches are the indivisible pieces of a
-work unit. Files are memory-mapped, so holding a file's batches costs address
-space, not memory, until their buffers are touched. An object on object storage
-is one unit, planned from its schema alone and read batch by batch in place.
+``detect`` names the right one. An Arrow input is one work unit: an object on
+object storage is planned from its schema alone (its batches' sizes would mean
+reading it) and read batch by batch in place, and a local file is cut the same
+way, so that both give the same shards. Files are memory-mapped, so holding a
+file's batches costs address space, not memory, until their buffers are touched.
 A text larger than the batch budget is a bad record (``base.within_budget``).
 """
 
@@ -20,7 +21,6 @@ import pyarrow as pa
 
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
-from .cuts import join_small_tail
 from .base import (
     DEFAULT_BATCH_BYTES,
     READ_ERRORS,
@@ -30,7 +30,6 @@ from .base import (
     WorkUnit,
     check_schema,
     column_path,
-    cut_units,
     file_name,
     has_suffix,
     select_column,
@@ -78,7 +77,7 @@ class _ArrowIPCKind(InputKind):
             raise InputError(f"{inp.path}: reading failed ({exc}); the file is corrupt or truncated") from None
 
     def divisible(self, inp: InputFile) -> bool:
-        return not is_remote(inp.path)  # an object on object storage is one unit (see plan_units)
+        return False  # one unit, local or on object storage (see plan_units)
 
     def plan_units(
         self, inp: InputFile, *, input_index: int, text_column: str, id_column: str | None, unit_bytes: int, first_index: int
@@ -95,9 +94,11 @@ class _ArrowIPCKind(InputKind):
         schema = batches[0].schema if batches else self._open(inp).schema
         check_schema(inp, schema, text_column, id_column)
         path = column_path(inp, schema, text_column)
-        sizes = [(b.num_rows, select_column(b, path).nbytes) for b in batches]
-        units = cut_units(sizes, input_index=input_index, unit_bytes=unit_bytes, first_index=first_index)
-        return join_small_tail(units, unit_bytes)  # a small last batch or two: no unit of its own (cuts.py)
+        # One unit, as on object storage (where the batches' sizes would mean reading the object): a unit's
+        # tokens are its own shards, so a local copy must be cut as the object is to give the same bytes.
+        rows = sum(b.num_rows for b in batches)
+        text = sum(select_column(b, path).nbytes for b in batches)
+        return [WorkUnit(index=first_index, input=input_index, start=0, stop=len(batches), first_row=0, rows=rows, text_bytes=text)]
 
     def _each(self, inp: InputFile) -> Iterator[pa.RecordBatch]:
         """Every record batch, read one at a time (an object read in place is not held whole)."""

@@ -50,6 +50,10 @@ class Target:
     """A boundary token id the reader hard-codes (modded-nanogpt's 50256), or None."""
     one_file_per_split: bool = False
     """The reader loads one fixed file per split (nanoGPT's train.bin / val.bin)."""
+    gathers: bool = False
+    """The reader drops up to a global batch at every shard's end, so shards of one work unit each (small
+    inputs: small shards) would waste more than 1% of the tokens: every split is gathered into shards of
+    ``shard_tokens`` instead (a second write of the tokens; ``build/layout.py``)."""
     globs_split_dir: bool = True
     """The reader finds a split's shards by a glob over a directory (so that directory must hold only them);
     False where the settings list every shard (OLMo-core's paths, Megatron's prefixes)."""
