@@ -64,7 +64,7 @@ import sys
 
 TEXT_TB = 10.0
 OBJECT_GB = 0.5  # stored Parquet per object
-UNIT_MB = 384  # MiB of text per work unit (the default --unit-mb)
+UNIT_MB = 256  # MiB of text per work unit (the default --unit-mb)
 SHARD_TOKENS = 100_000_000  # the default --shard-tokens: an upper bound
 VAL_FRACTION = 0.001
 VOCAB = 100_277  # cl100k_base's ids, special tokens included

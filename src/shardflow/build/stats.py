@@ -159,9 +159,9 @@ class VocabFileWriter:
     are reserved first and filled at ``commit``. numpy (1.26 and later, as
     required) pads a header to leave room for 21 digits of the shape, so its
     length is the same for every row count below 2**63: the file is byte for
-    byte what ``np.save`` writes for the concatenated rows. Then it is hashed
-    (read back: SHA-256 cannot prepend a header to a body already hashed),
-    synced and renamed into place. Memory: the caller's rows of one input.
+    byte what ``np.save`` writes for the concatenated rows. Then it is synced,
+    hashed (read back: SHA-256 cannot prepend a header to a body already
+    hashed) and renamed into place. Memory: the caller's rows of one input.
     """
 
     def __init__(self, path: Path) -> None:
