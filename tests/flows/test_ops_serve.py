@@ -27,7 +27,9 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
             [*SHARDFLOW, "serve", "corpus/", "--name", "nightly-ops", "--cron", "0 2 * * *", "--timezone", "UTC",
              "--shard-tokens", "300000", "--val-fraction", "0.1", "--data-root", "out/data",
              "--catalog", "out/manifests"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # faulthandler: a SIGABRT (below) prints every thread's stack, should it not stop on SIGINT.
+            cwd=tmp_path, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 60
@@ -73,10 +75,14 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
             proc.wait(timeout=90)
             interrupted = True
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGABRT)  # its stacks into the log, to say what it waited for
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             interrupted = False
-    assert interrupted, "shardflow serve did not stop within 90 s of SIGINT:\n" + log.read_text()[-3000:]
+    assert interrupted, "shardflow serve did not stop within 90 s of SIGINT:\n" + log.read_text()[-12000:]
     # On shutdown the served deployment's schedule is paused (Prefect's serve default).
     dep = prefect_server.request("GET", "/deployments/name/build-dataset/nightly-ops")
     assert dep["paused"] is True or dep["schedules"][0]["active"] is False, log.read_text()[-3000:]
