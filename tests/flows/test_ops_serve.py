@@ -30,6 +30,9 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
             # faulthandler: a SIGABRT (below) prints every thread's stack, should it not stop on SIGINT.
             cwd=tmp_path, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
+            # A shell's background job (`.ci/run &`) starts with SIGINT ignored, and children inherit that:
+            # Python then never raises KeyboardInterrupt, so serve would not stop. Ctrl-C's default, as a user has it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         deadline = time.monotonic() + 60
