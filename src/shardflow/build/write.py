@@ -10,6 +10,7 @@ written last: the shard's commit point.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -208,16 +209,12 @@ def _link_parent(plan: BuildPlan, split: str, k: int, shard_path: Path) -> Shard
     pairs += [(parent.directory / same.index.file, bosidx.index_path(shard_path)), (parent.directory / same.file, shard_path)]
     for src, dest in pairs:
         link_or_copy(version_file(parent.directory, str(src.relative_to(parent.directory)), "a shard file"), dest)
-    return ShardEntry(
+    # The parent's entry (sizes, SHA-256s, counts) under the files' names in this version.
+    return dataclasses.replace(
+        same,
         file=_rel(staging, shard_path),
-        bytes=same.bytes,
-        sha256=same.sha256,
-        tokens=same.tokens,
-        documents=same.documents,
-        index=FileEntry(file=_rel(staging, bosidx.index_path(shard_path)), bytes=same.index.bytes, sha256=same.index.sha256),
-        sidecars=tuple(
-            FileEntry(file=_rel(staging, dest), bytes=f.bytes, sha256=f.sha256) for f, (_, dest) in zip(same.sidecars, pairs)
-        ),
+        index=dataclasses.replace(same.index, file=_rel(staging, bosidx.index_path(shard_path))),
+        sidecars=tuple(dataclasses.replace(f, file=_rel(staging, dest)) for f, (_, dest) in zip(same.sidecars, pairs)),
     )
 
 
