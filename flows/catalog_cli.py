@@ -1,8 +1,11 @@
-"""The catalog's read-only commands: ``validate``, ``ls``, ``show``, ``diff``.
+"""The catalog's commands: the read-only ``validate``, ``ls``, ``show``, ``diff``; and ``rm``, ``gc``.
 
 They read published versions through the core (``shardflow.catalog``,
 ``shardflow.reader``) and never import Prefect, so they answer in a fraction of
-a second. ``flows.cli`` registers them in its ``COMMANDS``; errors are
+a second. ``rm`` and ``gc`` end a version's life (``shardflow.lifecycle``): a
+version removed, catalog entry first; abandoned staging directories and what an
+interrupted ``rm`` left, with their sizes. ``flows.cli`` registers them in its
+``COMMANDS`` (``add_lifecycle_parsers`` declares the last two); errors are
 ``ShardflowError``s, which the command line turns into one message and exit 2.
 """
 
@@ -13,7 +16,7 @@ from typing import Any
 
 from shardflow.errors import ShardflowError
 
-__all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff"]
+__all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -154,4 +157,74 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a = open_version(args.ref_a, catalog=args.catalog).manifest
     b = open_version(args.ref_b, catalog=args.catalog).manifest
     print("\n".join(format_diff(diff_versions(a, b), all_inputs=args.all)))
+    return 0
+
+
+def add_lifecycle_parsers(sub: Any) -> None:
+    """Add ``rm`` and ``gc`` to the command line's subcommands (``sub``: what ``add_subparsers`` returned)."""
+    from shardflow.flows.options import _add_catalog
+
+    r = sub.add_parser(
+        "rm",
+        help="remove a published version: its catalog entry, then its directory",
+        description="Remove NAME@vN: its catalog entry first (the catalog's latest becomes the newest remaining "
+        "version), then its directory. A version that a remaining one names as its parent is refused unless "
+        "--force (the child's shards are hard links: it keeps working). Rerun after an interruption, it "
+        "finishes the job. A removed version's name is never given again.",
+    )
+    r.add_argument("ref", help="NAME@vN (the version to remove; NAME@latest is refused: name it)")
+    r.add_argument("--force", action="store_true", help="remove it even if remaining versions name it as their parent")
+    _add_catalog(r)
+
+    g = sub.add_parser(
+        "gc",
+        help="remove abandoned staging directories and what interrupted removals left, with their sizes",
+        description="Remove the staging directories that no rerun would resume (their build is published, or an "
+        "older shardflow staged them; never one whose build is running) and the files of versions whose "
+        "shardflow rm was interrupted. Staging directories of unfinished builds are kept: a rerun resumes them.",
+    )
+    g.add_argument("--dry-run", action="store_true", help="print what would be removed, and remove nothing")
+    g.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
+    _add_catalog(g)
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: ``512 B``, ``1.4 MiB``."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from shardflow.lifecycle import remove_version
+
+    r = remove_version(args.ref, catalog=args.catalog, force=args.force)
+    if r.resumed and not r.left:
+        print(f"{r.ref} was already removed; nothing of it was left in {r.directory.parent}")
+        return 0
+    kept = f"; {_size(r.shared)} kept, hard-linked by other versions" if r.shared else ""
+    done = "finished removing" if r.resumed else "removed"
+    print(f"{done} {r.ref} ({r.directory}): {_size(r.freed)} freed{kept}")
+    for child in r.orphaned:
+        print(f"  {child} named it as its parent; its shards are its own hard links, so it still reads and validates")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from shardflow.catalog import default_data_root
+    from shardflow.lifecycle import collect_garbage
+
+    found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for g in found:
+        print(f"{verb} {g.path} ({_size(g.freed)}): {g.why}")
+    if not found:
+        print(f"nothing to remove under {default_data_root(args.data_root)}")
+    else:
+        n = len(found)
+        print(f"{'would free' if args.dry_run else 'freed'} {_size(sum(g.freed for g in found))} "
+              f"({n} director{'ies' if n != 1 else 'y'})")
     return 0

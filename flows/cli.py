@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from shardflow.errors import ShardflowError
 
-from shardflow.flows.catalog_cli import cmd_diff, cmd_ls, cmd_show, cmd_validate
+from shardflow.flows.catalog_cli import add_lifecycle_parsers, cmd_diff, cmd_gc, cmd_ls, cmd_rm, cmd_show, cmd_validate
 from shardflow.flows.card_cli import add_card_parser, cmd_card
 from shardflow.flows.terminal import (
     PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--all", action="store_true", help="list unchanged inputs too")
     _add_catalog(d)
     add_card_parser(sub)
+    add_lifecycle_parsers(sub)
     return parser
 
 
@@ -332,6 +333,8 @@ COMMANDS = {
     "diff": cmd_diff,
     "card": cmd_card,
     "serve": cmd_serve,
+    "rm": cmd_rm,
+    "gc": cmd_gc,
 }
 
 

@@ -103,6 +103,12 @@ def test_bad_catalog_files(tmp_path):
     (tmp_path / "b.yaml").write_text("versions: [unclosed\n")
     with pytest.raises(CatalogError, match=r"b\.yaml: the catalog file is not valid YAML"):
         cat.latest("b")
+    (tmp_path / "c.yaml").write_text("schema_version: 1\nlatest: null\nversions: []\nremoved: [{version: v1}]\n")
+    with pytest.raises(CatalogError, match=r"c\.yaml: removed\[0\]: missing field 'path'; restore the catalog file"):
+        cat.removed("c")
+    (tmp_path / "d.yaml").write_text("schema_version: 1\nlatest: null\nversions: []\nremoved: 5\n")
+    with pytest.raises(CatalogError, match=r"d\.yaml: field 'removed' must be a list of removed versions, not 5"):
+        cat.next_version("d")
 
 
 def test_lock_refuses_a_second_holder(tmp_path):
@@ -188,3 +194,39 @@ def test_a_removed_lock_file_still_excludes(tmp_path):
     assert not errors, errors
     assert counter.read_text() == "180"
     assert not lock.exists()
+
+
+@pytest.mark.parametrize("call,env,shown", [
+    (lambda: default_data_root("s3://bucket/data"), {}, r"s3://bucket/data: the data root"),
+    (lambda: default_catalog("gs://bucket/catalog"), {}, r"gs://bucket/catalog: the catalog"),
+    (lambda: Catalog(Path("s3://bucket/catalog")), {}, r"s3:/bucket/catalog: the catalog"),  # Path() collapsed the //
+    (lambda: default_data_root(), {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"}, r"\$SHARDFLOW_DATA_ROOT=s3://bucket/data: the data root"),
+    (lambda: Catalog(), {"SHARDFLOW_CATALOG": "s3://bucket/catalog"}, r"\$SHARDFLOW_CATALOG=s3://bucket/catalog: the catalog"),
+])
+def test_a_url_data_root_or_catalog_is_refused_until_object_storage_output_exists(tmp_path, monkeypatch, call, env, shown):
+    """Not a local directory named ``s3:`` (what ``Path("s3://bucket/data")`` is), silently."""
+    from shardflow.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    unset = ", or give" if env else " give"
+    with pytest.raises(ConfigError, match=rf"^{shown} must be a local or shared filesystem path, not a URL: writing "
+                       r"versions to object storage is not supported yet \(inputs may be s3:// URLs\);"
+                       rf"( unset SHARDFLOW_\w+)?{unset} a directory instead, e\.g\. /mnt/shared/\w+$"):
+        call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_build_to_a_url_data_root_is_refused_before_anything_is_written(tmp_path, monkeypatch, tiny_parquet):
+    from shardflow.build import build
+    from shardflow.config import BuildConfig
+    from shardflow.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    config = BuildConfig(name="t", sources=(str(tiny_parquet),))
+    with pytest.raises(ConfigError, match=r"^s3://bucket/data: the data root must be a local or shared filesystem path"):
+        build(config, data_root="s3://bucket/data", catalog="catalog")
+    with pytest.raises(ConfigError, match=r"^s3://bucket/catalog: the catalog must be a local or shared filesystem path"):
+        build(config, data_root="data", catalog="s3://bucket/catalog")
+    assert list(tmp_path.iterdir()) == []

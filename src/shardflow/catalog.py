@@ -5,7 +5,9 @@ publication order (location, totals, parent, build key) and names the
 ``latest``. It is the last thing a publish writes: a version is visible once its
 catalog entry exists, and not before. Updates take an exclusive ``flock`` on
 ``<catalog>/.<name>.lock`` and replace the file atomically, so concurrent
-publishers never corrupt it.
+publishers never corrupt it. A version taken out by ``shardflow rm``
+(``shardflow.lifecycle``) stays listed under ``removed``: its name is never given
+again, and a reference to it says it was removed.
 
 References: ``NAME@VERSION`` (``wikitext@v3``, or ``wikitext@3``), ``NAME@latest``,
 ``NAME`` (same as latest), or the path of a version directory or its
@@ -26,6 +28,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,13 +39,14 @@ import yaml
 from ._io import atomic_write_text, is_stale_tmp, sha256_file
 from ._yaml import YamlRefused, describe_yaml_error, load_yaml_file
 from .config import check_name
-from .errors import CatalogError, ShardflowError
+from .errors import CatalogError, ConfigError, ShardflowError
 from .faults import fault
 from .manifest import MANIFEST_NAME, Manifest
 
 __all__ = [
     "CATALOG_SCHEMA_VERSION",
     "VersionEntry",
+    "RemovedVersion",
     "Catalog",
     "default_catalog",
     "default_data_root",
@@ -62,14 +66,38 @@ MAX_CATALOG_BYTES = 64 << 20
 """The largest catalog file read (one entry is about 400 bytes)."""
 
 
+# ``scheme:/`` or ``scheme://``: a URL, also after ``Path()`` collapsed its ``//`` (a one-letter scheme
+# would be a Windows drive, ``C:/``).
+_URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:/")
+
+
+def _local_dir(value: str | os.PathLike[str] | None, env: str, default: str, what: str) -> Path:
+    """``value``, else ``$env``, else ``./default``, absolute; a URL is refused (see ``default_data_root``)."""
+    given, source = (value, "") if value else (os.environ.get(env), f"${env}=")
+    text = os.fspath(given) if given else default
+    if _URL_LIKE.match(text):
+        hint = f"unset {env}, or give" if source else "give"
+        raise ConfigError(
+            f"{source}{text}: the {what} must be a local or shared filesystem path, not a URL: writing versions to "
+            f"object storage is not supported yet (inputs may be s3:// URLs); {hint} a directory instead, "
+            f"e.g. /mnt/shared/{default}"
+        )
+    return Path(text).expanduser().absolute()
+
+
 def default_catalog(catalog: str | os.PathLike[str] | None = None) -> Path:
-    """``catalog``, else ``$SHARDFLOW_CATALOG``, else ``./manifests``."""
-    return Path(catalog or os.environ.get("SHARDFLOW_CATALOG") or "manifests").expanduser().absolute()
+    """``catalog``, else ``$SHARDFLOW_CATALOG``, else ``./manifests``; a URL is refused (``ConfigError``)."""
+    return _local_dir(catalog, "SHARDFLOW_CATALOG", "manifests", "catalog")
 
 
 def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
-    """``data_root``, else ``$SHARDFLOW_DATA_ROOT``, else ``./data``."""
-    return Path(data_root or os.environ.get("SHARDFLOW_DATA_ROOT") or "data").expanduser().absolute()
+    """``data_root``, else ``$SHARDFLOW_DATA_ROOT``, else ``./data``.
+
+    A URL (``s3://bucket/data``) is refused with a ``ConfigError``: ``Path()`` would make it the
+    relative path ``s3:/bucket/data`` and a build would write a local directory named ``s3:``.
+    Inputs may be on object storage; published versions, for now, may not.
+    """
+    return _local_dir(data_root, "SHARDFLOW_DATA_ROOT", "data", "data root")
 
 
 @contextlib.contextmanager
@@ -115,6 +143,17 @@ def file_lock(
             return
         finally:
             os.close(fd)  # closing releases the lock, also when the process dies
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemovedVersion:
+    """A version that ``shardflow rm`` took out of the catalog (``removed`` in the catalog file)."""
+
+    version: str
+    path: str
+    """Its directory, as its entry had it (relative to the catalog directory when possible)."""
+    build_key: str = ""
+    removed_at: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +225,7 @@ class Catalog:
     def latest(self, name: str) -> str | None:
         return self._load(name).get("latest")
 
-    def version_dir(self, entry: VersionEntry) -> Path:
+    def version_dir(self, entry: VersionEntry | RemovedVersion) -> Path:
         path = Path(entry.path)
         return path if path.is_absolute() else (self.path / path).resolve()
 
@@ -208,9 +247,16 @@ class Catalog:
                 return entry
         return None
 
+    def removed(self, name: str) -> list[RemovedVersion]:
+        """The versions of ``name`` that ``shardflow rm`` removed, oldest removal first."""
+        known = set(RemovedVersion.__dataclass_fields__)
+        return [RemovedVersion(**{k: x for k, x in v.items() if k in known}) for v in self._load(name).get("removed", [])]
+
     def next_version(self, name: str) -> str:
-        """The name the next published version of ``name`` gets: v1, v2, ..."""
-        numbers = [int(v.version[1:]) for v in self.versions(name) if v.version[1:].isdigit()]
+        """The name the next published version of ``name`` gets: v1, v2, ...; a removed version's name is never
+        given again (a reference to it must not come to mean other data)."""
+        listed = [v.version for v in self.versions(name)] + [v.version for v in self.removed(name)]
+        numbers = [int(v[1:]) for v in listed if v[1:].isdigit()]
         return f"v{max(numbers, default=0) + 1}"
 
     def add(self, name: str, entry: VersionEntry) -> None:
@@ -225,6 +271,31 @@ class Catalog:
             rel = str(version_dir)
         data["versions"].append({**entry.to_dict(), "path": rel})
         data["latest"] = entry.version
+        self._write(name, data)
+
+    def remove(self, name: str, version: str, *, removed_at: str) -> VersionEntry:
+        """Take ``name@version`` out of the catalog (the commit point of ``shardflow rm``); returns its entry.
+
+        Call with ``lock(name)`` held. ``latest`` becomes the newest remaining version
+        (None when none remains). The version stays listed under ``removed``, with its
+        directory: its name is never given again, a rerun of an interrupted removal finds
+        the directory there, and a reference to it says it was removed.
+        """
+        data = self._load(name)
+        kept = [v for v in data["versions"] if v["version"] != version]
+        if len(kept) == len(data["versions"]):
+            raise CatalogError(f"no version {version!r} of {name!r} in the catalog {self.path}")
+        entry = next(VersionEntry(**{k: x for k, x in v.items() if k in VersionEntry.__dataclass_fields__})
+                     for v in data["versions"] if v["version"] == version)
+        data["versions"] = kept
+        data["latest"] = kept[-1]["version"] if kept else None  # publication order: the last is the newest
+        data["removed"] = [*data.get("removed", []),
+                           {"version": version, "path": entry.path, "build_key": entry.build_key, "removed_at": removed_at}]
+        self._write(name, data)
+        return entry
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        """Replace ``<name>.yaml`` with ``data``, atomically (under the lock)."""
         self.path.mkdir(parents=True, exist_ok=True)
         # Temporary files of a writer that was killed mid-update (this runs under the lock).
         for stray in self.path.glob(f".{name}.yaml.tmp-*"):
@@ -286,6 +357,17 @@ def _check_catalog(data: dict[str, Any], path: Path) -> None:
         text(entry, "files_sha256", where, optional=True)
         if not isinstance(entry.get("totals", {}), dict):
             raise bad(where, "totals", "a mapping", entry["totals"])
+    removed = data.get("removed", [])
+    if not isinstance(removed, list):
+        raise bad("", "removed", "a list of removed versions", removed)
+    for i, entry in enumerate(removed):
+        where = f"removed[{i}]: "
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: {where}an entry must be a mapping, not {entry!r:.60}; restore the catalog file from a backup")
+        for key in ("version", "path"):
+            text(entry, key, where)
+        for key in ("build_key", "removed_at"):
+            text(entry, key, where, optional=True)
 
 
 def resolve_ref(ref: str | os.PathLike[str], catalog: Catalog | str | os.PathLike[str] | None = None) -> Path:
@@ -313,6 +395,12 @@ def resolve_ref(ref: str | os.PathLike[str], catalog: Catalog | str | os.PathLik
         if entry.version == version:
             return cat.version_dir(entry)
     known = ", ".join(v.version for v in versions) or "none"
+    for gone in cat.removed(name):
+        if gone.version == version:
+            raise CatalogError(f"{name}@{version} was removed (shardflow rm, {gone.removed_at or 'date unknown'}); "
+                               f"the catalog {cat.path} lists {name}'s versions: {known}")
+    if not version:
+        raise CatalogError(f"{name!r} has no versions left in the catalog {cat.path} (all were removed); build it again")
     raise CatalogError(f"no version {version!r} of {name!r} in the catalog {cat.path} (versions: {known})")
 
 

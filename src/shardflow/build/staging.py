@@ -303,7 +303,7 @@ def discard_staging(root: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _never_resumed(staging: Staging, published: set[str]) -> str | None:
+def never_resumed(staging: Staging, published: set[str]) -> str | None:
     """Why the build of ``staging`` will never be resumed, or None if a rerun of it may resume it.
 
     ``published``: the build keys of the dataset's versions.
@@ -345,11 +345,11 @@ def remove_abandoned(dataset_dir: Path, cat: Catalog, name: str, *, keep: Path |
         if not re.fullmatch(r"[0-9a-f]{16}", path.name) or not path.is_dir() or (keep is not None and path == Path(keep)):
             continue
         staging = Staging(path)
-        if _never_resumed(staging, published) is None:
+        if never_resumed(staging, published) is None:
             continue
         try:
             with file_lock(staging.lock_file, timeout=0, what=f"the build of {name!r} ({path})", remove=True):
-                why = _never_resumed(staging, published)  # again, now that no run can start on it
+                why = never_resumed(staging, published)  # again, now that no run can start on it
                 if why is None:
                     continue
                 trash = tmp_path_for(path)
