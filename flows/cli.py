@@ -1,4 +1,4 @@
-"""The ``shardflow`` command line: build, validate, ls, show, diff, serve.
+"""The ``shardflow`` command line: build, embed, serve, card, targets; validate, ls, show, diff, rm, gc (``catalog_cli.py``).
 
 ``build`` runs the ``build_dataset`` Prefect flow (on Prefect's temporary local
 server unless ``PREFECT_API_URL`` points at a real one), prints the published

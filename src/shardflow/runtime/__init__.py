@@ -6,6 +6,12 @@
     it = StreamingTokenDataset("wikitext@latest", split="train", seq_len=1024,  # epochs, ranks, workers
                                rank=0, world_size=1, seed=0, shuffle=True)
     mix = MixtureDataset({"a@latest": 0.7, "b@latest": 0.3}, split="train", seq_len=1024, seed=0)
+    it = StreamingTokenDataset("s3://bucket/data/wikitext/v3", seq_len=1024,   # object storage, through a
+                               cache_limit_bytes=50 << 30)                      # verified local cache
+
+A version on object storage (a version URL, or ``catalog="s3://..."``) is
+read through a local cache (``shardflow.runtime.remote``; the streaming
+reader's prefetching and eviction: ``shardflow.runtime.prefetch``).
 
 The core needs numpy, the standard library and PyYAML only. The PyTorch
 adapters (``TorchTokenDataset``, ``TorchStreamingDataset``, ``StreamingLoader``,

@@ -44,8 +44,10 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from ..catalog import Catalog
+from ..errors import ConfigError
 from ..formats import bosidx
 from .packing import pack_fields
+from .remote import RemoteShardSet, is_remote_ref, open_remote_split
 from .shards import ShardSet, open_shards
 
 __all__ = ["TokenDataset", "aligned_starts"]
@@ -125,6 +127,12 @@ class TokenDataset:
     plain directories, ``dtype`` (needed for headerless ``.bin`` shards),
     ``format``, ``pattern`` (default ``"*{split}*"``), ``boundary_token`` and
     ``boundary`` describe the files (see ``open_shards``).
+
+    On object storage: ``ref`` a version URL (``s3://bucket/prefix/NAME/vN``),
+    or ``NAME@VERSION`` with ``catalog="s3://..."``. Every file of the split is
+    fetched into ``cache_dir`` (``$SHARDFLOW_CACHE``, ``~/.cache/shardflow``) and
+    verified at open (random access needs them all); ``cache_limit_bytes``
+    smaller than the split is refused (see ``shardflow.runtime.remote``).
     """
 
     def __init__(
@@ -144,6 +152,8 @@ class TokenDataset:
         pattern: str | None = None,
         boundary_token: int | None = None,
         boundary: Literal["bos", "eos", "both"] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
     ) -> None:
         self.seq_len = _check_int("seq_len", seq_len, minimum=1)
         if overflow not in ("skip", "continue"):
@@ -159,20 +169,35 @@ class TokenDataset:
         self.align_to_bos = bool(align_to_bos)
         self.overflow: Overflow = overflow
         self.split = split
-        self.shards = open_shards(
-            ref,
-            split=split,
-            catalog=catalog,
-            verify=verify,
-            dtype=dtype,
-            format=format,
-            pattern=pattern,
-            boundary_token=boundary_token,
-            boundary=boundary,
-        )
+        if is_remote_ref(ref, catalog):
+            limit = None if cache_limit_bytes is None else _check_int("cache_limit_bytes", cache_limit_bytes, minimum=1)
+            remote = open_remote_split(
+                ref, split=split, catalog=catalog, cache_dir=cache_dir, verify=verify, dtype=dtype, format=format,
+                pattern=pattern, boundary_token=boundary_token, boundary=boundary,
+            )
+            remote.fetch_all(limit=limit, split=split)
+            self.shards: ShardSet = remote
+        else:
+            if cache_dir is not None or cache_limit_bytes is not None:
+                raise ConfigError(
+                    f"cache_dir and cache_limit_bytes are for versions on object storage (s3://...); {ref!r} is read in place"
+                )
+            self.shards = open_shards(
+                ref,
+                split=split,
+                catalog=catalog,
+                verify=verify,
+                dtype=dtype,
+                format=format,
+                pattern=pattern,
+                boundary_token=boundary_token,
+                boundary=boundary,
+            )
         window = self.seq_len + 1
         self._window = window
         if self.align_to_bos:
+            if isinstance(self.shards, RemoteShardSet):
+                self.shards.fetch_indexes()  # all of them now, concurrently, not one request at a time below
             # Needs every shard's index now (not its tokens); the indexes are
             # kept only when packing will look them up again.
             per_shard = [

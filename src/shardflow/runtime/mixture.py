@@ -56,6 +56,7 @@ from ..catalog import Catalog
 from .dataset import Overflow, TokenDataset, _check_int
 from .order import EpochOrder, coprime_stride
 from .mixture_weights import _check_weights, _normalized, _check_phases, _name, mixture_counts, _default_epoch, _mulmod
+from .remote import is_remote_ref
 from .streaming import SampleStream, check_split
 
 __all__ = ["MixtureDataset", "MixturePhase", "mixture_counts"]
@@ -159,7 +160,9 @@ class MixtureDataset(SampleStream):
     leaves one out of a phase). The other options are those of
     ``StreamingTokenDataset`` and apply to every component, plus
     ``samples_per_epoch`` (every phase's, when given; see the module
-    documentation).
+    documentation). A component on object storage (a version URL, or a
+    name with ``catalog="s3://..."``) is fetched into ``cache_dir`` at open, as
+    ``TokenDataset`` does.
     """
 
     kind = "MixtureDataset"
@@ -187,6 +190,7 @@ class MixtureDataset(SampleStream):
         infinite: bool = False,
         catalog: Catalog | str | os.PathLike[str] | None = None,
         verify: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if (weights is None) == (phases is None):
             raise ValueError(
@@ -216,6 +220,8 @@ class MixtureDataset(SampleStream):
                         overflow=overflow,
                         catalog=catalog,
                         verify=verify,
+                        # A component on object storage is fetched at open (TokenDataset); a local one ignores it.
+                        cache_dir=cache_dir if is_remote_ref(key, catalog) else None,
                     )
                 )
         first = components[0]

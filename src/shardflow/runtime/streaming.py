@@ -45,8 +45,11 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from ..catalog import Catalog
+from ..errors import ConfigError
 from .dataset import Overflow, TokenDataset, _check_int
 from .order import EpochOrder, EpochRuns
+from .prefetch import ShardFeeder, epoch_segments
+from .remote import RemoteShardSet, is_remote_ref, open_remote_split
 from .shards import ShardSet
 
 __all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT", "check_split"]
@@ -283,9 +286,18 @@ class StreamingTokenDataset(SampleStream):
     rank's stream over loader workers (the PyTorch adapter fills them in).
     ``shuffle_group`` shards are shuffled together. ``infinite=True`` makes a
     pass run through epoch after epoch.
+
+    A version on object storage (see ``TokenDataset``) is not fetched at open:
+    a background thread fetches the shards this rank and worker will read, in
+    reading order, into ``cache_dir``. ``cache_limit_bytes`` bounds the shards
+    one reader (a process: a rank or a DataLoader worker) holds in the cache:
+    each is evicted after its last sample of the epoch (see
+    ``shardflow.runtime.prefetch``); it must hold the ``shuffle_group`` shards
+    read at once.
     """
 
     kind = "StreamingTokenDataset"
+    _feeder: ShardFeeder | None = None
 
     def __init__(
         self,
@@ -313,7 +325,17 @@ class StreamingTokenDataset(SampleStream):
         pattern: str | None = None,
         boundary_token: int | None = None,
         boundary: Literal["bos", "eos", "both"] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
     ) -> None:
+        if is_remote_ref(ref, catalog):
+            # Opened here, not by TokenDataset: only the manifest now, the shards as they are read.
+            ref = open_remote_split(
+                ref, split=split, catalog=catalog, cache_dir=cache_dir, verify=verify, dtype=dtype, format=format,
+                pattern=pattern, boundary_token=boundary_token, boundary=boundary,
+            )
+        elif cache_dir is not None:
+            raise ConfigError(f"cache_dir is for versions on object storage (s3://...); {ref!r} is read in place")
         if isinstance(ref, TokenDataset):
             if seq_len is not None and seq_len != ref.seq_len:
                 raise ValueError(f"seq_len={seq_len} differs from the given dataset's seq_len={ref.seq_len}")
@@ -338,6 +360,17 @@ class StreamingTokenDataset(SampleStream):
             )
         self.seq_len = self.dataset.seq_len
         self.epoch_samples = len(self.dataset)
+        self.cache_limit_bytes = None if cache_limit_bytes is None else _check_int("cache_limit_bytes", cache_limit_bytes, minimum=1)
+        shards = self.dataset.shards
+        if self.cache_limit_bytes is not None:
+            if not isinstance(shards, RemoteShardSet):
+                raise ConfigError(f"cache_limit_bytes is for versions on object storage (s3://...); {shards.name} is read in place")
+            largest = max((shards.data_bytes(k) for k in range(shards.num_shards)), default=0)
+            if largest > self.cache_limit_bytes:
+                raise ConfigError(
+                    f"cache_limit_bytes={self.cache_limit_bytes:,} cannot hold the largest shard of {shards.name} "
+                    f"({largest:,} bytes); raise it to hold at least shuffle_group={shuffle_group} shards"
+                )
         self._orders: dict[int, EpochOrder] = {}
         self._init_stream(
             rank=rank,
@@ -374,7 +407,55 @@ class StreamingTokenDataset(SampleStream):
         return np.zeros_like(positions), self.epoch_order(epoch)(positions)
 
     def _get(self, component: int, sample: int) -> dict[str, np.ndarray]:
-        return self.dataset[sample]
+        feeder = self._feeder
+        if feeder is None:
+            return self.dataset[sample]
+        k = self.dataset.locate(sample)[0]
+        feeder.before(k)
+        item = self.dataset[sample]
+        feeder.after(k)
+        return item
+
+    # -- a version on object storage: fetch ahead, evict behind -------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_feeder", None)
+        return state
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if not isinstance(self.dataset.shards, RemoteShardSet):
+            return super().__iter__()
+        return self._fed(None, None, self.worker_id, self.num_workers, self.block_size, super().__iter__)
+
+    def iter_range(
+        self, start: int, stop: int | None, *, worker_id: int = 0, num_workers: int = 1, block_size: int = 1
+    ) -> Iterator[dict[str, np.ndarray]]:
+        def samples() -> Iterator[dict[str, np.ndarray]]:
+            return super(StreamingTokenDataset, self).iter_range(
+                start, stop, worker_id=worker_id, num_workers=num_workers, block_size=block_size
+            )
+
+        if not isinstance(self.dataset.shards, RemoteShardSet):
+            return samples()
+        return self._fed(start, stop, worker_id, num_workers, block_size, samples)
+
+    def _fed(
+        self, start: int | None, stop: int | None, worker_id: int, num_workers: int, block_size: int, samples: Any
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """``samples()``, with a ``ShardFeeder`` planned on the same positions (one pass at a time)."""
+        if start is None:
+            start, stop = self.pass_bounds()
+        if self._feeder is not None:  # a second pass at once over this object: fetched on use, not evicted
+            yield from samples()
+            return
+        segments = epoch_segments(self, start, stop, worker_id=worker_id, num_workers=num_workers, block_size=block_size)
+        self._feeder = feeder = ShardFeeder(self.dataset.shards, segments, limit=self.cache_limit_bytes)
+        try:
+            yield from samples()
+        finally:
+            self._feeder = None
+            feeder.close()
 
     def indices(
         self,

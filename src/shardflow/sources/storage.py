@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -32,6 +31,7 @@ from typing import Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlparse
 
 from ..errors import InputError, missing_credentials
+from ..objstore import check_no_credentials, filesystem, is_remote
 
 __all__ = [
     "is_remote",
@@ -50,7 +50,6 @@ __all__ = [
     "READ_BLOCK",
 ]
 
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 PLAN_BLOCK = 1 << 16
 """Read-ahead of the files planning opens: a footer or a head costs one small ranged read, not 5 MiB."""
@@ -63,11 +62,6 @@ READ_BLOCK = 8 << 20
 _IDENTITY_KEYS = ("VersionId", "version_id", "generation", "ETag", "etag", "md5Hash", "checksum", "mtime", "LastModified", "created")
 
 
-def is_remote(path: str) -> bool:
-    """Whether ``path`` is a URL other than ``file://`` (read through fsspec)."""
-    return bool(_URL_RE.match(path)) and not path.lower().startswith("file://")
-
-
 def local_path(spec: str) -> str:
     """A ``file://`` URL as the local path it names; anything else as it is."""
     if not spec.lower().startswith("file://"):
@@ -76,22 +70,6 @@ def local_path(spec: str) -> str:
     if parsed.netloc not in ("", "localhost"):
         raise InputError(f"{spec}: file:// URLs must name a local path (file:///path), not host {parsed.netloc!r}")
     return unquote(parsed.path)
-
-
-def _redacted(url: str) -> str:
-    parsed = urlparse(url)
-    return parsed._replace(netloc=parsed.hostname or "").geturl()
-
-
-def check_no_credentials(url: str) -> None:
-    """Refuse a URL that carries a user name or a secret (``s3://KEY:SECRET@bucket/...``)."""
-    parsed = urlparse(url)
-    if parsed.username or parsed.password or "@" in parsed.netloc:
-        raise InputError(
-            f"{_redacted(url)}: the URL has credentials in it; they would be recorded in the plan and the manifest. "
-            "Give them the usual way instead: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the "
-            "environment (GOOGLE_APPLICATION_CREDENTIALS for gs://), and AWS_ENDPOINT_URL for an S3-compatible store"
-        )
 
 
 def storage_error(where: str, exc: BaseException, *, listing: bool = False) -> InputError | None:
@@ -128,23 +106,6 @@ def _raise_storage_error(where: str, exc: Exception, *, listing: bool = False) -
     raise error from None
 
 
-def _filesystem(url: str) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec comes with pyarrow's and datasets' users
-        raise InputError(f"{url}: reading URLs needs fsspec (pip install 'shardflow[s3]')") from None
-    try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as exc:
-        scheme = url.split("://", 1)[0]
-        raise InputError(
-            f"{url}: no fsspec filesystem for {scheme}:// is installed ({exc}); "
-            "pip install 'shardflow[s3]' for s3://, gcsfs for gs://"
-        ) from None
-    except ValueError as exc:
-        raise InputError(f"{url}: not a usable fsspec URL ({exc})") from None
-
-
 def identity(info: dict[str, Any]) -> str:
     """The storage's identity of one version of an object (``"ETag=..."``), or ``""`` if it reports none."""
     for key in _IDENTITY_KEYS:
@@ -176,7 +137,7 @@ def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
     prefix are inputs. One listing, no reads: O(objects).
     """
     check_no_credentials(spec)
-    fs, root = _filesystem(spec)
+    fs, root = filesystem(spec)
     protocol = spec.split("://", 1)[0]
     try:
         if _is_glob(root):
@@ -283,7 +244,7 @@ def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
     """A binary file object for a local path or a URL; for a URL, ranged reads of ``block_size``."""
     if not is_remote(path):
         return open(path, "rb")
-    fs, root = _filesystem(path)
+    fs, root = filesystem(path)
     try:
         f = fs.open(root, "rb", block_size=block_size)
     except Exception as exc:
@@ -300,7 +261,7 @@ def read_head(path: str, n: int) -> bytes:
     if not is_remote(path):
         with open(path, "rb") as f:
             return f.read(n)
-    fs, root = _filesystem(path)
+    fs, root = filesystem(path)
     try:
         return fs.cat_file(root, start=0, end=n)  # type: ignore[no-any-return]
     except Exception as exc:
@@ -309,7 +270,7 @@ def read_head(path: str, n: int) -> bytes:
 
 def current_identity(path: str) -> tuple[int, str]:
     """``(size, identity)`` of the object as the storage reports it now (one HEAD request)."""
-    fs, root = _filesystem(path)
+    fs, root = filesystem(path)
     try:
         fs.invalidate_cache(root)
         info = fs.info(root)

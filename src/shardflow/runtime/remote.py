@@ -1,0 +1,379 @@
+"""Published versions on object storage (``s3://...``), read through a verified local cache.
+
+    ds = TokenDataset("s3://bucket/data/wiki/v3", seq_len=1024)                     # a version URL
+    ds = TokenDataset("wiki@latest", catalog="s3://bucket/catalog", seq_len=1024)  # a catalog in the bucket
+
+A version URL names the directory holding ``metadata.yaml``; a catalog URL the
+directory of ``<name>.yaml`` files, laid out as ``shardflow.catalog.Catalog``
+lays them out (a version's ``path`` relative to the catalog). The manifest (and
+the catalog file) is read from the bucket at every open; each file it names is
+fetched on first use into ``cache_dir`` (default ``$SHARDFLOW_CACHE``, else
+``~/.cache/shardflow``), under ``versions/<bucket>/<tail>-<hash of the URL>/``,
+so two versions or buckets never share a file. The cache directory is a
+version directory view: the manifest's relative paths, nothing else.
+
+Every download goes to a temporary name beside its file, is hashed as it
+arrives, and is renamed into place only if its size and SHA-256 are the
+manifest's (a mismatch is fetched once more, then refused naming the object).
+Beside each verified file a marker ``.<file>.ok`` records its SHA-256, size,
+inode and mtime: a cached file is trusted without rehashing only while all four
+match, so a truncated or rewritten file is refused and fetched again (a file
+without its marker is rehashed; ``verify=True`` rehashes every cached file once
+per process).
+
+Processes sharing a cache (ranks, DataLoader workers) coordinate with ``flock``:
+``.<file>.lock`` (exclusive) while one of them downloads, so each file is
+fetched once, and ``.<file>.pin`` (shared) while one uses a shard; a shard is
+evicted only when no process pins it (``try_evict`` takes the pin exclusively
+without waiting). The streaming reader's prefetching and eviction are in
+``shardflow.runtime.prefetch``.
+
+Needs fsspec and s3fs (``pip install 'shardflow[s3]'``); credentials and
+endpoints come the usual way (``AWS_*``, ``AWS_ENDPOINT_URL``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .._io import atomic_write_bytes, remove_quietly, sha256_file
+from ..catalog import VersionEntry, file_lock
+from ..errors import ConfigError, ShardflowError, ValidationError
+from ..manifest import MANIFEST_NAME, Manifest, read_manifest
+from ..shardset import ShardSet
+from .objstore import cache_key, filesystem, is_remote, renamed, resolve_catalog, retrying
+
+__all__ = ["is_remote", "is_remote_ref", "default_cache_dir", "VersionCache", "RemoteShardSet", "open_remote_split"]
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK = 8 << 20
+"""Bytes per ranged GET while downloading (bounded memory, few requests)."""
+FETCH_WORKERS = 8
+"""Concurrent downloads when a whole split is fetched at open."""
+
+
+def is_remote_ref(ref: Any, catalog: Any) -> bool:
+    """Whether ``ref`` (with ``catalog``) names a version on object storage: a version URL, or a catalog URL."""
+    if not isinstance(ref, (str, os.PathLike)):
+        return False
+    if is_remote(os.fspath(ref)):
+        return True
+    return isinstance(catalog, (str, os.PathLike)) and is_remote(os.fspath(catalog)) and not Path(os.fspath(ref)).exists()
+
+
+def default_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``cache_dir``, else ``$SHARDFLOW_CACHE``, else ``~/.cache/shardflow``."""
+    value = os.fspath(cache_dir) if cache_dir is not None else os.environ.get("SHARDFLOW_CACHE") or "~/.cache/shardflow"
+    if is_remote(value):
+        raise ConfigError(f"cache_dir={value!r}: the cache is a local directory (the node's disk), not a URL")
+    return Path(value).expanduser().absolute()
+
+
+def _hidden(path: Path, what: str) -> Path:
+    return path.with_name(f".{path.name}.{what}")
+
+
+class VersionCache:
+    """One remote version's files in the local cache: fetched once, verified, shared between processes."""
+
+    def __init__(self, url: str, directory: Path, *, verify: bool = False) -> None:
+        self.url = url
+        self.directory = directory
+        self.verify = verify
+        self._local: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The filesystem client, pins and locks belong to one process: a copy sent to a worker makes its own.
+        return {"url": self.url, "directory": self.directory, "verify": self.verify, "_local": {}}
+
+    def _state(self) -> dict[str, Any]:
+        state = self._local
+        if state.get("pid") != os.getpid():
+            for fd, _ in state.get("pins", {}).values():  # inherited through fork: the parent's pins
+                os.close(fd)
+            state.clear()
+            state.update(pid=os.getpid(), pins={}, lock=threading.Lock(), verified=set(), fs=None)
+        return state
+
+    def prepare(self) -> None:
+        """Make this process's state (pins, client) now, before threads share it; a forked child makes its own."""
+        self._state()
+
+    def _fs(self) -> tuple[Any, str]:
+        state = self._state()
+        if state["fs"] is None:
+            state["fs"] = filesystem(self.url)
+        fs, root = state["fs"]
+        return fs, root.rstrip("/")
+
+    def object_url(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    # -- the manifest ----------------------------------------------------------
+
+    def load_manifest(self, entry: tuple[str, VersionEntry, str] | None = None) -> Manifest:
+        """Read ``metadata.yaml`` from the bucket (checked against the catalog ``entry`` when given)."""
+        fs, root = self._fs()
+        url = self.object_url(MANIFEST_NAME)
+        data = retrying(url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"))
+        path = self.directory / MANIFEST_NAME
+        self.directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+        try:
+            manifest = read_manifest(path)  # also refuses file names with '..', or absolute ones
+        except ShardflowError as exc:
+            raise renamed(exc, path, url) from None
+        if entry is not None:
+            name, found, catalog_url = entry
+            if (manifest.name, manifest.version) != (name, found.version):
+                raise ValidationError(
+                    f"{url}: the manifest calls itself {manifest.name!r}@{manifest.version!r}, but the catalog "
+                    f"{catalog_url} lists this directory as {name}@{found.version}; restore the file or upload the version again"
+                )
+            if found.manifest_sha256 and hashlib.sha256(data).hexdigest() != found.manifest_sha256:
+                raise ValidationError(
+                    f"{url}: the manifest is not the one published as {name}@{found.version} (its SHA-256 is not the "
+                    f"one recorded in the catalog {catalog_url}); versions are immutable: upload the version again"
+                )
+        return manifest
+
+    # -- files -----------------------------------------------------------------
+
+    def _trusted(self, path: Path, size: int, sha: str) -> bool:
+        try:
+            st = path.stat()
+            marker = json.loads(_hidden(path, "ok").read_text())
+        except (OSError, ValueError):
+            return False
+        if marker != {"sha256": sha, "bytes": size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns} or st.st_size != size:
+            return False
+        return not self.verify or str(path) in self._state()["verified"]
+
+    def _mark(self, path: Path, sha: str) -> None:
+        st = path.stat()
+        marker = {"sha256": sha, "bytes": st.st_size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+        atomic_write_bytes(_hidden(path, "ok"), json.dumps(marker).encode())
+        self._state()["verified"].add(str(path))
+
+    def ensure(self, name: str, size: int, sha: str) -> Path:
+        """The local path of the version's file ``name``, fetched and verified first unless the cache holds it."""
+        path = self.directory / name
+        if self._trusted(path, size, sha):
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(_hidden(path, "lock"), timeout=None, what=f"the cached file {path}", remove=True):
+            if self._trusted(path, size, sha):  # another process fetched it while this one waited
+                return path
+            with contextlib.suppress(OSError):
+                if path.stat().st_size == size and sha256_file(path) == sha:  # verified, but its marker is gone
+                    self._mark(path, sha)
+                    return path
+            for stray in path.parent.glob(f".{path.name}.tmp-*"):  # of a download that died (this one holds the lock)
+                remove_quietly(stray)
+            self._fetch(name, path, size, sha)
+        return path
+
+    def _fetch(self, name: str, path: Path, size: int, sha: str) -> None:
+        fs, root = self._fs()
+        url = self.object_url(name)
+        tmp = _hidden(path, f"tmp-{os.getpid()}")
+        problem = ""
+        for attempt in range(2):
+            if attempt:
+                log.warning("%s: %s; fetching it again", url, problem)
+                fs.invalidate_cache(f"{root}/{name}")  # ask the store again, not a remembered size
+            try:
+                got = retrying(url, lambda: self._download(fs, f"{root}/{name}", tmp, size))
+            except BaseException:
+                remove_quietly(tmp)
+                raise
+            if got == (size, sha):
+                os.replace(tmp, path)
+                self._mark(path, sha)
+                log.info("fetched %s (%d bytes)", url, size)
+                return
+            remove_quietly(tmp)
+            problem = (
+                f"{got[0]} bytes, but the manifest says {size}"
+                if got[0] != size
+                else f"SHA-256 {got[1]}, but the manifest says {sha}"
+            )
+        raise ValidationError(
+            f"{url}: {problem} (fetched twice); the object is not the file the manifest {self.object_url(MANIFEST_NAME)} "
+            "lists: it was damaged or changed after publishing. Upload the version again (or publish a new one)"
+        )
+
+    @staticmethod
+    def _download(fs: Any, key: str, tmp: Path, size: int) -> tuple[int, str]:
+        """Stream the object into ``tmp``, hashing as it arrives: ``(its size, SHA-256)``; none of it if its size is wrong."""
+        h = hashlib.sha256()
+        n = 0
+        with fs.open(key, "rb", block_size=READ_BLOCK, cache_type="none") as src, open(tmp, "wb") as dst:
+            if src.size != size:
+                return int(src.size), ""
+            while n < size and (block := src.read(min(READ_BLOCK, size - n))):
+                h.update(block)
+                dst.write(block)
+                n += len(block)
+        return n, h.hexdigest()
+
+    # -- pins and eviction -----------------------------------------------------
+
+    def pin(self, name: str) -> None:
+        """Hold a shared lock on the file's pin (counted per process): no process evicts it meanwhile."""
+        state = self._state()
+        with state["lock"]:
+            fd, count = state["pins"].get(name, (None, 0))
+            if fd is None:
+                path = _hidden(self.directory / name, "pin")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits only for an eviction in progress
+            state["pins"][name] = (fd, count + 1)
+
+    def unpin(self, name: str) -> None:
+        state = self._state()
+        with state["lock"]:
+            fd, count = state["pins"].pop(name, (None, 0))
+            if fd is None:
+                return
+            if count > 1:
+                state["pins"][name] = (fd, count - 1)
+            else:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def pinned(self, names: Sequence[str]) -> Iterator[None]:
+        for name in names:
+            self.pin(name)
+        try:
+            yield
+        finally:
+            for name in names:
+                self.unpin(name)
+
+    def try_evict(self, name: str) -> bool:
+        """Delete the cached file unless a process (this one included) pins it or is downloading it."""
+        if name in self._state()["pins"]:
+            return False
+        path = self.directory / name
+        fd = os.open(_hidden(path, "pin"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            remove_quietly(_hidden(path, "ok"))  # the marker first: a file without one is never trusted unread
+            remove_quietly(path)
+            return True
+        finally:
+            os.close(fd)
+
+
+class RemoteShardSet(ShardSet):
+    """A split of a remote version: a ``ShardSet`` over the cache directory that fetches each file before opening it."""
+
+    cache: VersionCache
+
+    @classmethod
+    def over(cls, cache: VersionCache, manifest: Manifest, split: str) -> "RemoteShardSet":
+        shards = cls.from_manifest(cache.directory, manifest, split)
+        shards.cache = cache
+        return shards
+
+    def data_files(self, k: int) -> list[tuple[str, int, str]]:
+        """``(name, bytes, sha256)`` of shard ``k``'s file and sidecars: what reading its tokens needs."""
+        entry = self.shards[k].entry
+        assert entry is not None
+        return [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.sidecars)]
+
+    def data_bytes(self, k: int) -> int:
+        return sum(size for _, size, _ in self.data_files(k))
+
+    def fetch(self, k: int) -> None:
+        for name, size, sha in self.data_files(k):
+            self.cache.ensure(name, size, sha)
+
+    def _open(self, k: int) -> Any:
+        # Pinned from the check to the mapping; once mapped, the data outlives an unlink by another process.
+        with self.cache.pinned([name for name, _, _ in self.data_files(k)]):
+            self.fetch(k)
+            return super()._open(k)
+
+    def doc_starts(self, k: int, *, cache: bool = True) -> Any:
+        entry = self.shards[k].entry
+        if self._starts[k] is None and entry is not None:
+            self.cache.ensure(entry.index.file, entry.index.bytes, entry.index.sha256)
+        return super().doc_starts(k, cache=cache)
+
+    def release(self, k: int) -> None:
+        """Drop shard ``k``'s memory map (its file may then be evicted and its disk space freed)."""
+        self._views[k] = None
+
+    def fetch_all(self, *, limit: int | None, split: str) -> None:
+        """Fetch every file of the split (concurrently); refuse when ``limit`` cannot hold them all."""
+        files = [f for k in range(self.num_shards) for f in self.data_files(k)]
+        files += [(e.index.file, e.index.bytes, e.index.sha256) for e in (s.entry for s in self.shards) if e is not None]
+        total = sum(size for _, size, _ in files)
+        if limit is not None and total > limit:
+            raise ConfigError(
+                f"{self.name} split {split!r} is {total:,} bytes, more than cache_limit_bytes={limit:,}: TokenDataset "
+                "reads samples at random, so it needs the whole split in the cache. Raise cache_limit_bytes to at "
+                f"least {total}, or read it with StreamingTokenDataset, which keeps only the shards it is reading"
+            )
+        self._parallel(files)
+
+    def fetch_indexes(self) -> None:
+        """Fetch every shard's ``.bos.idx`` (concurrently): BOS alignment reads them all at open."""
+        self._parallel([(e.index.file, e.index.bytes, e.index.sha256) for e in (s.entry for s in self.shards) if e is not None])
+
+    def _parallel(self, files: list[tuple[str, int, str]]) -> None:
+        def one(name: str, size: int, sha: str) -> None:
+            with self.cache.pinned([name]):  # no other process evicts it mid-download
+                self.cache.ensure(name, size, sha)
+
+        self.cache.prepare()
+        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
+            for future in [pool.submit(one, *f) for f in files]:
+                future.result()
+
+
+def open_remote_split(
+    ref: str | os.PathLike[str],
+    *,
+    split: str,
+    catalog: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    verify: bool = False,
+    **plain: Any,
+) -> RemoteShardSet:
+    """Split ``split`` of a version on object storage, its manifest read and nothing else fetched yet.
+
+    ``ref`` is a version URL (the directory of ``metadata.yaml``, or that file),
+    or ``NAME@VERSION`` / ``NAME@latest`` with ``catalog`` a catalog URL.
+    ``plain``: the options of plain directories (``dtype=``...), refused when given.
+    """
+    given = [k for k, v in plain.items() if v is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} describe plain directories of shards; {os.fspath(ref)} is a published version")
+    root = default_cache_dir(cache_dir)
+    ref_str = os.fspath(ref)
+    entry = None
+    if is_remote(ref_str):
+        url = ref_str.rstrip("/")
+        url = url[: -len(MANIFEST_NAME) - 1] if url.endswith("/" + MANIFEST_NAME) else url
+    else:
+        url, entry = resolve_catalog(ref_str, os.fspath(catalog), root)
+    cache = VersionCache(url, root / "versions" / cache_key(url), verify=verify)
+    manifest = cache.load_manifest(entry)
+    return RemoteShardSet.over(cache, manifest, split)
