@@ -75,6 +75,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _print_embeddings(m: Any) -> None:
+    from shardflow.embedding_files import embedding_parts
+
     info = m.extra.get("embeddings")
     if not info:
         return
@@ -93,7 +95,9 @@ def _print_embeddings(m: Any) -> None:
         q = section.get("quality") or {}
         quality = (f"mean cosine {q['mean_cosine']:.5f}, min cosine {q['min_cosine']:.5f}, "
                    f"recall@{q['k']} {q['recall_at_k']:.3f} on {q['rows']} rows") if q else "quality not measured"
-        print(f"    {split}: {section['rows']} rows in {section['file']} ({section['bytes']} bytes; "
+        parts = embedding_parts(section)
+        where = parts[0]["file"] if len(parts) == 1 else f"{len(parts)} files (one per shard)"
+        print(f"    {split}: {section['rows']} rows in {where} ({section['bytes']} bytes; "
               f"{section['truncated']} truncated); {'codec ' if pca else ''}{quality}")
         p = section.get("pca_quality")
         if p:

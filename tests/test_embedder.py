@@ -163,6 +163,15 @@ def test_embed_options_dicts_are_unchanged() -> None:
     }
 
 
+def test_batch_size_suits_the_device_unless_given() -> None:
+    from shardflow.embedder import DEVICE_BATCH_SIZES, batch_size_for
+
+    # The default (32) is the CPU's; an accelerator gets larger batches; a batch size given is kept everywhere.
+    assert [batch_size_for(EmbedOptions(), d) for d in ("cpu", "cuda", "cuda:1", "mps")] == [32, 128, 128, 64]
+    assert DEVICE_BATCH_SIZES["cpu"] == EmbedOptions().batch_size
+    assert [batch_size_for(EmbedOptions(batch_size=8), d) for d in ("cpu", "cuda:0")] == [8, 8]
+
+
 # ---------------------------------------------------------------- the real model
 
 

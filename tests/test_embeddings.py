@@ -60,9 +60,11 @@ def test_build_with_embed_records_one_row_per_document(root: Path, embedded: str
     for split, entry in m.splits.items():
         section = entry.extra["embeddings"]
         assert section["rows"] == entry.documents
-        codes = np.load(directory / section["file"], mmap_mode="r")
+        # one file per shard, each its shard's documents
+        assert len(section["parts"]) == len(entry.shards)
+        codes = np.concatenate([np.load(directory / p["file"], mmap_mode="r") for p in section["parts"]])
         assert codes.shape == (entry.documents, 384) and codes.dtype == np.int8
-        scales = np.load(directory / section["scales"]["file"], mmap_mode="r")
+        scales = np.concatenate([np.load(directory / p["scales"]["file"], mmap_mode="r") for p in section["parts"]])
         assert scales.shape == (entry.documents,) and (scales > 0).all()
         # the sample's documents are long articles: the 256-token window truncates them, and the manifest says so
         assert section["truncated"] == section["long_documents"] > 0
@@ -144,8 +146,8 @@ def _copy_version(root: Path, ref: str, dest: Path) -> Path:
 def test_validation_names_changed_embeddings_bad_scales_nan_and_row_count(root: Path, embedded: str, tmp_path: Path) -> None:
     d = _copy_version(root, embedded, tmp_path / "v")
     m = read_manifest(d)
-    section = m.splits["train"].extra["embeddings"]
-    codes_path = d / section["file"]
+    part = next(p for p in m.splits["train"].extra["embeddings"]["parts"] if p["rows"] > 3)
+    codes_path = d / part["file"]
     with open(codes_path, "r+b") as f:  # flip one byte of the codes
         f.seek(codes_path.stat().st_size - 1)
         b = f.read(1)
@@ -154,7 +156,7 @@ def test_validation_names_changed_embeddings_bad_scales_nan_and_row_count(root: 
     problems = validate_embeddings(d, m)
     assert any("emb.npy: SHA-256 does not match" in p for p in problems)
 
-    scales_path = d / section["scales"]["file"]
+    scales_path = d / part["scales"]["file"]
     scales = np.load(scales_path, mmap_mode="r+")
     scales[3] = 0.0
     scales.flush()
@@ -173,7 +175,8 @@ def test_nan_after_decoding_is_refused(root: Path, embedded: str, tmp_path: Path
     result = embed_version(embedded, EmbedOptions(codec="float16"), catalog=cat(root))
     d = _copy_version(root, result.ref, tmp_path / "v")
     m = read_manifest(d)
-    codes = np.load(d / m.splits["val"].extra["embeddings"]["file"], mmap_mode="r+")
+    part = next(p for p in m.splits["val"].extra["embeddings"]["parts"] if p["rows"] > 1)
+    codes = np.load(d / part["file"], mmap_mode="r+")
     codes[1, 5] = np.float16("nan")
     codes.flush()
     problems = validate_embeddings(d, m, checksums=False)
@@ -285,9 +288,10 @@ def test_pca_files_and_quality_are_in_the_manifest(reduced: tuple[str, str]) -> 
     assert m.totals["embedding_bytes"] == extra + sum(e.extra["embeddings"]["bytes"] for e in m.splits.values())
     for split, entry in m.splits.items():
         section = entry.extra["embeddings"]
-        codes = np.load(directory / section["file"], mmap_mode="r")
+        codes = np.concatenate([np.load(directory / p["file"], mmap_mode="r") for p in section["parts"]])
         assert codes.shape == (entry.documents, 128) and codes.dtype == np.uint8 and section["dim"] == 128
-        assert section["bytes"] == 128 + entry.documents * 128  # 12x less than float32 at 384 dimensions
+        # 12x less than float32 at 384 dimensions: a 128-byte header per file, 128 bytes per row
+        assert section["bytes"] == 128 * len(section["parts"]) + entry.documents * 128
         assert section["quality"]["mean_cosine"] > 0.999 and section["quality"]["recall_at_k"] > 0.93  # e4m3 alone
     train, val = (m.splits[s].extra["embeddings"]["pca_quality"] for s in ("train", "val"))
     # train is the fit sample; val is held out
@@ -403,7 +407,7 @@ def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) ->
     info = copy.deepcopy(m.extra["embeddings"])
     info["pca"]["floors"] = {"min_mean_cosine": 0.999, "min_recall_at_10": 0.99}
     problems = validate_embeddings(directory, m.replace(extra={**m.extra, "embeddings": info}), checksums=False)
-    assert any(re.search(r"real_val\.emb\.npy: after the PCA to 128 dimensions, mean cosine 0\.9\d+ is below the floor 0\.999; "
+    assert any(re.search(r"real_val_(\*|000000)\.emb\.npy: after the PCA to 128 dimensions, mean cosine 0\.9\d+ is below the floor 0\.999; "
                          r"keep more dimensions \(embed_dim\)", p) for p in problems), problems
     assert any("recall@10 0." in p and "below the floor 0.99" in p for p in problems)
 

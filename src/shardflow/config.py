@@ -88,7 +88,8 @@ class EmbedOptions:
     ``BuildConfig`` is made, before any tokenizing.
 
     - ``model``: one of ``shardflow.embed_models.MODELS``.
-    - ``batch_size``: inputs per forward pass, 1..4096.
+    - ``batch_size``: inputs per forward pass, 1..4096; at the default 32, scaled to the device
+      (``embedder.DEVICE_BATCH_SIZES``).
     - ``max_tokens``: tokens per input including the two special tokens,
       8..the model's window (256 for all-MiniLM-L6-v2).
     - ``long_docs``: ``"truncate"`` keeps the first ``max_tokens`` tokens;

@@ -1,28 +1,47 @@
-"""The embedding stage: one vector per document of every split, quantized, in memory-mapped ``.npy`` files.
+"""Computing embeddings: one vector per document, per token shard, quantized, in memory-mapped ``.npy`` files.
 
 This module computes; the files' names, layout, loading and validation are in
 ``shardflow.embedding_files`` (its names are re-exported here, so
 ``from shardflow.embeddings import validate_embeddings`` keeps working).
 
-Row ``i`` of a split's file is document ``i`` of the split, in token-shard
-order; the text that is embedded is the document decoded from its tokens
-(exactly the source text, since ``decode(encode_ordinary(t)) == t``). Rows are
-streamed into ``np.lib.format.open_memmap`` in batches, so memory is bounded by
-the batch.
+The work comes in the pieces a build runs as jobs (``shardflow.build.embed``)::
 
-With a PCA (``EmbedOptions.embed_dim``), an evenly spaced sample of at most
-``pca_sample`` documents of the train split is embedded first and the PCA
-fitted on it (``shardflow.pca``); then every row is projected,
-``(x - mean) @ components.T``, before the codec. The sample's vectors are kept
-(bounded by ``pca_sample``) and reused, not embedded twice. The val split is
-not in the sample, so its quality figures are measured on held-out documents.
+    fit_projection   with a PCA (EmbedOptions.embed_dim), once per version, before the rest: embed an
+                     evenly spaced sample of at most pca_sample documents of the train split, fit the
+                     PCA on it (shardflow.pca), write its mean and components
+    embed_part       one per shard: the documents that start in it, embedded, projected (with a PCA),
+                     encoded by the codec into the shard's own codes (and scales) file
+    split_section    the parts of a split as its manifest section; embeddings_info the top-level one
+
+and ``add_embeddings`` runs them all over the files of a version (``shardflow
+embed``), on ``workers`` threads. Row ``i`` of shard ``k``'s part is the
+``i``-th document of shard ``k``, so the parts of a split, in shard order, are
+one table whose row ``i`` is document ``i`` of the split. The text that is
+embedded is the document decoded from its tokens (exactly the source text,
+since ``decode(encode_ordinary(t)) == t``). Rows are streamed into
+``np.lib.format.open_memmap`` ``docs_per_batch`` at a time, so a job's memory
+is bounded by the batch, and returned results are small dictionaries, never
+arrays.
+
+The PCA's sample is a fixed stride over the train split's documents
+(``pca.sample_ids``): the same documents whatever the number of workers, the
+shard sizes or the order in which jobs run, and the fit runs alone, so its
+files are the same bytes on every run; every shard's job applies the stored
+float32 projection, ``(x - mean) @ components.T``, before the codec. The
+sample's documents are embedded twice (by the fit, and by their shard's job):
+``pca_sample`` documents per version. The val split is not in the sample, so
+its quality figures are measured on held-out documents.
 
 The manifest gets a top-level ``embeddings`` section (model, codec, options,
-quality floors) and, per split, ``splits.<split>.embeddings`` with the files,
-their sizes and SHA-256, and the codec's measured quality on a sample of the
-version's own embeddings (mean/min cosine to float32, recall@10). With a PCA,
-``embeddings.pca`` holds K, the explained-variance ratio, the projection files
-and their floors, and ``splits.<split>.embeddings.pca_quality`` the quality
+quality floors) and, per split, ``splits.<split>.embeddings``: rows, dim,
+codec, the bytes of all its files, long/truncated counts, ``parts`` (per
+shard: file, bytes, SHA-256, rows, scales, and that part's quality) and the
+codec's measured quality (mean/min cosine to float32, recall@10). Each part
+measures it on its own first ``quality_sample`` rows; the split's figures
+combine the parts': ``rows`` summed, ``mean_cosine`` and the recalls
+row-weighted means, ``min_cosine`` the minimum, ``k`` the smallest. With a
+PCA, ``embeddings.pca`` holds K, the explained-variance ratio, the projection
+files and their floors, and ``pca_quality`` (per part and split) the quality
 against the unreduced float32 embeddings: cosine of the reconstruction, and
 recall@10 of neighbours found in the reduced space (and among the
 reconstructions); ``quality`` is then the codec's alone, in the reduced space.
@@ -34,9 +53,9 @@ only when the model is first used.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -48,28 +67,42 @@ from .embedder import Embedder
 from .embedding_files import (
     embedding_file_names,
     embedding_key,
+    embedding_parts,
+    load_embedding_parts,
     load_projection,
     load_split_embeddings,
+    part_file_names,
     pca_file_names,
     validate_embeddings,
 )
 from .manifest import Manifest
 from .pca import Projection, check_reduction, fit_pca, sample_ids
 from .reader import Version
+from .shardset import ShardSet
 
 __all__ = [
     "EmbedOptions",
     "embedding_file_names",
+    "part_file_names",
     "pca_file_names",
+    "embedding_parts",
     "pca_fit_split",
     "check_embed_options",
-    "embed_split",
+    "shard_texts",
+    "fit_projection",
+    "embed_part",
+    "split_section",
+    "embeddings_info",
     "add_embeddings",
     "validate_embeddings",
+    "load_embedding_parts",
     "load_split_embeddings",
     "load_projection",
     "embedding_key",
 ]
+
+Texts = Callable[[int], str]
+"""``texts(i)``: the text of document ``i`` (of a split, or of one shard)."""
 
 
 def pca_fit_split(manifest: Manifest) -> str:
@@ -92,32 +125,39 @@ def check_embed_options(manifest: Manifest, options: EmbedOptions) -> None:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Known:
-    """Rows already embedded (the PCA's fit sample): reused, not embedded again."""
+def shard_texts(shards: ShardSet, k: int, decode: Callable[[np.ndarray], str]) -> tuple[int, Texts]:
+    """``(n, texts)``: the ``n`` documents that start in shard ``k`` of ``shards``, and ``texts(i)`` the ``i``-th decoded.
 
-    ids: np.ndarray  # ascending document ids
-    vectors: np.ndarray  # float32 (len(ids), model dim)
-    long_documents: int
-    truncated: int
+    A document runs to the next document's start; in a schema-3 version that is
+    within the shard, in older ones it may be in a later shard, which is read
+    too. Its boundary tokens (BOS/EOS) are not part of its text.
+    """
+    starts = np.asarray(shards.doc_starts(k), dtype=np.int64) + int(shards.offsets[k])
+    end = int(shards.offsets[-1])
+    for j in range(k + 1, shards.num_shards):  # where the shard's last document ends
+        later = shards.doc_starts(j)
+        if len(later):
+            end = int(shards.offsets[j]) + int(later[0])
+            break
+    bounds = np.append(starts, end)
+    head = 1 if shards.placement in ("bos", "both") else 0
+    tail = 1 if shards.placement in ("eos", "both") else 0
+
+    def texts(i: int) -> str:
+        tokens = shards.read(int(bounds[i]), int(bounds[i + 1]))
+        return decode(tokens[head : len(tokens) - tail])
+
+    return len(starts), texts
 
 
-def _embed_rows(
-    embedder: Any, texts: Callable[[int], str], lo: int, hi: int, *, known: _Known | None
-) -> tuple[np.ndarray, int, int]:
-    """``(vectors of documents [lo, hi), long documents, truncated)``, embedding only what ``known`` lacks."""
-    if known is None:
-        vectors = embedder.embed([texts(i) for i in range(lo, hi)])
-        return vectors, embedder.last_stats.long_documents, embedder.last_stats.truncated
-    a, b = np.searchsorted(known.ids, [lo, hi])
-    have = known.ids[a:b] - lo
-    out = np.empty((hi - lo, known.vectors.shape[1]), dtype=np.float32)
-    out[have] = known.vectors[a:b]
-    todo = np.setdiff1d(np.arange(hi - lo), have)
-    if not len(todo):
-        return out, 0, 0
-    out[todo] = embedder.embed([texts(lo + int(i)) for i in todo])
-    return out, embedder.last_stats.long_documents, embedder.last_stats.truncated
+def _embed_batches(
+    embedder: Any, texts: Texts, ids: np.ndarray, options: EmbedOptions
+) -> Iterator[tuple[int, int, np.ndarray, Any]]:
+    """Yield ``(lo, hi, float32 vectors of documents ids[lo:hi], embedder stats)``, ``docs_per_batch`` at a time."""
+    for lo in range(0, len(ids), options.docs_per_batch):
+        hi = min(len(ids), lo + options.docs_per_batch)
+        vectors = embedder.embed([texts(int(i)) for i in ids[lo:hi]])
+        yield lo, hi, vectors, embedder.last_stats
 
 
 def _save_npy(directory: Path, name: str, array: np.ndarray) -> dict[str, Any]:
@@ -131,23 +171,20 @@ def _save_npy(directory: Path, name: str, array: np.ndarray) -> dict[str, Any]:
     return {"file": name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def _fit_projection(
-    directory: Path, manifest: Manifest, options: EmbedOptions, *, embedder: Any, texts: Callable[[int], str]
-) -> tuple[Projection, _Known, dict[str, Any]]:
-    """Embed the fit sample, fit the PCA, write its files; ``(projection, sample rows, manifest section)``."""
+def fit_projection(
+    directory: Path, name: str, options: EmbedOptions, *, split: str, documents: int, texts: Texts, embedder: Any
+) -> tuple[Projection, dict[str, Any]]:
+    """Embed the fit sample of ``split`` (``documents`` long, ``texts`` by split-wide id), fit the PCA, write its files.
+
+    Returns ``(projection, the manifest's embeddings.pca section)``.
+    """
     assert options.embed_dim is not None
-    split = pca_fit_split(manifest)
-    n = manifest.splits[split].documents
-    ids = sample_ids(n, min(options.pca_sample, n))
+    ids = sample_ids(documents, min(options.pca_sample, documents))
     vectors = np.empty((len(ids), int(embedder.spec.dim)), dtype=np.float32)
-    long_docs = truncated = 0
-    for lo in range(0, len(ids), options.docs_per_batch):
-        hi = min(len(ids), lo + options.docs_per_batch)
-        vectors[lo:hi] = embedder.embed([texts(int(i)) for i in ids[lo:hi]])
-        long_docs += embedder.last_stats.long_documents
-        truncated += embedder.last_stats.truncated
+    for lo, hi, batch, _ in _embed_batches(embedder, texts, ids, options):
+        vectors[lo:hi] = batch
     projection = fit_pca(vectors, options.embed_dim)
-    mean_name, components_name = pca_file_names(manifest.name)
+    mean_name, components_name = pca_file_names(name)
     section = {
         "dim": projection.dim,
         "input_dim": projection.input_dim,
@@ -158,8 +195,7 @@ def _fit_projection(
         "components": _save_npy(directory, components_name, projection.components),
         "floors": {"min_mean_cosine": options.pca_min_mean_cosine, "min_recall_at_10": options.pca_min_recall_at_10},
     }
-    known = _Known(ids=ids, vectors=vectors, long_documents=long_docs, truncated=truncated)
-    return projection, known, section
+    return projection, section
 
 
 def _pca_quality(reference: np.ndarray, decoded: np.ndarray, projection: Projection, *, k: int) -> dict[str, Any]:
@@ -170,82 +206,74 @@ def _pca_quality(reference: np.ndarray, decoded: np.ndarray, projection: Project
     return q
 
 
-def embed_split(
+def embed_part(
     directory: Path,
-    manifest: Manifest,
-    split: str,
+    names: tuple[str, str],
     options: EmbedOptions,
     *,
+    rows: int,
+    texts: Texts,
     embedder: Any,
-    texts: Callable[[int], str],
-    on_batch: Callable[[int, int], None] | None = None,
     projection: Projection | None = None,
-    known: _Known | None = None,
-) -> dict[str, Any]:
-    """Embed every document of ``split`` into ``directory``; returns the split's manifest section.
+    on_batch: Callable[[int, int], None] | None = None,
+) -> tuple[dict[str, Any], int]:
+    """Embed documents ``0 .. rows-1`` (``texts``) into the files ``names`` (codes, scales) under ``directory``.
 
-    With ``projection`` every row is reduced by it before the codec; ``known``
-    (from the PCA fit) holds rows of this split that are already embedded.
+    With ``projection`` every row is reduced by it before the codec. Returns
+    ``(the part's manifest entry, text tokens embedded)``; the files are written
+    under temporary names and renamed.
     """
     codec = codecs.get_codec(options.codec)
-    n = manifest.splits[split].documents
     model_dim = int(embedder.spec.dim)
     dim = model_dim if projection is None else projection.dim
-    codes_name, scales_name = embedding_file_names(manifest.name, split)
-    codes_path, scales_path = directory / codes_name, directory / scales_name
+    codes_path, scales_path = directory / names[0], directory / names[1]
     codes_path.parent.mkdir(parents=True, exist_ok=True)
     codes_tmp, scales_tmp = tmp_path_for(codes_path), tmp_path_for(scales_path)
-    codes = np.lib.format.open_memmap(codes_tmp, mode="w+", dtype=codec.storage_dtype, shape=(n, dim))
+    codes = np.lib.format.open_memmap(codes_tmp, mode="w+", dtype=codec.storage_dtype, shape=(rows, dim))
     scales = (
-        np.lib.format.open_memmap(scales_tmp, mode="w+", dtype=np.float32, shape=(n,)) if codec.has_scales else None
+        np.lib.format.open_memmap(scales_tmp, mode="w+", dtype=np.float32, shape=(rows,)) if codec.has_scales else None
     )
     # The float32 originals of the first rows are kept (bounded) to measure the codec's quality;
     # with a PCA both in the model's space and reduced.
-    sample_n = min(n, options.quality_sample)
+    sample_n = min(rows, options.quality_sample)
     reference = np.empty((sample_n, model_dim), dtype=np.float32)
     reduced_reference = reference if projection is None else np.empty((sample_n, dim), dtype=np.float32)
-    truncated = long_docs = 0
-    if known is not None:
-        long_docs, truncated = known.long_documents, known.truncated
-    for lo in range(0, n, options.docs_per_batch):
-        hi = min(n, lo + options.docs_per_batch)
-        vectors, batch_long, batch_truncated = _embed_rows(embedder, texts, lo, hi, known=known)
-        truncated += batch_truncated
-        long_docs += batch_long
-        rows = vectors if projection is None else projection.project(vectors)
+    truncated = long_docs = tokens = 0
+    for lo, hi, vectors, stats in _embed_batches(embedder, texts, np.arange(rows), options):
+        truncated += stats.truncated
+        long_docs += stats.long_documents
+        tokens += stats.tokens
+        reduced = vectors if projection is None else projection.project(vectors)
         if lo < sample_n:
             reference[lo : min(hi, sample_n)] = vectors[: min(hi, sample_n) - lo]
-            reduced_reference[lo : min(hi, sample_n)] = rows[: min(hi, sample_n) - lo]
-        c, s = codec.encode(rows)
+            reduced_reference[lo : min(hi, sample_n)] = reduced[: min(hi, sample_n) - lo]
+        c, s = codec.encode(reduced)
         codes[lo:hi] = c
         if scales is not None:
             scales[lo:hi] = s
         if on_batch is not None:
-            on_batch(hi, n)
+            on_batch(hi, rows)
     codes.flush()
     del codes
     if scales is not None:
         scales.flush()
         del scales
     os.replace(codes_tmp, codes_path)
-    section: dict[str, Any] = {
-        "file": codes_name,
+    entry: dict[str, Any] = {
+        "file": names[0],
         "bytes": codes_path.stat().st_size,
         "sha256": sha256_file(codes_path),
-        "rows": n,
-        "dim": dim,
-        "codec": codec.name,
-        "storage_dtype": str(codec.storage_dtype),
+        "rows": rows,
         "scales": None,
         "long_documents": long_docs,
         "truncated": truncated,
     }
     if codec.has_scales:
         os.replace(scales_tmp, scales_path)
-        section["scales"] = {"file": scales_name, "bytes": scales_path.stat().st_size, "sha256": sha256_file(scales_path)}
-    section["quality"] = None
+        entry["scales"] = {"file": names[1], "bytes": scales_path.stat().st_size, "sha256": sha256_file(scales_path)}
+    entry["quality"] = None
     if projection is not None:
-        section["pca_quality"] = None
+        entry["pca_quality"] = None
     if sample_n >= 2:
         stored = load_npy(codes_path, mmap_mode="r")
         stored_scales = load_npy(scales_path, mmap_mode="r") if codec.has_scales else None
@@ -253,61 +281,55 @@ def embed_split(
             np.ascontiguousarray(stored[:sample_n]),
             None if stored_scales is None else np.ascontiguousarray(stored_scales[:sample_n]),
         )
-        # recall@10 needs at least 11 rows; tiny splits (a small val) measure recall@(n-1).
+        # recall@10 needs at least 11 rows; tiny parts (a small val) measure recall@(n-1).
         k = min(10, sample_n - 1)
-        section["quality"] = _plain(codecs.quality(reduced_reference, decoded, k=k, sample=sample_n))
+        entry["quality"] = _plain(codecs.quality(reduced_reference, decoded, k=k, sample=sample_n))
         if projection is not None:
-            section["pca_quality"] = _plain(_pca_quality(reference, decoded, projection, k=k))
+            entry["pca_quality"] = _plain(_pca_quality(reference, decoded, projection, k=k))
+    return entry, tokens
+
+
+def _combined(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The parts' quality figures as the split's: rows summed, means and recalls row-weighted, minima, smallest k."""
+    qs = [q for q in figures if q]
+    if not qs:
+        return None
+    rows = sum(int(q["rows"]) for q in qs)
+    out: dict[str, Any] = {}
+    for key in qs[0]:
+        values = [q[key] for q in qs]
+        if key == "rows":
+            out[key] = rows
+        elif key == "k":
+            out[key] = min(values)
+        elif key.startswith("min_"):
+            out[key] = float(min(values))
+        else:
+            out[key] = float(sum(v * int(q["rows"]) for v, q in zip(values, qs)) / rows)
+    return out
+
+
+def split_section(parts: list[dict[str, Any]], options: EmbedOptions, *, dim: int, pca: bool) -> dict[str, Any]:
+    """A split's ``embeddings`` section from its parts (shard order): totals, combined quality, and the parts."""
+    codec = codecs.get_codec(options.codec)
+    section: dict[str, Any] = {
+        "rows": sum(int(p["rows"]) for p in parts),
+        "dim": dim,
+        "codec": codec.name,
+        "storage_dtype": str(codec.storage_dtype),
+        "bytes": sum(int(p["bytes"]) + (int(p["scales"]["bytes"]) if p["scales"] else 0) for p in parts),
+        "long_documents": sum(int(p["long_documents"]) for p in parts),
+        "truncated": sum(int(p["truncated"]) for p in parts),
+        "quality": _combined([p["quality"] for p in parts]),
+    }
+    if pca:
+        section["pca_quality"] = _combined([p.get("pca_quality") for p in parts])
+    section["parts"] = parts
     return section
 
 
-def _plain(q: dict[str, Any]) -> dict[str, Any]:
-    """Quality figures as plain Python numbers (for YAML)."""
-    return {k: (float(v) if isinstance(v, float) else v) for k, v in q.items()}
-
-
-def add_embeddings(
-    directory: Path,
-    manifest: Manifest,
-    options: EmbedOptions,
-    *,
-    on_batch: Callable[[str, int, int], None] | None = None,
-) -> Manifest:
-    """Embed every split of the version in ``directory``; returns the manifest with the new sections.
-
-    The caller writes the returned manifest (it is the commit point).
-    """
-    check_embed_options(manifest, options)
-    version = Version(directory, manifest)
-    embedder = Embedder(config=options)  # the stage's options are the embedder's config
-    splits = dict(manifest.splits)
-    extra_bytes = 0
-    projection, known, pca_info = None, None, None
-    if options.embed_dim is not None:
-        projection, known, pca_info = _fit_projection(
-            directory, manifest, options, embedder=embedder, texts=version.split(pca_fit_split(manifest)).text
-        )
-        extra_bytes += pca_info["mean"]["bytes"] + pca_info["components"]["bytes"]
-    for name, entry in manifest.splits.items():
-        split = version.split(name)
-        section = embed_split(
-            directory,
-            manifest,
-            name,
-            options,
-            embedder=embedder,
-            texts=split.text,
-            on_batch=None if on_batch is None else (lambda done, total, _n=name: on_batch(_n, done, total)),
-            projection=projection,
-            known=known if pca_info is not None and name == pca_info["fit_split"] else None,
-        )
-        splits[name] = type(entry)(
-            documents=entry.documents,
-            tokens=entry.tokens,
-            shards=entry.shards,
-            extra={**entry.extra, "embeddings": section},
-        )
-        extra_bytes += section["bytes"] + (section["scales"]["bytes"] if section["scales"] else 0)
+def embeddings_info(embedder: Any, options: EmbedOptions, pca: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest's top-level ``embeddings`` section: the model, the codec, the options, the floors, the PCA."""
     info = {
         **embedder.model_info(),
         "codec": options.codec,
@@ -315,7 +337,62 @@ def add_embeddings(
         "floors": {"min_mean_cosine": options.min_mean_cosine, "min_recall_at_10": options.min_recall_at_10},
     }
     info.pop("device", None)  # where it ran is not a property of the data
-    if pca_info is not None:
-        info["pca"] = pca_info
+    if pca is not None:
+        info["pca"] = pca
+    return info
+
+
+def add_embeddings(
+    directory: Path,
+    manifest: Manifest,
+    options: EmbedOptions,
+    *,
+    workers: int = 1,
+    on_batch: Callable[[str, int, int], None] | None = None,
+) -> Manifest:
+    """Embed every split of the version in ``directory``, one part per shard on ``workers`` threads.
+
+    Returns the manifest with the new sections; the caller writes it (it is the
+    commit point). ``on_batch(split, rows done, rows)`` follows each finished part.
+    """
+    check_embed_options(manifest, options)
+    version = Version(directory, manifest)
+    decode = version.tokenizer.decode  # loaded here, once, not by the threads
+    projection, pca_info = None, None
+    if options.embed_dim is not None:
+        split = pca_fit_split(manifest)
+        projection, pca_info = fit_projection(
+            directory, manifest.name, options, split=split, documents=manifest.splits[split].documents,
+            texts=version.split(split).text, embedder=Embedder(config=options),
+        )
+
+    def one(job: tuple[str, int]) -> dict[str, Any]:
+        name, k = job
+        rows, texts = shard_texts(version.split(name).shards, k, decode)
+        return embed_part(directory, part_file_names(manifest.name, name, k), options, rows=rows, texts=texts,
+                          embedder=Embedder(config=options), projection=projection)[0]
+
+    jobs = [(name, k) for name, entry in manifest.splits.items() for k in range(len(entry.shards))]
+    parts: dict[str, list[dict[str, Any]]] = {name: [] for name in manifest.splits}
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for (name, _), part in zip(jobs, pool.map(one, jobs)):
+            parts[name].append(part)
+            if on_batch is not None:
+                on_batch(name, sum(p["rows"] for p in parts[name]), manifest.splits[name].documents)
+    dim = MODELS[options.model].dim if projection is None else projection.dim
+    splits = dict(manifest.splits)
+    extra_bytes = 0 if pca_info is None else pca_info["mean"]["bytes"] + pca_info["components"]["bytes"]
+    for name, entry in manifest.splits.items():
+        section = split_section(parts[name], options, dim=dim, pca=projection is not None)
+        splits[name] = type(entry)(
+            documents=entry.documents, tokens=entry.tokens, shards=entry.shards, extra={**entry.extra, "embeddings": section}
+        )
+        extra_bytes += section["bytes"]
+    info = embeddings_info(Embedder(config=options), options, pca_info)
     totals = {**manifest.totals, "embedding_bytes": extra_bytes}
     return manifest.replace(splits=splits, totals=totals, extra={**manifest.extra, "embeddings": info})
+
+
+def _plain(q: dict[str, Any]) -> dict[str, Any]:
+    """Quality figures as plain Python numbers (for YAML)."""
+    return {k: (float(v) if isinstance(v, float) else v) for k, v in q.items()}

@@ -22,6 +22,8 @@ def test_the_stages_their_order_fan_out_and_retry_classes():
         ("stats-card", "one", "never"),
         ("write-shard", "shards", "io"),
         ("validate-shard", "shards", "never"),
+        ("embed-fit", "one", "never"),
+        ("embed-shard", "shards", "never"),
         ("embed", "one", "never"),
         ("validate", "one", "never"),
         ("publish", "one", "io"),

@@ -291,7 +291,8 @@ def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path
     assert [p.relative_to(v.directory).as_posix() for p in train] == [s.file for s in v.manifest.splits["train"].shards]
     assert all(".emb." not in p.name and "_val_" not in p.name for p in train)
     section = v.manifest.splits["train"].extra["embeddings"]
-    assert section["file"].startswith("embeddings/") and (v.directory / section["file"]).is_file()
+    files = [part["file"] for part in section["parts"]]
+    assert files and all(f.startswith("embeddings/") and (v.directory / f).is_file() for f in files)
 
 
 def test_serve_takes_a_target(tmp_path, real_corpus, capsys):

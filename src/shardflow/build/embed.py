@@ -1,12 +1,21 @@
-"""Embedding versions: the build's optional embedding stage, and adding embeddings to a published version.
+"""Embedding versions: the build's embedding stages, and adding embeddings to a published version.
 
-``embed_staged`` runs after the shards are written and before ``finalize``:
-it decodes every document from the staged shards, writes the embedding files
-into ``out/`` and records the manifest sections they need in ``embed.json``
-(its commit point); ``finalize`` puts those sections into the one manifest it
-writes and validates. ``embed_version`` makes a new version of a published
-one: same token shards (hard-linked), plus embeddings, with the published
-version as its parent.
+A build with ``--embed`` runs, after its shards are written and validated and
+before ``finalize``, three stages (``stages.py``)::
+
+    embed-fit    one job, with --embed-dim only: embed the PCA's fixed sample, fit it, write its
+                 mean and components into out/embeddings/     -> layout/embed-pca.json (EmbedFit)
+    embed-shard  one job per shard: its documents, decoded from its own files (its record alone is
+                 read), embedded, projected, encoded into its own files   -> layout/SPLIT-K.embed.json
+    embed        one job: the parts' records as the manifest's sections   -> embed.json (EmbedResult)
+
+Each job first looks for its committed record (and its files in ``out/`` with
+the recorded sizes) and returns it; a job killed midway left only temporary
+files, and runs again. ``finalize`` puts ``embed.json``'s sections into the
+one manifest it writes and validates. ``embed_version`` makes a new version of
+a published one: same token shards (hard-linked), plus embeddings computed by
+the same functions (``shardflow.embeddings``), with the published version as
+its parent.
 """
 
 from __future__ import annotations
@@ -16,56 +25,215 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from .._io import atomic_write_text
 from ..card import card_wanted, write_card
 from ..catalog import Catalog, default_catalog
 from ..config import EmbedOptions
-from ..embedding_files import embedding_key, validate_embeddings
-from ..embeddings import add_embeddings, check_embed_options
-from ..errors import ValidationError
+from ..embedder import Embedder
+from ..embedding_files import (
+    embedding_key,
+    embedding_parts,
+    part_file_names,
+    projection_from_section,
+    validate_embeddings,
+)
+from ..embeddings import (
+    add_embeddings,
+    check_embed_options,
+    embed_part,
+    embeddings_info,
+    fit_projection,
+    pca_fit_split,
+    shard_texts,
+    split_section,
+)
+from ..embed_models import MODELS
+from ..errors import ConfigError, ValidationError
+from ..formats import get_format
 from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, write_manifest
-from ..tokenizers import load_tokenizer
+from ..reader import Version
+from ..shardset import ShardInfo, ShardSet
+from ..tokenizers import load_reference_tokenizer, load_tokenizer
+from .check import shard_context
+from .layout import read_layout
 from .manifest import now
-from .model import BuildPlan, BuildResult, EmbedResult
+from .model import BuildPlan, BuildResult, EmbedFit, EmbedResult, EmbedShardResult
 from .publish import publish_out, staged_manifest
 from .staging import Staging, as_plan
-from .write import write_tokenizer_files
+from .write import shard_done, write_tokenizer_files
 
 log = logging.getLogger("shardflow.build")
 
-__all__ = ["embed_staged", "embed_version"]
+__all__ = ["embed_fit", "fit_done", "embed_shard", "embed_shard_done", "embed_staged", "embed_version"]
+
+_RUN_THEM = "(build() and the Prefect flow do)"
 
 
-def _files_in_place(out: Path, result: EmbedResult) -> bool:
-    files = [section for section in result.splits.values()]
-    files += [s["scales"] for s in result.splits.values() if s.get("scales")]
-    pca = result.info.get("pca") or {}
-    files += [pca[part] for part in ("mean", "components") if part in pca]
+def _fit_record(staging: Staging) -> Path:
+    return staging.layout_dir / "embed-pca.json"
+
+
+def _shard_record(staging: Staging, split: str, k: int) -> Path:
+    return staging.layout_dir / f"{split}-{k:06d}.embed.json"
+
+
+def _in_place(out: Path, entries: list[dict[str, Any] | None]) -> bool:
+    """Whether every file the entries (``{file, bytes}``; None skipped) name is in ``out/`` with its size."""
     try:
-        return all((out / f["file"]).stat().st_size == f["bytes"] for f in files)
+        return all((out / e["file"]).stat().st_size == e["bytes"] for e in entries if e)
     except OSError:
         return False
 
 
+def _options(plan: BuildPlan) -> EmbedOptions:
+    if plan.config.embed is None:
+        raise ConfigError(f"{plan.staging}: this build has no embedding stage (its config has no embed options)")
+    return plan.config.embed
+
+
+def fit_done(plan: BuildPlan | str | os.PathLike[str]) -> EmbedFit | None:
+    """The committed PCA fit when its files are in place, else None."""
+    staging = Staging(as_plan(plan).staging)
+    try:
+        done = EmbedFit(pca=json.loads(_fit_record(staging).read_text())["pca"])
+    except FileNotFoundError:
+        return None
+    return done if _in_place(staging.out, [done.pca["mean"], done.pca["components"]]) else None
+
+
+def embed_fit(plan: BuildPlan | str | os.PathLike[str]) -> EmbedFit:
+    """The embed-fit stage (``--embed-dim``): embed the fit sample, fit the PCA, write its files; idempotent.
+
+    The sample is a fixed stride over the train split's documents, so the fit
+    (and its files) is the same whatever the number of workers or shards' order.
+    """
+    plan = as_plan(plan)
+    options = _options(plan)
+    if options.embed_dim is None:
+        raise ConfigError(f"{plan.staging}: embed-fit applies to a PCA (embed_dim), which this build does not ask for")
+    done = fit_done(plan)
+    if done is not None:
+        return done
+    staging = Staging(plan.staging)
+    # The sample's texts are decoded through the staged version (its tokenizer file the one the version carries).
+    write_tokenizer_files(load_tokenizer(plan.config.tokenizer, backend=plan.config.backend), staging.out)
+    manifest = staged_manifest(plan, embeddings=False)
+    check_embed_options(manifest, options)
+    split = pca_fit_split(manifest)
+    _, pca = fit_projection(
+        staging.out, manifest.name, options, split=split, documents=manifest.splits[split].documents,
+        texts=Version(staging.out, manifest).split(split).text, embedder=Embedder(config=options),
+    )
+    atomic_write_text(_fit_record(staging), json.dumps({"pca": pca}))  # the stage's commit point
+    return EmbedFit(pca=pca)
+
+
+def _recorded_shard(staging: Staging, split: str, k: int) -> EmbedShardResult | None:
+    try:
+        done = EmbedShardResult.from_dict(json.loads(_shard_record(staging, split, k).read_text()))
+    except FileNotFoundError:
+        return None
+    return done if _in_place(staging.out, [done.part, done.part.get("scales")]) else None
+
+
+def embed_shard_done(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> EmbedShardResult | None:
+    """Shard ``k`` of ``split``'s committed embeddings when their files are in place, else None."""
+    return _recorded_shard(Staging(as_plan(plan).staging), split, k)
+
+
+def _staged_shard(plan: BuildPlan, split: str, k: int) -> ShardSet:
+    """Written shard ``k`` of ``split`` alone, as a one-shard set: from its own record and the plan (O(1) reads)."""
+    written = shard_done(plan, split, k)
+    if written is None:
+        raise ConfigError(
+            f"{plan.staging}: shard {k} of split {split!r} is not written; run write_shard for it first {_RUN_THEM}"
+        )
+    out, entry, ctx = Staging(plan.staging).out, written.entry, shard_context(plan, split, k)
+    return ShardSet(
+        name=f"{plan.config.name} (staged)",
+        shards=[ShardInfo(path=out / entry.file, tokens=entry.tokens, index=out / entry.index.file, entry=entry)],
+        fmt=get_format(ctx.format_name),
+        dtype=np.dtype(ctx.dtype).newbyteorder("<"),
+        placement=ctx.placement,  # type: ignore[arg-type]
+        boundary_token=ctx.boundary,
+        tokenizer=plan.config.tokenizer,
+        vocab_size=ctx.vocab_size,
+        fingerprint=f"{plan.build_key}:{split}:{k}",
+        directory=out,
+    )
+
+
+def embed_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> EmbedShardResult:
+    """The embed-shard stage: embed the documents of written shard ``k`` of ``split`` into their own files; idempotent."""
+    plan = as_plan(plan)
+    options = _options(plan)
+    staging = Staging(plan.staging)
+    done = _recorded_shard(staging, split, k)
+    if done is not None:
+        return done
+    projection = None
+    if options.embed_dim is not None:
+        fit = fit_done(plan)
+        if fit is None:
+            raise ConfigError(f"{plan.staging}: the PCA is not fitted; run embed_fit first {_RUN_THEM}")
+        projection = projection_from_section(staging.out, fit.pca)
+    rows, texts = shard_texts(_staged_shard(plan, split, k), 0, load_reference_tokenizer(plan.config.tokenizer).decode)
+    part, tokens = embed_part(
+        staging.out, part_file_names(plan.config.name, split, k), options, rows=rows, texts=texts,
+        embedder=Embedder(config=options), projection=projection,
+    )
+    result = EmbedShardResult(split=split, index=k, part=part, tokens=tokens)
+    atomic_write_text(_shard_record(staging, split, k), json.dumps(result.to_dict()))  # the job's commit point
+    return result
+
+
+def _embed_result_done(staging: Staging) -> EmbedResult | None:
+    if not staging.embed_file.exists():
+        return None
+    done = EmbedResult.from_dict(json.loads(staging.embed_file.read_text()))
+    pca = done.info.get("pca") or {}
+    files: list[dict[str, Any] | None] = [pca.get("mean"), pca.get("components")]
+    for section in done.splits.values():
+        files += [f for part in embedding_parts(section) for f in (part, part.get("scales"))]
+    return done if _in_place(staging.out, files) else None
+
+
 def embed_staged(plan: BuildPlan | str | os.PathLike[str]) -> EmbedResult | None:
-    """The embedding stage of a build (``config.embed``; None without it): embed every split; idempotent."""
+    """The embed stage (``config.embed``; None without it): every shard's part as the manifest's sections; idempotent."""
     plan = as_plan(plan)
     options = plan.config.embed
     if options is None:
         return None
     staging = Staging(plan.staging)
-    if staging.embed_file.exists():
-        done = EmbedResult.from_dict(json.loads(staging.embed_file.read_text()))
-        if _files_in_place(staging.out, done):
-            return done
-    # The texts are decoded from the staged shards, with the tokenizer file the version will carry.
-    write_tokenizer_files(load_tokenizer(plan.config.tokenizer, backend=plan.config.backend), staging.out)
-    manifest = add_embeddings(staging.out, staged_manifest(plan, embeddings=False), options)
+    done = _embed_result_done(staging)
+    if done is not None:
+        return done
+    pca = None
+    if options.embed_dim is not None:
+        fit = fit_done(plan)
+        if fit is None:
+            raise ConfigError(f"{plan.staging}: the PCA is not fitted; run embed_fit first {_RUN_THEM}")
+        pca = fit.pca
+    layout = read_layout(plan)
+    parts: dict[str, list[dict[str, Any]]] = {split: [] for split in layout.splits}
+    for split, k in layout.shard_jobs():
+        shard = _recorded_shard(staging, split, k)
+        if shard is None:
+            raise ConfigError(
+                f"{plan.staging}: shard {k} of split {split!r} is not embedded; run embed_shard for it first {_RUN_THEM}"
+            )
+        parts[split].append(shard.part)
+    dim = MODELS[options.model].dim if pca is None else int(pca["dim"])
+    splits = {split: split_section(ps, options, dim=dim, pca=pca is not None) for split, ps in parts.items()}
+    extra = 0 if pca is None else pca["mean"]["bytes"] + pca["components"]["bytes"]
     result = EmbedResult(
-        info=manifest.extra["embeddings"],
-        splits={split: entry.extra["embeddings"] for split, entry in manifest.splits.items()},
-        total_bytes=int(manifest.totals["embedding_bytes"]),
+        info=embeddings_info(Embedder(config=options), options, pca),
+        splits=splits,
+        total_bytes=extra + sum(section["bytes"] for section in splits.values()),
     )
     atomic_write_text(staging.embed_file, json.dumps(result.to_dict()))  # the stage's commit point
     return result
@@ -77,11 +245,13 @@ def embed_version(
     *,
     catalog: str | os.PathLike[str] | None = None,
     data_root: str | os.PathLike[str] | None = None,
+    workers: int = 1,
 ) -> BuildResult:
     """Add embeddings to the published version ``ref`` as a new version whose parent is ``ref``.
 
     The token shards and indexes are hard-linked from the parent (no copies;
-    a copy only where the data root is on another filesystem).
+    a copy only where the data root is on another filesystem). The embeddings
+    are computed as a build's are, one part per shard, on ``workers`` threads.
     """
     cat = Catalog(default_catalog(catalog))
     src_dir = cat.resolve(ref)
@@ -126,7 +296,7 @@ def embed_version(
         created_at=now(),
         parent=parent.ref,
     )
-    manifest = add_embeddings(out, base, options)
+    manifest = add_embeddings(out, base, options, workers=workers)
     problems = validate_embeddings(out, manifest)
     if problems:
         shutil.rmtree(staging, ignore_errors=True)

@@ -2,7 +2,8 @@
 
 Every type here is small, frozen and round-trips through the JSON file its
 stage commits in the staging directory (``plan.json``, ``parts/unit-N.json``,
-``layout/layout.json``, ``layout/SPLIT-K.shard.json``, ``embed.json``), so a
+``layout/layout.json``, ``layout/SPLIT-K.shard.json``, ``layout/SPLIT-K.embed.json``,
+``embed.json``), so a
 stage run in another process or after a crash reads exactly what the stage
 before it returned.
 """
@@ -32,6 +33,8 @@ __all__ = [
     "SplitLayout",
     "Layout",
     "ShardResult",
+    "EmbedFit",
+    "EmbedShardResult",
     "EmbedResult",
     "BuildResult",
 ]
@@ -398,6 +401,33 @@ class ShardResult:
             entry=ShardEntry.from_dict({k: v for k, v in d.items() if k != "linked"}, f"{split} shard {index}"),
             linked=bool(d.get("linked", False)),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedFit:
+    """The embed-fit stage's output (``layout/embed-pca.json``): the manifest's ``embeddings.pca`` section."""
+
+    pca: dict[str, Any]
+    """dim, input_dim, fit_split, sample_rows, explained_variance_ratio, the mean and components files, floors."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbedShardResult:
+    """One shard's embeddings (``layout/SPLIT-K.embed.json``): its part of the split's embeddings section."""
+
+    split: str
+    index: int
+    part: dict[str, Any]
+    """The part's manifest entry: file, bytes, sha256, rows, scales, long_documents, truncated, quality."""
+    tokens: int = 0
+    """Text tokens embedded (after truncation): a measure of the work, not in the manifest."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EmbedShardResult":
+        return cls(split=str(d["split"]), index=int(d["index"]), part=d["part"], tokens=int(d.get("tokens", 0)))
 
 
 @dataclass(frozen=True, kw_only=True)

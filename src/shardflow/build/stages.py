@@ -10,7 +10,9 @@ sequence exists in one place::
     stats-card     one job, beside the next  ->  CardResult     never retried (stats.json, the card's plots)
     write-shard    one job per shard         ->  ShardResult    retried
     validate-shard one job per shard         ->  ShardCheck     never retried (reads, checks)
-    embed          one job, with --embed     ->  EmbedResult    never retried
+    embed-fit      one job, with --embed-dim ->  EmbedFit       never retried (the PCA, fitted once)
+    embed-shard    one job per shard         ->  EmbedShardResult  never retried (with --embed: its own files)
+    embed          one job, with --embed     ->  EmbedResult    never retried (the parts as manifest sections)
     validate       one job (finalize)        ->  Manifest       never retried (the one manifest writer)
     publish        one job                   ->  "NAME@vN"      retried
 
@@ -28,7 +30,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from .card_stage import card_done, draw_card
 from .check import shard_checked, validate_staged_shard
-from .embed import embed_staged
+from .embed import embed_fit, embed_shard, embed_shard_done, embed_staged, fit_done
 from .layout import make_layout
 from .model import BuildPlan, Layout
 from .publish import finalize, publish
@@ -123,13 +125,33 @@ STAGES: tuple[Stage, ...] = (
         retry="never",
         label=lambda plan, job: f"validate {plan.config.name} {job[0]} shard {job[1]}",
     ),
+    # Embeddings: the PCA (with --embed-dim) fitted once, on a fixed sample, before any shard's job applies it;
+    # then one job per shard (what grows with the corpus), each writing its own files; then the sections.
+    Stage(
+        name="embed-fit",
+        run=embed_fit,
+        done=fit_done,
+        fan_out="one",
+        retry="never",
+        when=lambda plan: plan.config.embed is not None and plan.config.embed.embed_dim is not None,
+        label=lambda plan, job: f"embed-fit {plan.config.name}",
+    ),
+    Stage(
+        name="embed-shard",
+        run=embed_shard,
+        done=embed_shard_done,
+        fan_out="shards",
+        retry="never",
+        when=lambda plan: plan.config.embed is not None,
+        label=lambda plan, job: f"embed {plan.config.name} {job[0]} shard {job[1]}",
+    ),
     Stage(
         name="embed",
         run=embed_staged,
         fan_out="one",
         retry="never",
         when=lambda plan: plan.config.embed is not None,
-        label=lambda plan, job: f"embed {plan.config.name}",
+        label=lambda plan, job: f"embed {plan.config.name} sections",
     ),
     Stage(name="validate", run=finalize, fan_out="one", retry="never", label=lambda plan, job: f"validate {plan.config.name}"),
     Stage(name="publish", run=publish, fan_out="one", retry="io", label=lambda plan, job: f"publish {plan.config.name}"),

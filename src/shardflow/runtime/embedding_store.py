@@ -5,9 +5,12 @@
     ids, vecs = store.for_tokens(0, 1025)  # the documents a token window touches, and their rows
     q = store.project(query_vectors)     # model-space queries into the stored rows' space (PCA)
 
-The codes (and scales) are memory-mapped ``.npy`` files; a fetch sorts the ids,
-gathers the codes, restores the caller's order and decodes once, so only the
-touched pages are read. Needs numpy and ml_dtypes only.
+The codes (and scales) are memory-mapped ``.npy`` files, one per token shard
+(written by the build's per-shard jobs; one per split in versions embedded
+before them), read as one table: row ``i`` is document ``i`` of the split
+whatever file holds it. A fetch finds each id's file, sorts the ids, gathers
+the codes, restores the caller's order and decodes, so only the touched pages
+are read. Needs numpy and ml_dtypes only.
 
 A version embedded with a PCA (``--embed-dim K``) stores K-dimensional rows;
 :meth:`EmbeddingStore.project` maps an embedding of the model (a query embedded
@@ -24,7 +27,7 @@ import numpy as np
 
 from .. import codecs
 from ..catalog import Catalog
-from ..embedding_files import load_projection, load_split_embeddings
+from ..embedding_files import load_embedding_parts, load_projection
 from ..pca import as_rows
 from ..reader import open_version
 
@@ -44,19 +47,24 @@ class EmbeddingStore:
     ) -> None:
         self.version = open_version(ref, catalog=catalog, verify=verify)
         self.split = split
-        self._codes, self._scales, self.section = load_split_embeddings(
-            self.version.directory, self.version.manifest, split
-        )
+        self._parts, self.section = load_embedding_parts(self.version.directory, self.version.manifest, split)
+        self._offsets = np.concatenate(([0], np.cumsum([len(p.codes) for p in self._parts]))).astype(np.int64)
+        """Row offset of each file (length files + 1; the last is the number of rows)."""
         self._codec = codecs.get_codec(self.section["codec"])
         self._projection = load_projection(self.version.directory, self.version.manifest)
 
     def __len__(self) -> int:
-        return int(self._codes.shape[0])
+        return int(self._offsets[-1])
 
     @property
     def dim(self) -> int:
         """Width of the stored rows: ``embed_dim`` with a PCA, else the model's dimension."""
-        return int(self._codes.shape[1])
+        return int(self.section["dim"])
+
+    @property
+    def files(self) -> int:
+        """How many codes files hold the rows (one per shard; one per split in older versions)."""
+        return len(self._parts)
 
     @property
     def model_dim(self) -> int:
@@ -124,7 +132,16 @@ class EmbeddingStore:
             raise ValueError(f"ids must be 1-D, got shape {idx.shape}")
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"document ids must be in [0, {len(self)}), got [{idx.min()}, {idx.max()}]")
-        return self._codec.decode_rows(self._codes, self._scales, idx)
+        if len(self._parts) == 1:
+            part = self._parts[0]
+            return self._codec.decode_rows(part.codes, part.scales, idx)
+        out = np.empty((len(idx), self.dim), dtype=np.float32)
+        which = np.searchsorted(self._offsets, idx, side="right") - 1  # the file holding each id
+        for f in np.unique(which):
+            sel = np.flatnonzero(which == f)
+            part = self._parts[int(f)]
+            out[sel] = self._codec.decode_rows(part.codes, part.scales, idx[sel] - self._offsets[f])
+        return out
 
     def documents_in(self, start: int, stop: int) -> np.ndarray:
         """Ids of the documents that split-wide tokens ``[start, stop)`` belong to, ascending."""
@@ -140,7 +157,6 @@ class EmbeddingStore:
 
     def __repr__(self) -> str:
         return f"EmbeddingStore({self.version.ref!r}, split={self.split!r}, rows={len(self)}, dim={self.dim}, codec={self.codec!r})"
-
 
 
 def _identity(x: Sequence[float] | np.ndarray, dim: int, what: str) -> np.ndarray:
