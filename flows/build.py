@@ -70,8 +70,12 @@ def run_windowed(
     *,
     workers: int,
     on_done: Callable[[Any, Any], None] | None = None,
+    on_error: Callable[[Any, PrefectFuture[Any], Exception], Exception | None] | None = None,
 ) -> list[Any]:
-    """Submit ``items`` keeping at most ``workers`` in flight; results in item order."""
+    """Submit ``items`` keeping at most ``workers`` in flight; results in item order.
+
+    ``on_error(item, future, exc)`` may give the exception to raise instead of a failed item's own.
+    """
     pending: dict[PrefectFuture[Any], int] = {}
     items = list(items)
     results: list[Any] = [None] * len(items)
@@ -82,7 +86,13 @@ def run_windowed(
             nxt += 1
         fut = next(as_completed(list(pending)))
         i = pending.pop(fut)
-        results[i] = fut.result()  # re-raises the task's exception: the flow fails on the first error
+        try:
+            results[i] = fut.result()  # re-raises the task's exception: the flow fails on the first error
+        except Exception as exc:
+            replacement = on_error(items[i], fut, exc) if on_error is not None else None
+            if replacement is None:
+                raise
+            raise replacement from exc
         if on_done is not None:
             on_done(items[i], results[i])
     return results
@@ -111,12 +121,33 @@ class PrefectExecutor:
                 on_done(job, result)
             return results
         return run_windowed(lambda p: self.task_runner.submit(task, parameters=p), params, workers=self.in_flight,
-                            on_done=lambda p, result: on_done(p["job"], result))
+                            on_done=lambda p, result: on_done(p["job"], result), on_error=_lost_worker)
 
     def start(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
         task, handle = STAGE_TASKS[stage.name], PlanHandle(plan)
         futures = [task.submit(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
         return lambda: [f.result() for f in futures]
+
+
+def _lost_worker(params: dict[str, Any], future: PrefectFuture[Any], exc: Exception) -> Exception | None:
+    """A job that Dask gave up on, its workers dead: a clear error, and its task run marked Crashed.
+
+    No worker is left to end that task run, which the UI would show running forever. Any other error: None.
+    """
+    from shardflow.build.dask_executor import lost_worker
+
+    error = lost_worker(exc, params["label"])
+    if error is None:
+        return None
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(future.task_run_id, Crashed(message=str(error)), force=True)
+    except Exception:  # the task run's state is a convenience; the error returned is what matters
+        log.debug("could not mark the task run %s crashed", future.task_run_id, exc_info=True)
+    return error
 
 
 def require_real_api(runner: str, address: str | None) -> None:

@@ -25,6 +25,7 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
+from dask_cluster_support import DaskCluster, start_cluster
 from ops_support import PYTHON, SAMPLE, PrefectServer, client_env, free_port
 
 
@@ -116,3 +117,18 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture
+def dask_cluster(prefect_server: PrefectServer, tmp_path: Path) -> Iterator[DaskCluster]:
+    """A real 2-worker Dask cluster, as docs/OPERATIONS.md runs it: ``dask scheduler`` and two ``dask worker``.
+
+    Separate processes on loopback (tests/flows/dask_cluster_support.py), each
+    worker with one thread and its own process group, so a test can kill one;
+    the workers report task runs to the session's Prefect server. Their logs
+    are printed at teardown, so a failed test shows them.
+    """
+    cluster = start_cluster(tmp_path / "dask-cluster", prefect_server.env, workers=2)
+    try:
+        yield cluster
+    finally:
+        print(cluster.logs())
+        cluster.close()

@@ -5,19 +5,47 @@ workers; single jobs (plan, layout, finalize, publish) and the background card
 run in this process. Dask's workers bound memory by their thread count
 (``dask worker --nthreads``). The data root must be storage that this process
 and every worker see at the same path. ``pip install 'shardflow[dask]'``.
+
+A worker lost in the middle of a job costs a rerun, not the build: Dask runs
+the job again on a worker still there, and the job, idempotent on disk,
+rewrites what the lost one half wrote. Only a job that every worker running it
+dies of (Dask gives up after ``distributed.scheduler.allowed-failures``) stops
+the build: ``lost_worker`` turns Dask's ``KilledWorker`` into a ``WorkerLost``
+naming the job (the Prefect flow uses it too).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShardflowError
 from .handle import PlanHandle
 from .model import BuildPlan
 from .run import InProcess, OnDone, retrying, stage_retries
 from .stages import Job, Stage, stage
 
-__all__ = ["DaskExecutor"]
+__all__ = ["DaskExecutor", "WorkerLost", "lost_worker"]
+
+
+class WorkerLost(ShardflowError):
+    """A job that Dask gave up on: every worker that ran it died while running it."""
+
+
+def lost_worker(exc: BaseException, job: str) -> WorkerLost | None:
+    """``exc`` as a ``WorkerLost`` naming ``job`` if it is Dask's ``KilledWorker``; None for any other error."""
+    try:
+        from distributed import KilledWorker
+    except ImportError:
+        return None
+    if not isinstance(exc, KilledWorker):
+        return None
+    return WorkerLost(
+        f"{job}: every Dask worker that ran this job died while running it, so Dask gave up on it "
+        "(after distributed.scheduler.allowed-failures reruns). The workers' logs say why; most often the kernel "
+        "killed them for memory: use smaller work units (--unit-mb, unit_bytes), fewer threads per worker "
+        "(dask worker --nthreads) or workers with more memory. The jobs finished so far are kept: run the same "
+        "build again to go on"
+    )
 
 
 def _run_job(name: str, handle: PlanHandle, job: Job) -> Any:
@@ -56,7 +84,13 @@ class DaskExecutor(InProcess):
         try:
             for future in as_completed(futures, loop=self.client.loop):
                 i = index[future.key]
-                results[i] = future.result()  # the first error stops the build
+                try:
+                    results[i] = future.result()  # the first error stops the build
+                except Exception as exc:
+                    lost = lost_worker(exc, stage.label(plan, jobs[i]))
+                    if lost is None:
+                        raise
+                    raise lost from exc
                 on_done(jobs[i], results[i])
         except BaseException:
             self.client.cancel(futures)
