@@ -52,12 +52,32 @@ from shardflow.flows.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
-from shardflow.tasks.build import STAGE_TASKS, TAGS, attach_core_logs, plan_task
+from shardflow.tasks.build import STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task
 
-__all__ = ["build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api"]
+__all__ = [
+    "build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api",
+    "batches", "MAX_TASK_RUNS",
+]
 
 RUNNERS = ("threads", "dask")
 log = logging.getLogger("shardflow.flows")
+
+MAX_TASK_RUNS = 500
+"""Task runs of one fanned-out stage, at most, unless ``workers`` is more (then one per slot).
+
+Each task run costs the flow's process serial API work (creating it, its states,
+its logs): 6 ms on the thread pool, 26 ms under prefect-dask, on the loopback
+server of ``bench/bench_orchestration.py``. At 10 TB (35 k units, 35 k shards,
+each validated) one task run per job would be 45 minutes of it; past this many
+jobs, a task run runs several in order, and the orchestration no longer grows
+with the corpus (docs/SCALE.md)."""
+
+
+def batches(jobs: Sequence[Job], in_flight: int, most: int = MAX_TASK_RUNS) -> list[list[Job]]:
+    """``jobs`` in consecutive groups of equal size (the last may be smaller): at most ``max(most, in_flight)``
+    groups; one job per group while there are no more jobs than that."""
+    size = max(1, -(-len(jobs) // max(1, most, in_flight)))
+    return [list(jobs[i : i + size]) for i in range(0, len(jobs), size)]
 
 
 def dataset_tag(name: str) -> str:
@@ -120,8 +140,22 @@ class PrefectExecutor:
             for job, result in zip(jobs, results):
                 on_done(job, result)
             return results
-        return run_windowed(lambda p: self.task_runner.submit(task, parameters=p), params, workers=self.in_flight,
-                            on_done=lambda p, result: on_done(p["job"], result), on_error=_lost_worker)
+        groups = batches(jobs, self.in_flight, MAX_TASK_RUNS)
+        if len(groups) == len(jobs):
+            return run_windowed(lambda p: self.task_runner.submit(task, parameters=p), params, workers=self.in_flight,
+                                on_done=lambda p, result: on_done(p["job"], result), on_error=_lost_worker)
+        # Many jobs: a task run per group, so the API work (and the UI's list) does not grow with the corpus.
+        batch_task = STAGE_BATCH_TASKS[stage.name]
+        params = [dict(plan=handle, jobs=group, label=f"{stage.label(plan, group[0])} (+{len(group) - 1} more)")
+                  for group in groups]
+
+        def done(p: dict[str, Any], results: list[Any]) -> None:
+            for job, result in zip(p["jobs"], results):
+                on_done(job, result)
+
+        ran = run_windowed(lambda p: self.task_runner.submit(batch_task, parameters=p), params,
+                           workers=self.in_flight, on_done=done, on_error=_lost_worker)
+        return [result for results in ran for result in results]
 
     def start(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job]) -> Callable[[], list[Any]]:
         task, handle = STAGE_TASKS[stage.name], PlanHandle(plan)

@@ -31,7 +31,10 @@ from shardflow.errors import ShardflowError
 from shardflow.errors import is_transient as core_is_transient
 
 
-__all__ = ["plan_task", "STAGE_TASKS", "task_for_stage", "PlanHandle", "is_transient", "attach_core_logs", "TAGS"]
+__all__ = [
+    "plan_task", "STAGE_TASKS", "STAGE_BATCH_TASKS", "task_for_stage", "batch_task_for_stage", "PlanHandle", "is_transient",
+    "attach_core_logs", "TAGS",
+]
 
 TAGS = ("shardflow",)
 
@@ -124,5 +127,27 @@ def task_for_stage(stage: core.Stage) -> Task[..., Any]:
     return task(name=stage.name, task_run_name="{label}", **options)(run_stage)
 
 
+def batch_task_for_stage(stage: core.Stage) -> Task[..., Any]:
+    """The Prefect task of one core stage for several jobs, run in order in one task run: results in job order.
+
+    A retry runs the batch again, and each job that finished returns its recorded result (the core
+    steps are idempotent on disk), so only the unfinished ones are redone.
+    """
+
+    def run_stage_batch(plan: Any, jobs: list[tuple[Any, ...]], label: str) -> list[Any]:
+        attach_core_logs()
+        plan = plan.plan if isinstance(plan, PlanHandle) else plan
+        return [stage(plan, *job) for job in jobs]
+
+    run_stage_batch.__name__ = run_stage_batch.__qualname__ = f"{stage.name.replace('-', '_')}_batch_task"
+    run_stage_batch.__doc__ = f"Run the core stage {stage.name!r} ({stage.run.__module__}.{stage.run.__name__}) for several jobs."
+    options = _IO if stage.retry == "io" else _NO_RETRY
+    return task(name=stage.name, task_run_name="{label}", **options)(run_stage_batch)
+
+
 STAGE_TASKS: dict[str, Task[..., Any]] = {stage.name: task_for_stage(stage) for stage in core.STAGES}
 """One Prefect task per core stage (``shardflow.build.STAGES``), by stage name."""
+STAGE_BATCH_TASKS: dict[str, Task[..., Any]] = {
+    stage.name: batch_task_for_stage(stage) for stage in core.STAGES if stage.fan_out != "one"
+}
+"""The fanned-out stages' tasks for a batch of jobs (``flows.build.batches``), by stage name."""
