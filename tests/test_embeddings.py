@@ -436,3 +436,15 @@ def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["embed", "cli@v1", "--dim", "400", "--catalog", str(tmp_path / "manifests")]) == 2
     assert "choose a dimension of at most 384" in capsys.readouterr().err
     assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1"]
+
+
+def test_embed_version_refuses_a_url_data_root_and_writes_nothing(tmp_path, monkeypatch):
+    """Versions cannot be written to object storage yet: ``data_root="s3://..."`` is refused before anything is
+    read or made (``Path()`` would have made it a local directory named ``s3:``)."""
+    from shardflow.build import embed_version
+    from shardflow.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"s3://bucket/data: the data root must be a local or shared filesystem path"):
+        embed_version("nothing@v1", EmbedOptions(), data_root="s3://bucket/data", catalog=tmp_path / "cat")
+    assert list(tmp_path.iterdir()) == []

@@ -31,7 +31,7 @@ import numpy as np
 
 from .._io import atomic_write_text
 from ..card import card_wanted, write_card
-from ..catalog import Catalog, default_catalog
+from ..catalog import Catalog, default_catalog, default_data_root
 from ..config import EmbedOptions
 from ..embedder import Embedder
 from ..embedding_files import (
@@ -254,6 +254,7 @@ def embed_version(
     are computed as a build's are, one part per shard, on ``workers`` threads.
     """
     cat = Catalog(default_catalog(catalog))
+    given_root = default_data_root(data_root) if data_root is not None else None  # a URL: refused, before anything
     src_dir = cat.resolve(ref)
     parent = read_manifest(src_dir)
     check_embed_options(parent, options)  # before anything is staged
@@ -262,7 +263,7 @@ def embed_version(
     if existing is not None:
         found = f"{parent.name}@{existing.version}"
         return BuildResult(ref=found, manifest_path=str(cat.version_dir(existing) / "metadata.yaml"), created=False)
-    root = Path(data_root) if data_root is not None else src_dir.parent.parent
+    root = given_root or src_dir.parent.parent
     staging = root / parent.name / ".staging" / f"emb-{key[:16]}"
     out = staging / "out"
     if out.exists():
