@@ -7,6 +7,7 @@ version removed, catalog entry first; abandoned staging directories and what an
 interrupted ``rm`` left, with their sizes. ``flows.cli`` registers them in its
 ``COMMANDS`` (``add_lifecycle_parsers`` declares the last two); errors are
 ``ShardflowError``s, which the command line turns into one message and exit 2.
+``push`` publishes a version to object storage (``shardflow.push``; ``add_push_parser``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from shardflow.errors import ShardflowError
 
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
+__all__ += ["add_push_parser", "cmd_push"]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -231,4 +233,42 @@ def cmd_gc(args: argparse.Namespace) -> int:
         n = len(found)
         print(f"{'would free' if args.dry_run else 'freed'} {_size(sum(g.freed for g in found))} "
               f"({n} director{'ies' if n != 1 else 'y'})")
+    return 0
+
+
+def add_push_parser(sub: Any) -> None:
+    """Add ``push`` to the command line's subcommands (``sub``: what ``add_subparsers`` returned)."""
+    from shardflow.flows.options import _add_catalog
+
+    p = sub.add_parser(
+        "push",
+        help="publish a version to object storage, with a catalog in the bucket",
+        description="Validate NAME@vN (checksums), upload its files under DATA_ROOT_URL/NAME/vN/ (metadata.yaml last; "
+        "files of the parent version already in the bucket are copied there, not sent again), then list it in "
+        "CATALOG_URL/NAME.yaml with a conditional write: the commit point, before which no reader sees it. Rerun "
+        "after an interruption, it resumes; the same build pushed again is reported as already pushed. Training "
+        "jobs read it with catalog=CATALOG_URL. Credentials and endpoint: AWS_* in the environment.",
+    )
+    p.add_argument("ref", help="NAME@vN (or NAME@latest) in the local catalog")
+    p.add_argument("--data-root-url", required=True, help="where versions go in the bucket, e.g. s3://BUCKET/data")
+    p.add_argument("--catalog-url", required=True,
+                   help="the bucket's catalog, in the same bucket, e.g. s3://BUCKET/catalog (what readers pass as catalog=)")
+    p.add_argument("--workers", type=int, default=8, help="files sent at once (default 8)")
+    _add_catalog(p)
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from shardflow.push import push_version
+
+    if args.workers < 1:
+        raise ShardflowError(f"--workers {args.workers}: give at least 1")
+    r = push_version(args.ref, data_root_url=args.data_root_url, catalog_url=args.catalog_url, catalog=args.catalog,
+                     workers=args.workers)
+    if r.already:
+        print(f"{r.ref} was already pushed: {r.url} (catalog {r.catalog_file})")
+        return 0
+    copied = f", {r.copied} copied from {r.parent}" if r.copied else ""
+    skipped = f", {r.skipped} already there" if r.skipped else ""
+    print(f"pushed {r.ref} to {r.url}: {r.uploaded} files uploaded ({_size(r.uploaded_bytes)}){copied}{skipped}; "
+          f"listed in {r.catalog_file}")
     return 0

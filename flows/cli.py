@@ -1,4 +1,4 @@
-"""The ``shardflow`` command line: build, embed, serve, card, targets; validate, ls, show, diff, rm, gc (``catalog_cli.py``).
+"""The ``shardflow`` command line: build, embed, serve, card, targets; validate, ls, show, diff, rm, gc, push (``catalog_cli.py``).
 
 ``build`` runs the ``build_dataset`` Prefect flow (on Prefect's temporary local
 server unless ``PREFECT_API_URL`` points at a real one), prints the published
@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from shardflow.errors import ShardflowError
 
 from shardflow.flows.catalog_cli import add_lifecycle_parsers, cmd_diff, cmd_gc, cmd_ls, cmd_rm, cmd_show, cmd_validate
+from shardflow.flows.catalog_cli import add_push_parser, cmd_push
 from shardflow.flows.card_cli import add_card_parser, cmd_card
 from shardflow.flows.terminal import (
     PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_catalog(d)
     add_card_parser(sub)
     add_lifecycle_parsers(sub)
+    add_push_parser(sub)
     return parser
 
 
@@ -335,6 +337,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "rm": cmd_rm,
     "gc": cmd_gc,
+    "push": cmd_push,
 }
 
 
