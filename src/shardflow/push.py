@@ -1,0 +1,393 @@
+"""``shardflow push``: publish a built version to object storage, with the bucket's own catalog as the commit point.
+
+``push_version("rv@v2", data_root_url="s3://b/data", catalog_url="s3://b/catalog")``:
+
+1. resolve the version in the local catalog and validate it with checksums (a damaged
+   version is refused before anything is sent);
+2. claim ``<data-root-url>/<name>/<version>/`` for this build (``.shardflow-push.json``,
+   created only if absent): a push of other data as the same version is refused before
+   it uploads anything, a rerun of this one resumes;
+3. send every file the manifest names, ``metadata.yaml`` last, keeping relative paths.
+   Each upload streams the local file and hashes it as it goes; the object is committed
+   only when the bytes sent have the manifest's SHA-256, and it carries that SHA-256 as
+   user metadata (``sha256``). An object already there with the right size and recorded
+   SHA-256 is skipped (a rerun after a crash resumes; an ETag is never taken for a hash).
+   A file whose SHA-256 is a file of the parent version in the bucket (the manifest's
+   ``parent``, else the bucket's latest) is copied within the bucket, not sent again;
+4. add the entry to ``<catalog-url>/<name>.yaml`` with a conditional write (If-Match
+   on the ETag read, If-None-Match for a new file), re-read and retried when another
+   push wins the race. The file has the local catalog's format and checks (it is built
+   and read by ``shardflow.catalog.Catalog`` over a scratch mirror of the bucket's
+   keys) and the entry's path is relative to the catalog URL (``../data/NAME/vN``),
+   as ``runtime.objstore.resolve_catalog`` reads it.
+
+The catalog entry is the commit point: until it exists no reader resolves the version,
+whatever a crash left under its prefix. Object storage is ``s3://`` only (the conditional
+writes of ``shardflow.objstore``); credentials and endpoint come from the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import posixpath
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ._io import sha256_file
+from .catalog import Catalog, VersionEntry, resolve_ref
+from .config import check_name
+from .errors import CatalogError, ConfigError, ShardflowError, ValidationError
+from .faults import fault
+from .manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
+from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag, redacted
+from .validation import validate_dir
+
+__all__ = ["PushResult", "push_version", "CLAIM_NAME", "SHA256_METADATA"]
+
+CLAIM_NAME = ".shardflow-push.json"
+"""The object that reserves a version's prefix for one build (its build key), created before any upload."""
+SHA256_METADATA = "sha256"
+"""The user metadata key holding an uploaded object's SHA-256, checked on the way up."""
+
+_CHUNK = 8 << 20
+_COMMIT_ATTEMPTS = 20  # conditional catalog writes lost to other pushes before giving up
+_VERSION_RE = re.compile(r"^v[0-9]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushResult:
+    """What ``push_version`` did."""
+
+    ref: str
+    url: str
+    """The version's URL in the bucket."""
+    catalog_file: str
+    """The bucket catalog's file, ``<catalog-url>/<name>.yaml``."""
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    copied: int = 0
+    """Files copied within the bucket from the parent version (not sent again)."""
+    skipped: int = 0
+    """Files already in the bucket with the right size and SHA-256 (an earlier, interrupted push)."""
+    parent: str | None = None
+    """The version in the bucket that files were copied from (None: none was used)."""
+    already: bool = False
+    """The bucket catalog already listed this build as this version: nothing was sent."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Target:
+    """The bucket, and the keys of the data root and the catalog (no leading or trailing '/')."""
+
+    scheme: str
+    bucket: str
+    data_key: str
+    catalog_key: str
+
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def version_key(self, name: str, version: str) -> str:
+        return "/".join(p for p in (self.data_key, name, version) if p)
+
+    def catalog_file_key(self, name: str) -> str:
+        return "/".join(p for p in (self.catalog_key, f"{name}.yaml") if p)
+
+
+def _target(data_root_url: str, catalog_url: str) -> _Target:
+    """Both URLs checked: ``s3://``, one bucket, no ``.``/``..``/empty parts."""
+    parsed = []
+    for option, url in (("--data-root-url", data_root_url), ("--catalog-url", catalog_url)):
+        p = urlparse(url)
+        if p.scheme.lower() != "s3" or not p.netloc:
+            raise ConfigError(f"{option} {redacted(url)}: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no "
+                              "conditional writes to commit a version with)")
+        filesystem(url)  # refuses credentials in the URL; names the pip line when s3fs is missing
+        key = p.path.strip("/")
+        if key and any(part in ("", ".", "..") for part in key.split("/")):
+            raise ConfigError(f"{option} {redacted(url)}: the prefix {key!r} has an empty, '.' or '..' part; give a plain "
+                              "prefix such as s3://BUCKET/data")
+        parsed.append((p.netloc, key))
+    (bucket, data_key), (cat_bucket, catalog_key) = parsed
+    if bucket != cat_bucket:
+        raise ConfigError(f"--data-root-url and --catalog-url are in different buckets ({bucket}, {cat_bucket}); a catalog "
+                          "entry's path is relative to the catalog, so both must be in one bucket")
+    return _Target(scheme="s3", bucket=bucket, data_key=data_key, catalog_key=catalog_key)
+
+
+def _manifest_files(directory: Path, manifest: Manifest) -> dict[str, tuple[int, str]]:
+    """``{file: (bytes, sha256)}`` of every file the manifest names, each confined to the version directory."""
+    found: dict[str, tuple[int, str]] = {}
+
+    def add(name: Any, size: int, sha: Any, what: str) -> None:
+        path = version_file(directory, name, what)  # refuses '..', absolute names and symlinks out
+        if name == MANIFEST_NAME or name == CLAIM_NAME or not isinstance(sha, str) or not sha:
+            raise ValidationError(f"{path}: {what} names it without a usable SHA-256, or under a reserved name; "
+                                  "restore the manifest or rebuild the version")
+        if found.setdefault(name, (size, sha)) != (size, sha):
+            raise ValidationError(f"{path}: the manifest names it twice with different sizes or SHA-256; rebuild the version")
+
+    def walk(node: Any, where: str) -> None:
+        # Shards, indexes, sidecars, statistics and embedding files are all {file, bytes, sha256} entries.
+        if isinstance(node, dict):
+            if isinstance(node.get("file"), str) and isinstance(node.get("bytes"), int) and "sha256" in node:
+                add(node["file"], node["bytes"], node["sha256"], where)
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else str(key))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    walk({k: v for k, v in manifest.to_dict().items() if k != "inputs"}, "")
+    for key in ("rank_file", "tokenizer_file"):  # the tokenizer's copy: named with a SHA-256, without a size
+        name = manifest.tokenized_info.get(key)
+        if name:
+            size = version_file(directory, name, f"tokenized_info.{key}").stat().st_size
+            add(name, size, manifest.tokenized_info.get(f"{key}_sha256"), f"tokenized_info.{key}")
+    return found
+
+
+class _Mirror:
+    """A scratch directory laid out like the bucket's keys, where ``Catalog`` reads and writes the bucket's catalog
+    file and its relative paths come out as they are in the bucket."""
+
+    def __init__(self, root: str, target: _Target, catalog_url: str) -> None:
+        self.root, self.target, self.catalog_url = Path(root) / target.bucket, target, catalog_url.rstrip("/")
+
+    def path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def catalog(self, name: str, data: bytes | None) -> Catalog:
+        cat = Catalog(self.path(self.target.catalog_key))
+        cat.path.mkdir(parents=True, exist_ok=True)
+        if data is not None:
+            (cat.path / f"{name}.yaml").write_bytes(data)
+        return cat
+
+    def renamed(self, exc: ShardflowError, cat: Catalog) -> ShardflowError:
+        """``exc`` naming the bucket's URL, not the scratch copy."""
+        return type(exc)(str(exc).replace(str(cat.path), self.catalog_url))
+
+
+def _local(ref: str, catalog: Any) -> tuple[Path, Manifest, VersionEntry]:
+    """The local version ``ref`` names, validated with checksums, and its local catalog entry."""
+    name = ref.partition("@")[0] if "@" in ref else None
+    if name is not None:
+        check_name(name)
+    cat = Catalog(catalog)
+    directory = resolve_ref(ref, cat)
+    manifest = read_manifest(directory)
+    check_name(manifest.name)
+    if not isinstance(manifest.version, str) or not _VERSION_RE.match(manifest.version):
+        raise ValidationError(f"{directory / MANIFEST_NAME}: version {manifest.version!r} is not vN; rebuild the version")
+    validate_dir(directory, manifest, checksums=True, published=True, catalog=cat.path)
+    found = cat.entry_for_dir(directory, name=manifest.name)
+    if found is None:
+        raise CatalogError(f"{directory}: not a version published in the catalog {cat.path}; push NAME@vN of that "
+                           "catalog (--catalog), or build it first")
+    return directory, manifest, found[1]
+
+
+def _claim(target: _Target, prefix: str, ref: str, build_key: str) -> None:
+    """Reserve the version's prefix for this build; refuse one another build holds."""
+    url = target.url(f"{prefix}/{CLAIM_NAME}")
+    if put_if_absent(url, json.dumps({"ref": ref, "build_key": build_key}).encode()):
+        return
+    got = read_with_etag(url)
+    try:
+        held = json.loads(got[0]).get("build_key") if got else None
+    except (ValueError, AttributeError):
+        held = None
+    if got is not None and held != build_key:
+        raise CatalogError(
+            f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in the "
+            "bucket catalog: another push is running, or one was interrupted. If none is running, delete everything under "
+            f"{target.url(prefix)}/ and push again"
+        )
+    if got is None:  # removed between the two requests: claim again
+        _claim(target, prefix, ref, build_key)
+
+
+def _listing(fs: Any, key: str) -> dict[str, int]:
+    """``{relative name: size}`` of the objects under ``key/``."""
+    root = f"{key}/"
+    fs.invalidate_cache(key)
+    try:
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {p[len(root):]: int(info.get("size") or 0) for p, info in found.items() if p.startswith(root)}
+
+
+def _recorded(fs: Any, key: str, size: int, sha: str, listing: dict[str, int], name: str) -> bool:
+    """Whether the object ``key`` (listed as ``name``) has ``size`` bytes and records ``sha`` as its SHA-256."""
+    if listing.get(name) != size:
+        return False
+    try:
+        return fs.metadata(key).get(SHA256_METADATA) == sha  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return False
+
+
+def _discard(out: Any) -> None:
+    """Never commit ``out``: abort its multipart upload (a one-shot upload was never started), and mark it closed so
+    that no later ``close()`` (its finalizer's) sends what it holds."""
+    out.discard()
+    out.closed = True
+
+
+def _upload(fs: Any, path: Path, key: str, size: int, sha: str) -> None:
+    """Stream ``path`` to ``key``, hashing what is sent; commit only if it is the manifest's bytes."""
+    digest, sent = hashlib.sha256(), 0
+    out = fs.open(key, "wb", Metadata={SHA256_METADATA: sha})
+    try:
+        with open(path, "rb") as src:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                sent += len(chunk)
+                out.write(chunk)
+        good = sent == size and digest.hexdigest() == sha
+    except BaseException:
+        _discard(out)
+        raise
+    if not good:
+        _discard(out)
+        raise ValidationError(f"{path}: {sent} bytes with SHA-256 {digest.hexdigest()[:16]}... were read, the manifest "
+                              f"says {size} bytes, {sha[:16]}...; the file changed during the push: validate the version "
+                              "and push again")
+    out.close()
+
+
+def _parent_files(fs: Any, mirror: _Mirror, cat: Catalog, name: str, manifest: Manifest) -> tuple[str | None, dict[str, tuple[str, int]]]:
+    """The bucket's parent version (the manifest's parent if the bucket lists it, else the bucket's latest) and
+    ``{sha256: (its key, size)}`` of its files, from its manifest checked against its catalog entry."""
+    listed = {v.version: v for v in cat.versions(name)}
+    wanted = [p.partition("@")[2] for p in (manifest.parent,) if p and p.partition("@")[0] == name]
+    wanted += [v for v in (cat.latest(name),) if v]
+    entry = next((listed[v] for v in wanted if v in listed and v != manifest.version), None)
+    if entry is None:
+        return None, {}
+    key = posixpath.normpath(posixpath.join(mirror.target.catalog_key or ".", entry.path))
+    if key.startswith("..") or posixpath.isabs(key):
+        return None, {}
+    local = mirror.path(key)
+    local.mkdir(parents=True, exist_ok=True)
+    try:
+        data = fs.cat_file(mirror.target.url(f"{key}/{MANIFEST_NAME}"))
+        if entry.manifest_sha256 and hashlib.sha256(data).hexdigest() != entry.manifest_sha256:
+            return None, {}  # not the manifest published: nothing of it is trusted
+        (local / MANIFEST_NAME).write_bytes(data)
+        parent = read_manifest(local)
+        files = _manifest_files(local, parent)
+    except (ShardflowError, FileNotFoundError, OSError):
+        return None, {}  # a parent that cannot be read costs uploads, never correctness
+    return f"{name}@{entry.version}", {sha: (f"{key}/{file}", size) for file, (size, sha) in files.items()}
+
+
+def _listed(cat: Catalog, name: str, version: str, build_key: str, file_url: str) -> bool:
+    """Whether the bucket catalog lists this build as ``version`` already; refuse another build, or a removed one."""
+    listed = cat.entry(name, version)
+    removed = any(r.version == version for r in cat.removed(name))
+    if listed is not None and listed.build_key == build_key:
+        return True
+    if listed is not None or removed:
+        what = f"another build of {name}@{version} (build key {listed.build_key[:16]}...)" if listed else f"{name}@{version} as removed"
+        raise CatalogError(f"{file_url} already lists {what}; versions are immutable: push this build under a new "
+                           "version name, or to another catalog")
+    return False
+
+
+def _commit(target: _Target, catalog_url: str, name: str, manifest: Manifest, local: VersionEntry) -> bool:
+    """Add the version to the bucket catalog (conditional write, retried); False if it was there already."""
+    file_url = target.url(target.catalog_file_key(name))
+    for _ in range(_COMMIT_ATTEMPTS):
+        got = read_with_etag(file_url)
+        with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
+            mirror = _Mirror(scratch, target, catalog_url)
+            cat = mirror.catalog(name, got[0] if got else None)
+            try:
+                if _listed(cat, name, manifest.version, local.build_key, file_url):
+                    return False
+                path = mirror.path(target.version_key(name, manifest.version))
+                cat.add(name, VersionEntry(
+                    version=manifest.version, path=str(path), created_at=local.created_at, build_key=local.build_key,
+                    parent=local.parent, totals=dict(local.totals), manifest_sha256=local.manifest_sha256,
+                ))
+            except ShardflowError as exc:
+                raise mirror.renamed(exc, cat) from None
+            data = (cat.path / f"{name}.yaml").read_bytes()
+        if put_if_match(file_url, data, got[1]) if got else put_if_absent(file_url, data):
+            return True
+    raise CatalogError(f"{file_url}: changed by other pushes {_COMMIT_ATTEMPTS} times in a row; push again")
+
+
+def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8) -> PushResult:
+    """Publish the local version ``ref`` under ``<data_root_url>/<name>/<version>/`` and list it in the bucket
+    catalog ``<catalog_url>/<name>.yaml`` (see the module docstring). Safe to rerun: it resumes, or says
+    ``already``."""
+    target = _target(data_root_url, catalog_url)
+    catalog_url = catalog_url.rstrip("/")
+    directory, manifest, local = _local(ref, catalog)
+    name, version = manifest.name, manifest.version
+    files = _manifest_files(directory, manifest)
+    manifest_sha = sha256_file(directory / MANIFEST_NAME)
+    prefix = target.version_key(name, version)
+    result = PushResult(ref=f"{name}@{version}", url=target.url(prefix), catalog_file=target.url(target.catalog_file_key(name)))
+    fs, _ = filesystem(target.url(prefix))
+    with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
+        mirror = _Mirror(scratch, target, catalog_url)
+        got = read_with_etag(result.catalog_file)
+        cat = mirror.catalog(name, got[0] if got else None)
+        try:
+            if _listed(cat, name, version, local.build_key, result.catalog_file):
+                return dataclasses.replace(result, already=True)
+        except ShardflowError as exc:
+            raise mirror.renamed(exc, cat) from None
+        _claim(target, prefix, result.ref, local.build_key)
+        parent, by_sha = _parent_files(fs, mirror, cat, name, manifest)
+    listing = _listing(fs, f"{target.bucket}/{prefix}")
+    parent_listings: dict[str, dict[str, int]] = {}
+
+    def one(item: tuple[str, tuple[int, str]]) -> str:
+        file, (size, sha) = item
+        key = f"{target.bucket}/{prefix}/{file}"
+        if _recorded(fs, key, size, sha, listing, file):
+            return "skipped"
+        source = by_sha.get(sha)
+        if source is not None and source[1] == size:
+            src_key = f"{target.bucket}/{source[0]}"
+            base, _, rel = src_key.rpartition("/")
+            if base not in parent_listings:
+                parent_listings[base] = _listing(fs, base)
+            if _recorded(fs, src_key, size, sha, parent_listings[base], rel):
+                fs.copy(src_key, key)  # server-side; the object's metadata (its SHA-256) comes with it
+                return "copied"
+        _upload(fs, version_file(directory, file, "the manifest"), key, size, sha)
+        return "uploaded"
+
+    items = sorted(files.items())
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        done = list(pool.map(one, items))
+    # The manifest last: a listing of the prefix never shows a manifest whose files are not all there.
+    files[MANIFEST_NAME] = ((directory / MANIFEST_NAME).stat().st_size, manifest_sha)
+    items.append((MANIFEST_NAME, files[MANIFEST_NAME]))
+    key = f"{target.bucket}/{prefix}/{MANIFEST_NAME}"
+    if _recorded(fs, key, *files[MANIFEST_NAME], listing, MANIFEST_NAME):
+        done.append("skipped")
+    else:
+        _upload(fs, directory / MANIFEST_NAME, key, *files[MANIFEST_NAME])
+        done.append("uploaded")
+    fault("push-uploaded", result.url)
+    committed = _commit(target, catalog_url, name, manifest, local)
+    return dataclasses.replace(
+        result, uploaded=done.count("uploaded"), copied=done.count("copied"), skipped=done.count("skipped"),
+        uploaded_bytes=sum(size for (_, (size, _)), how in zip(items, done) if how == "uploaded"),
+        parent=parent if "copied" in done else None, already=not committed,
+    )
