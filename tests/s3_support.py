@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import threading
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -74,6 +75,27 @@ def environment(values: dict[str, str]) -> Iterator[None]:
             else:
                 os.environ[k] = v
         clear_fs_cache()
+
+
+def s3_fixture(scope: str = "module") -> Any:
+    """A pytest fixture ``s3``: an ``S3Server`` for the ``scope``, its endpoint and keys in the environment meanwhile."""
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def s3() -> Iterator[S3Server]:
+        server = S3Server()
+        with environment(server.env):
+            yield server
+        server.stop()
+
+    return s3
+
+
+def new_bucket(s3: S3Server, prefix: str) -> str:
+    """A new, empty bucket on ``s3`` (a unique name starting ``prefix``)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    s3.fs().mkdir(name)
+    return name
 
 
 _REQUEST = re.compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.1\r\n(.*?)\r\n\r\n", re.S)

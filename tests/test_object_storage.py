@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -30,7 +29,7 @@ pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
 from core_support import MAKE_CORPUS, SAMPLE, files_of, make_builder, stable_manifest, write_parquet
-from s3_support import CountingProxy, S3Server, environment
+from s3_support import CountingProxy, environment, new_bucket, s3_fixture, S3Server
 from shardflow.build import build, plan_build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -41,19 +40,12 @@ from shardflow.sources.storage import PLAN_BLOCK
 INPUT_SUFFIXES = (".parquet", ".jsonl", ".zst", ".gz", ".arrow")
 
 
-@pytest.fixture(scope="session")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    with environment(server.env):
-        yield server
-    server.stop()
+s3 = s3_fixture("session")
 
 
 @pytest.fixture
 def bucket(s3: S3Server) -> str:
-    name = f"b-{uuid.uuid4().hex[:12]}"
-    s3.fs().mkdir(name)
-    return name
+    return new_bucket(s3, "b")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,26 +33,19 @@ import pytest
 pytest.importorskip("botocore", reason="conditional writes need the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from s3_support import S3Server, environment
+from s3_support import environment, new_bucket, s3_fixture, S3Server
 from shardflow.errors import ConfigError, InputError
 from shardflow.objstore import put_if_absent, put_if_match, read_with_etag
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    with environment(server.env):
-        yield server
-    server.stop()
+s3 = s3_fixture("module")
 
 
 @pytest.fixture
 def bucket(s3: S3Server) -> str:
-    name = f"c-{uuid.uuid4().hex[:12]}"
-    s3.fs().mkdir(name)
-    return name
+    return new_bucket(s3, "c")
 
 
 @pytest.fixture(params=["s3", "local"])

@@ -20,7 +20,6 @@ import sys
 import textwrap
 import threading
 import traceback
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -33,7 +32,7 @@ pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
 from core_support import MAKE_CORPUS  # noqa: E402
-from s3_support import S3Server, environment  # noqa: E402
+from s3_support import new_bucket, s3_fixture, S3Server  # noqa: E402
 from shardflow.build import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ShardflowError, ValidationError  # noqa: E402
@@ -64,19 +63,12 @@ def corpus(base: Path, mb: str, files: int) -> list[str]:
     return [str(p) for p in sorted(base.glob("*.parquet"))]
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    with environment(server.env):
-        yield server
-    server.stop()
+s3 = s3_fixture("module")
 
 
 @pytest.fixture
 def bucket(s3: S3Server) -> str:
-    name = f"push-{uuid.uuid4().hex[:12]}"
-    s3.fs().mkdir(name)
-    return name
+    return new_bucket(s3, "push")
 
 
 @pytest.fixture(scope="module")

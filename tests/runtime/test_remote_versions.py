@@ -33,7 +33,7 @@ pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
 from core_support import MAKE_CORPUS  # noqa: E402
-from s3_support import CountingProxy, S3Server, environment  # noqa: E402
+from s3_support import CountingProxy, s3_fixture, S3Server  # noqa: E402
 from shardflow.build import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ManifestError, ValidationError  # noqa: E402
@@ -65,12 +65,7 @@ def upload(s3: S3Server, local: Path, url_root: str) -> None:
             fs.put_file(str(p), f"{url_root}/{p.relative_to(local).as_posix()}")
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    with environment(server.env):
-        yield server
-    server.stop()
+s3 = s3_fixture("module")
 
 
 @pytest.fixture(scope="module")
