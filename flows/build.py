@@ -18,7 +18,7 @@ Where the work units run (``runner``):
   runs to the Prefect API, so it must be a real server they can reach
   (``PREFECT_API_URL=http://HOST:4200/api``), not the temporary one, and
   ``data_root`` must be storage that the flow process and every worker see at
-  the same path (a shared mount).
+  the same path (a shared mount); for a build to a bucket, ``scratch`` must.
 
 What the UI shows for a run is described in ``flows.report``: a progress
 artifact, a shard table, a markdown summary and a link to the manifest, keyed
@@ -43,6 +43,7 @@ from shardflow.build import Stage, drive
 from shardflow.build.handle import PlanHandle
 from shardflow.build.model import BuildPlan
 from shardflow.build.stages import Job
+from shardflow.bucket_build import bucket_places, sync_catalog
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
@@ -52,7 +53,7 @@ from shardflow.flows.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
-from shardflow.tasks.build import STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task
+from shardflow.tasks.build import STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task, push_task
 
 __all__ = [
     "build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api",
@@ -382,15 +383,23 @@ def build_dataset(
     catalog: str | None = None,
     runner: str = "threads",
     address: str | None = None,
+    scratch: str | None = None,
 ) -> str:
     """Build ``config`` into a published version; returns its ``NAME@VERSION``.
 
     ``runner="dask"`` with ``address="tcp://HOST:PORT"`` runs the work units on
     an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
     fsspec URLs (``s3://...``), which are read in place: planned from their listing, read by the workers.
+    ``data_root`` and ``catalog`` may both be ``s3://`` URLs in one bucket: the build runs in ``scratch`` (a
+    mirror of the bucket) and a last task run pushes the version (``shardflow.bucket_build``).
     """
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, not {workers}")
+    places = bucket_places(data_root, catalog, scratch)
+    listed: set[str] = set()
+    if places is not None:
+        listed = sync_catalog(places, config.name)
+        data_root, catalog = str(places.data_root), str(places.catalog)
     task_runner, in_flight = make_task_runner(runner, address, workers)
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
@@ -400,6 +409,12 @@ def build_dataset(
     with task_runner as started:
         result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
                        events=progress)
+        if places is not None:
+            pushed = push_task(places=places, ref=result.ref, listed=listed, workers=workers)
+            if pushed is not None:
+                get_run_logger().info("%s: pushed to %s: %d file(s) sent (%d bytes), %d copied in the bucket, %d there "
+                                      "already", result.ref, pushed["url"], pushed["uploaded"], pushed["uploaded_bytes"],
+                                      pushed["copied"], pushed["skipped"])
         if not result.created:
             get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
         progress.finished(result.ref, created=result.created,

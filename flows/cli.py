@@ -36,7 +36,8 @@ from shardflow.flows.terminal import (
     PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
 )
 from shardflow.flows.options import (
-    _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, check_local_paths, is_url,
+    _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, bucket_places_of, check_local_paths,
+    is_url,
 )
 from shardflow.flows.progress import BuildProgress, Progress
 
@@ -130,8 +131,9 @@ def _check_runner(args: argparse.Namespace) -> None:
         raise ShardflowError("--address is for --runner dask")
 
 
-def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) -> str:
-    """The driver in this process: on threads, or on a Dask cluster with ``--runner dask``."""
+def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any, bucket: Any) -> str:
+    """The driver in this process: on threads, or on a Dask cluster with ``--runner dask``; then, for a build to
+    a bucket (``bucket``: its ``BucketPlaces`` and the versions it lists), the push."""
     from shardflow.build import ThreadExecutor, drive
 
     if args.runner == "dask":
@@ -141,8 +143,12 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any) 
     else:
         executor = ThreadExecutor(args.workers)
     with executor:
-        result = drive(config, executor, data_root=args.data_root, catalog=args.catalog,
+        result = drive(config, executor, data_root=_local_places(args, bucket)[0], catalog=_local_places(args, bucket)[1],
                        events=BuildProgress(config.name, display))
+    if bucket is not None:
+        from shardflow.bucket_build import publish_to_bucket
+
+        publish_to_bucket(bucket[0], result.ref, listed=bucket[1], workers=args.workers)
     display(Progress(dataset=config.name, phase="done", done=1, total=1, ref=result.ref))
     return result.ref
 
@@ -156,29 +162,43 @@ def cmd_build(args: argparse.Namespace) -> int:
     config = _checked_build_config(args)
     from shardflow.catalog import Catalog
 
-    catalog = Catalog(args.catalog)
-    # What was published before: a build that ends on one of these published nothing new.
-    before = {f"{config.name}@{v.version}" for v in catalog.versions(config.name)} \
-        if config.name in catalog.datasets() else set()
-    ref = _build(args, config)
+    places = bucket_places_of(args)
+    bucket = None
+    if places is not None:
+        from shardflow.bucket_build import sync_catalog
+
+        bucket = (places, sync_catalog(places, config.name))
+        before = {f"{config.name}@{v}" for v in bucket[1]}
+    catalog = Catalog(_local_places(args, bucket)[1])
+    if bucket is None:
+        # What was published before: a build that ends on one of these published nothing new.
+        before = {f"{config.name}@{v.version}" for v in catalog.versions(config.name)} \
+            if config.name in catalog.datasets() else set()
+    ref = _build(args, config, bucket)
     directory = catalog.resolve(ref)
     if config.target is not None:  # before the two result lines: the last line stays the manifest's path
         from shardflow.flows.targets_cli import print_target_settings
 
         print_target_settings(config.target, directory)
-    print(f"nothing new: {ref} is identical" if ref in before else f"published {ref}")
-    print(str(directory / "metadata.yaml"))
+    where = f" to {places.version_url(ref)}" if places is not None else ""
+    print(f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}" if ref in before else f"published {ref}{where}")
+    print(f"{places.version_url(ref)}/metadata.yaml" if places is not None else str(directory / "metadata.yaml"))
     return 0
 
 
-def _build(args: argparse.Namespace, config: Any) -> str:
+def _local_places(args: argparse.Namespace, bucket: Any) -> tuple[str | None, str | None]:
+    """The data root and catalog the build writes: the options, or a build to a bucket's scratch mirror."""
+    return (args.data_root, args.catalog) if bucket is None else (str(bucket[0].data_root), str(bucket[0].catalog))
+
+
+def _build(args: argparse.Namespace, config: Any, bucket: Any) -> str:
     """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
     from shardflow.flows.progress import BuildProgress, ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:
         with display:
-            return _build_without_prefect(args, config, display)
+            return _build_without_prefect(args, config, display, bucket)
     os.environ.update({**PREFECT_DEFAULTS, **os.environ})
     from shardflow.flows.server import start_server
 
@@ -187,7 +207,8 @@ def _build(args: argparse.Namespace, config: Any) -> str:
     if server is not None and server.process is not None:
         from shardflow.flows.server import build_until_answered
 
-        build_until_answered(server, config, workers=args.workers, data_root=args.data_root, catalog=args.catalog)
+        data_root, catalog = _local_places(args, bucket)
+        build_until_answered(server, config, workers=args.workers, data_root=data_root, catalog=catalog)
     try:
         return _run_flow(args, config, display, server)
     finally:
@@ -217,6 +238,7 @@ def _run_flow(args: argparse.Namespace, config: Any, display: Any, server: Any) 
                     catalog=args.catalog,
                     runner=args.runner,
                     address=args.address,
+                    scratch=args.scratch,
                 )
         finally:
             if console.hide_links and console.run_path:  # the server is gone: its link would be dead
@@ -245,7 +267,7 @@ def _checked_build_config(args: argparse.Namespace) -> Any:
     if args.workers < 1:
         raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
     _check_runner(args)
-    check_local_paths(args)
+    bucket_places_of(args)  # a bucket's URLs checked, or no URL where only a local directory works
     check_sources_exist(args.sources)
     check_pipeline_installed(args)
     return _config(args)
@@ -285,6 +307,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ShardflowError(f"--workers must be at least 1, not {args.workers}")
     _check_runner(args)
+    bucket_places_of(args)  # a bucket's URLs checked, or no URL where only a local directory works
     config = _config(args)
     config = config.replace(sources=tuple(_absolute(s) or s for s in config.sources))
     if not args.dry_run:
@@ -297,7 +320,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name=args.deployment or config.name,
         schedules=schedules,
         parameters={"config": config.to_dict(), "workers": args.workers, "data_root": _absolute(args.data_root),
-                    "catalog": _absolute(args.catalog), "runner": args.runner, "address": args.address},
+                    "catalog": _absolute(args.catalog), "runner": args.runner, "address": args.address,
+                    "scratch": _absolute(args.scratch)},
         tags=[*TAGS, dataset_tag(config.name)],
         description=f"Build the {config.name} dataset",
     )
@@ -347,9 +371,13 @@ def _places(args: argparse.Namespace) -> dict[str, Any]:
 
     places: dict[str, Any] = {}
     if hasattr(args, "data_root"):
-        places["--data-root"] = default_data_root(args.data_root)
+        places["--data-root"] = args.data_root if is_url(args.data_root or "") else default_data_root(args.data_root)
     if hasattr(args, "catalog"):
-        places["--catalog"] = default_catalog(args.catalog)
+        places["--catalog"] = args.catalog if is_url(args.catalog or "") else default_catalog(args.catalog)
+    if getattr(args, "scratch", None) or places.get("--data-root") is not None and is_url(str(places["--data-root"])):
+        from shardflow.bucket_build import default_scratch
+
+        places["--scratch"] = default_scratch(args.scratch)
     return places
 
 
@@ -357,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        check_local_paths(args)
+        if not hasattr(args, "scratch"):  # build and serve: their data root and catalog may be on a bucket
+            check_local_paths(args)
         return COMMANDS[args.command](args)
     except ShardflowError as exc:
         print(f"shardflow: error: {exc}", file=sys.stderr)

@@ -50,9 +50,22 @@ def check_local_paths(args: argparse.Namespace) -> None:
             value, given = os.environ.get(env), f"{env}={os.environ.get(env)}"
         if value and _URL.match(str(value)):
             raise ConfigError(
-                f"{given}: a URL, but {option} must be a local directory (output to object storage is not "
-                f"supported yet){'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
+                f"{given}: a URL, but {option} must be a local directory for this command (build, serve and push "
+                f"publish to a bucket; shardflow.runtime reads from one)"
+                f"{'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
             )
+
+
+def bucket_places_of(args: argparse.Namespace) -> Any:
+    """A build's ``BucketPlaces`` when its data root and catalog (options, else environment) are on a bucket;
+    else None, after refusing a URL in either (``check_local_paths``)."""
+    from shardflow.bucket_build import bucket_places
+
+    places = bucket_places(args.data_root or os.environ.get("SHARDFLOW_DATA_ROOT"),
+                           args.catalog or os.environ.get("SHARDFLOW_CATALOG"), args.scratch)
+    if places is None:
+        check_local_paths(args)
+    return places
 
 
 def _add_catalog(p: argparse.ArgumentParser) -> None:
@@ -236,8 +249,11 @@ def _add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> No
     _add_embed_options(b, prefix="embed-")
     run = b.add_argument_group("where and how the build runs")
     run.add_argument("--workers", type=int, default=2, help="work units tokenized at once (default 2)")
-    run.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
+    run.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data); "
+                     "s3://BUCKET/PREFIX publishes to a bucket, with --catalog s3://BUCKET/PREFIX too")
     _add_catalog(run)
+    run.add_argument("--scratch", help="for a build to a bucket: the local directory it is built in before the push "
+                     "(default: $SHARDFLOW_SCRATCH or ~/.cache/shardflow/scratch; shared by the workers of --runner dask)")
     run.add_argument(
         "--runner", default="threads", choices=["threads", "dask"],
         help="where work units run: threads in this process (default) or a Dask cluster (needs --address)",

@@ -18,6 +18,7 @@ returns the recorded result without recomputing it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -33,7 +34,7 @@ from shardflow.errors import is_transient as core_is_transient
 
 __all__ = [
     "plan_task", "STAGE_TASKS", "STAGE_BATCH_TASKS", "task_for_stage", "batch_task_for_stage", "PlanHandle", "is_transient",
-    "attach_core_logs", "TAGS",
+    "attach_core_logs", "TAGS", "push_task",
 ]
 
 TAGS = ("shardflow",)
@@ -109,6 +110,17 @@ def plan_task(
 ) -> core.BuildPlan:
     attach_core_logs()
     return core.plan_build(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
+
+
+@task(name="push", task_run_name="push {ref}", **_IO)
+def push_task(places: Any, ref: str, listed: set[str], workers: int) -> dict[str, Any] | None:
+    """Publish the version built in the scratch to the bucket (``shardflow.bucket_build.publish_to_bucket``):
+    what was sent, or None when the bucket lists it already."""
+    from shardflow.bucket_build import publish_to_bucket
+
+    attach_core_logs()
+    result = publish_to_bucket(places, ref, listed=listed, workers=workers)
+    return None if result is None else dataclasses.asdict(result)
 
 
 def task_for_stage(stage: core.Stage) -> Task[..., Any]:

@@ -211,8 +211,9 @@ def test_a_url_data_root_or_catalog_is_refused_until_object_storage_output_exist
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     unset = ", or give" if env else " give"
-    with pytest.raises(ConfigError, match=rf"^{shown} must be a local or shared filesystem path, not a URL: writing "
-                       r"versions to object storage is not supported yet \(inputs may be s3:// URLs\);"
+    with pytest.raises(ConfigError, match=rf"^{shown} must be a local or shared filesystem path, not a URL: the "
+                       r"library builds and publishes in a local directory \(to publish to a bucket: shardflow build "
+                       r"--data-root s3://BUCKET/data --catalog s3://BUCKET/catalog, or shardflow push\);"
                        rf"( unset SHARDFLOW_\w+)?{unset} a directory instead, e\.g\. /mnt/shared/\w+$"):
         call()
     assert list(tmp_path.iterdir()) == []

@@ -314,14 +314,26 @@ def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(cli, tmp_path):
 @pytest.mark.parametrize(
     "args,env,named",
     [
-        (("build", "{sample}", "--name", "x", "--data-root", "s3://bucket/data", "--catalog", "cat", "--no-prefect"),
-         {}, "--data-root s3://bucket/data"),
-        (("build", "{sample}", "--name", "x", "--data-root", "data", "--catalog", "s3://bucket/cat", "--no-prefect"),
-         {}, "--catalog s3://bucket/cat"),
-        (("build", "{sample}", "--name", "x", "--catalog", "cat", "--no-prefect"),
-         {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"}, "SHARDFLOW_DATA_ROOT=s3://bucket/data"),
-        (("build", "{sample}", "--name", "x", "--data-root", "data", "--no-prefect"),
-         {"SHARDFLOW_CATALOG": "gs://bucket/cat"}, "SHARDFLOW_CATALOG=gs://bucket/cat"),
+        (("--data-root", "s3://bucket/data", "--catalog", "cat"), {}, "--catalog cat"),
+        (("--data-root", "data", "--catalog", "s3://bucket/cat"), {}, "--data-root data"),
+        (("--catalog", "cat"), {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"}, "--catalog cat"),
+        (("--data-root", "data"), {"SHARDFLOW_CATALOG": "gs://bucket/cat"}, "--data-root data"),
+    ],
+)
+def test_a_build_with_only_one_of_its_places_on_a_bucket_is_refused(cli, tmp_path, monkeypatch, args, env, named):
+    """Not a local directory named ``s3:``, nor a local catalog listing a version on a bucket (or the reverse)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    status, out, err = cli("build", str(SAMPLE), "--name", "x", "--no-prefect", *args)
+    assert status == 2 and out == ""
+    assert err.splitlines() == [f"shardflow: error: {named}: a build to a bucket needs both --data-root and --catalog on "
+                                "it, in one bucket, e.g. --data-root s3://BUCKET/data --catalog s3://BUCKET/catalog"]
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists() and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    "args,env,named",
+    [
         (("ls", "--catalog", "s3://bucket/cat"), {}, "--catalog s3://bucket/cat"),
         (("show", "x@latest"), {"SHARDFLOW_CATALOG": "s3://bucket/cat"}, "SHARDFLOW_CATALOG=s3://bucket/cat"),
         (("validate", "x@v1", "--catalog", "s3://bucket/cat"), {}, "--catalog s3://bucket/cat"),
@@ -334,7 +346,7 @@ def test_a_url_where_only_a_local_directory_works_is_refused(cli, tmp_path, monk
     status, out, err = cli(*(a.replace("{sample}", str(SAMPLE)) for a in args))
     assert status == 2 and out == ""
     assert err.splitlines() == [err.strip()] and err.startswith(f"shardflow: error: {named}: a URL, but ")
-    assert "output to object storage is not supported yet" in err
+    assert "must be a local directory for this command (build, serve and push publish to a bucket" in err
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
 
 

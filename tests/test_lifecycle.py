@@ -292,11 +292,12 @@ def test_a_url_data_root_or_catalog_is_refused_and_creates_nothing(tmp_path, cli
         monkeypatch.setenv(key, value)
     status, out, err = cli(*args, cwd=tmp_path)
     assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("shardflow: error: ")
-    assert "output to object storage is not supported yet" in err
+    assert "must be a local directory for this command (build, serve and push publish to a bucket" in err
     assert list(tmp_path.iterdir()) == []  # no directory named s3:
     monkeypatch.delenv("SHARDFLOW_DATA_ROOT", raising=False)
     with pytest.raises(ConfigError, match=r"^s3://bucket/data: the data root must be a local or shared filesystem "
-                       r"path, not a URL: writing versions to object storage is not supported yet \(inputs may be "
-                       r"s3:// URLs\); give a directory instead"):
+                       r"path, not a URL: the library builds and publishes in a local directory \(to publish to a "
+                       r"bucket: shardflow build --data-root s3://BUCKET/data --catalog s3://BUCKET/catalog, or "
+                       r"shardflow push\); give a directory instead"):
         collect_garbage(data_root="s3://bucket/data", catalog=tmp_path / "catalog")
     assert list(tmp_path.iterdir()) == []

@@ -78,9 +78,9 @@ def _local_dir(value: str | os.PathLike[str] | None, env: str, default: str, wha
     if _URL_LIKE.match(text):
         hint = f"unset {env}, or give" if source else "give"
         raise ConfigError(
-            f"{source}{text}: the {what} must be a local or shared filesystem path, not a URL: writing versions to "
-            f"object storage is not supported yet (inputs may be s3:// URLs); {hint} a directory instead, "
-            f"e.g. /mnt/shared/{default}"
+            f"{source}{text}: the {what} must be a local or shared filesystem path, not a URL: the library builds "
+            f"and publishes in a local directory (to publish to a bucket: shardflow build --data-root s3://BUCKET/data "
+            f"--catalog s3://BUCKET/catalog, or shardflow push); {hint} a directory instead, e.g. /mnt/shared/{default}"
         )
     return Path(text).expanduser().absolute()
 
@@ -95,7 +95,7 @@ def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
 
     A URL (``s3://bucket/data``) is refused with a ``ConfigError``: ``Path()`` would make it the
     relative path ``s3:/bucket/data`` and a build would write a local directory named ``s3:``.
-    Inputs may be on object storage; published versions, for now, may not.
+    A build to a bucket runs in a local scratch mirror and pushes (``shardflow.bucket_build``).
     """
     return _local_dir(data_root, "SHARDFLOW_DATA_ROOT", "data", "data root")
 

@@ -52,6 +52,7 @@ POINTS: dict[str, str] = {
     "catalog-write": "catalog: before the catalog file is replaced",
     "publish-cataloged": "publish: after the catalog entry, before the staging directory is removed",
     "atomic-write": "any atomic file write: after the temporary file, before the rename",
+    "push-files": "push: after every file the manifest names is in the bucket, before the manifest",
     "push-uploaded": "push: after every file and the manifest are in the bucket, before the bucket catalog entry",
 }
 

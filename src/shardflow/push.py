@@ -49,7 +49,7 @@ from .manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
 from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag, redacted
 from .validation import validate_dir
 
-__all__ = ["PushResult", "push_version", "CLAIM_NAME", "SHA256_METADATA"]
+__all__ = ["PushResult", "push_version", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
 
 CLAIM_NAME = ".shardflow-push.json"
 """The object that reserves a version's prefix for one build (its build key), created before any upload."""
@@ -83,7 +83,7 @@ class PushResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Target:
+class BucketTarget:
     """The bucket, and the keys of the data root and the catalog (no leading or trailing '/')."""
 
     scheme: str
@@ -101,10 +101,11 @@ class _Target:
         return "/".join(p for p in (self.catalog_key, f"{name}.yaml") if p)
 
 
-def _target(data_root_url: str, catalog_url: str) -> _Target:
-    """Both URLs checked: ``s3://``, one bucket, no ``.``/``..``/empty parts."""
+def bucket_target(data_root_url: str, catalog_url: str, *,
+                  options: tuple[str, str] = ("--data-root-url", "--catalog-url")) -> BucketTarget:
+    """Both URLs checked: ``s3://``, one bucket, no ``.``/``..``/empty parts (``options``: their names in messages)."""
     parsed = []
-    for option, url in (("--data-root-url", data_root_url), ("--catalog-url", catalog_url)):
+    for option, url in zip(options, (data_root_url, catalog_url)):
         p = urlparse(url)
         if p.scheme.lower() != "s3" or not p.netloc:
             raise ConfigError(f"{option} {redacted(url)}: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no "
@@ -117,9 +118,9 @@ def _target(data_root_url: str, catalog_url: str) -> _Target:
         parsed.append((p.netloc, key))
     (bucket, data_key), (cat_bucket, catalog_key) = parsed
     if bucket != cat_bucket:
-        raise ConfigError(f"--data-root-url and --catalog-url are in different buckets ({bucket}, {cat_bucket}); a catalog "
+        raise ConfigError(f"{options[0]} and {options[1]} are in different buckets ({bucket}, {cat_bucket}); a catalog "
                           "entry's path is relative to the catalog, so both must be in one bucket")
-    return _Target(scheme="s3", bucket=bucket, data_key=data_key, catalog_key=catalog_key)
+    return BucketTarget(scheme="s3", bucket=bucket, data_key=data_key, catalog_key=catalog_key)
 
 
 def _manifest_files(directory: Path, manifest: Manifest) -> dict[str, tuple[int, str]]:
@@ -158,7 +159,7 @@ class _Mirror:
     """A scratch directory laid out like the bucket's keys, where ``Catalog`` reads and writes the bucket's catalog
     file and its relative paths come out as they are in the bucket."""
 
-    def __init__(self, root: str, target: _Target, catalog_url: str) -> None:
+    def __init__(self, root: str, target: BucketTarget, catalog_url: str) -> None:
         self.root, self.target, self.catalog_url = Path(root) / target.bucket, target, catalog_url.rstrip("/")
 
     def path(self, key: str) -> Path:
@@ -176,8 +177,8 @@ class _Mirror:
         return type(exc)(str(exc).replace(str(cat.path), self.catalog_url))
 
 
-def _local(ref: str, catalog: Any) -> tuple[Path, Manifest, VersionEntry]:
-    """The local version ``ref`` names, validated with checksums, and its local catalog entry."""
+def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, VersionEntry]:
+    """The local version ``ref`` names, validated (with ``checksums``), and its local catalog entry."""
     name = ref.partition("@")[0] if "@" in ref else None
     if name is not None:
         check_name(name)
@@ -187,7 +188,7 @@ def _local(ref: str, catalog: Any) -> tuple[Path, Manifest, VersionEntry]:
     check_name(manifest.name)
     if not isinstance(manifest.version, str) or not _VERSION_RE.match(manifest.version):
         raise ValidationError(f"{directory / MANIFEST_NAME}: version {manifest.version!r} is not vN; rebuild the version")
-    validate_dir(directory, manifest, checksums=True, published=True, catalog=cat.path)
+    validate_dir(directory, manifest, checksums=checksums, published=True, catalog=cat.path)
     found = cat.entry_for_dir(directory, name=manifest.name)
     if found is None:
         raise CatalogError(f"{directory}: not a version published in the catalog {cat.path}; push NAME@vN of that "
@@ -195,7 +196,7 @@ def _local(ref: str, catalog: Any) -> tuple[Path, Manifest, VersionEntry]:
     return directory, manifest, found[1]
 
 
-def _claim(target: _Target, prefix: str, ref: str, build_key: str) -> None:
+def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str) -> None:
     """Reserve the version's prefix for this build; refuse one another build holds."""
     url = target.url(f"{prefix}/{CLAIM_NAME}")
     if put_if_absent(url, json.dumps({"ref": ref, "build_key": build_key}).encode()):
@@ -304,7 +305,7 @@ def _listed(cat: Catalog, name: str, version: str, build_key: str, file_url: str
     return False
 
 
-def _commit(target: _Target, catalog_url: str, name: str, manifest: Manifest, local: VersionEntry) -> bool:
+def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifest, local: VersionEntry) -> bool:
     """Add the version to the bucket catalog (conditional write, retried); False if it was there already."""
     file_url = target.url(target.catalog_file_key(name))
     for _ in range(_COMMIT_ATTEMPTS):
@@ -328,13 +329,15 @@ def _commit(target: _Target, catalog_url: str, name: str, manifest: Manifest, lo
     raise CatalogError(f"{file_url}: changed by other pushes {_COMMIT_ATTEMPTS} times in a row; push again")
 
 
-def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8) -> PushResult:
+def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8,
+                 checksums: bool = True) -> PushResult:
     """Publish the local version ``ref`` under ``<data_root_url>/<name>/<version>/`` and list it in the bucket
     catalog ``<catalog_url>/<name>.yaml`` (see the module docstring). Safe to rerun: it resumes, or says
-    ``already``."""
-    target = _target(data_root_url, catalog_url)
+    ``already``. ``checksums=False`` skips hashing the version before anything is sent (a build that has just
+    validated it); each upload is still hashed as it is sent and committed only with the manifest's SHA-256."""
+    target = bucket_target(data_root_url, catalog_url)
     catalog_url = catalog_url.rstrip("/")
-    directory, manifest, local = _local(ref, catalog)
+    directory, manifest, local = _local(ref, catalog, checksums)
     name, version = manifest.name, manifest.version
     files = _manifest_files(directory, manifest)
     manifest_sha = sha256_file(directory / MANIFEST_NAME)
@@ -375,6 +378,7 @@ def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
     items = sorted(files.items())
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         done = list(pool.map(one, items))
+    fault("push-files", result.url)
     # The manifest last: a listing of the prefix never shows a manifest whose files are not all there.
     files[MANIFEST_NAME] = ((directory / MANIFEST_NAME).stat().st_size, manifest_sha)
     items.append((MANIFEST_NAME, files[MANIFEST_NAME]))

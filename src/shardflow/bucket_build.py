@@ -1,0 +1,149 @@
+"""Builds whose versions live on a bucket: ``--data-root s3://B/data --catalog s3://B/catalog``.
+
+Such a build runs as a local one does, in a scratch mirror of the bucket on the
+build's machine (``<scratch>/<bucket>/<key>``: a catalog entry's relative path,
+``../data/NAME/vN``, is then the same there and in the bucket), and is then
+published to the bucket by ``shardflow.push``: every file uploaded and hashed as
+it is sent, the manifest last, and the bucket catalog's conditional write the
+commit point. Until that write, no reader resolves the version, whatever a crash
+left in the bucket; a rerun resumes (the scratch still holds the build, and
+objects already sent are skipped).
+
+Before the build, the bucket's catalog file of the dataset is merged into the
+scratch catalog (``sync_catalog``), so that:
+
+* version names follow the bucket's (``v3`` after the bucket's ``v2``), and a
+  removed version's name is never given again;
+* a rebuild of a build the bucket lists publishes nothing new;
+* a version built here whose push did not finish stays listed here, and the next
+  run pushes it;
+* a version built here whose name the bucket gave another build (a concurrent
+  build won) is dropped here, with its files: this run builds the next version.
+
+The scratch keeps the versions built on this machine; they are the incremental
+parents of later builds here (hard-linked, as on a local data root). A version
+published from another machine has no files here, so a build whose parent it is
+tokenizes its inputs again (it says so in one line); its shards that equal the
+parent's are then copied within the bucket, not sent. For ``--runner dask`` the
+scratch must be a directory every worker sees at the same path, as a local data
+root must.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ._io import atomic_write_bytes
+from .catalog import Catalog
+from .errors import ConfigError, ShardflowError
+from .objstore import is_remote, read_with_etag
+from .push import PushResult, bucket_target, push_version
+
+__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
+
+log = logging.getLogger("shardflow.build")
+
+SCRATCH_ENV = "SHARDFLOW_SCRATCH"
+
+
+def default_scratch(scratch: str | os.PathLike[str] | None = None) -> Path:
+    """``scratch``, else ``$SHARDFLOW_SCRATCH``, else ``~/.cache/shardflow/scratch``; absolute, local."""
+    text = os.fspath(scratch) if scratch else os.environ.get(SCRATCH_ENV) or "~/.cache/shardflow/scratch"
+    if is_remote(text):
+        raise ConfigError(f"--scratch {text}: the scratch directory of a build to a bucket must be a local (or "
+                          "shared) directory, not a URL")
+    return Path(text).expanduser().absolute()
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketPlaces:
+    """Where a build to a bucket publishes, and the scratch mirror it builds in."""
+
+    data_root_url: str
+    catalog_url: str
+    data_root: Path
+    """The scratch mirror of ``data_root_url``: the build's local data root."""
+    catalog: Path
+    """The scratch mirror of ``catalog_url``: the build's local catalog."""
+
+    def catalog_file_url(self, name: str) -> str:
+        return f"{self.catalog_url}/{name}.yaml"
+
+    def version_url(self, ref: str) -> str:
+        name, _, version = ref.partition("@")
+        return f"{self.data_root_url}/{name}/{version}"
+
+
+def bucket_places(data_root: str | None, catalog: str | None, scratch: str | os.PathLike[str] | None = None
+                  ) -> BucketPlaces | None:
+    """The places of a build to a bucket, or None when both are local (or unset: the local defaults).
+
+    Both must then be ``s3://`` URLs in one bucket: a local catalog cannot list a
+    version on a bucket, nor a bucket catalog a version on one machine's disk.
+    """
+    remote = [bool(value) and is_remote(str(value)) for value in (data_root, catalog)]
+    if not any(remote):
+        return None
+    if not all(remote):
+        local = "--catalog" if remote[0] else "--data-root"
+        raise ConfigError(f"{local} {(catalog if remote[0] else data_root) or '(unset)'}: a build to a bucket needs both "
+                          "--data-root and --catalog on it, in one bucket, e.g. --data-root s3://BUCKET/data "
+                          "--catalog s3://BUCKET/catalog")
+    assert data_root is not None and catalog is not None
+    target = bucket_target(data_root, catalog, options=("--data-root", "--catalog"))
+    mirror = default_scratch(scratch) / target.bucket
+    return BucketPlaces(
+        data_root_url=data_root.rstrip("/"), catalog_url=catalog.rstrip("/"),
+        data_root=mirror / target.data_key if target.data_key else mirror,
+        catalog=mirror / target.catalog_key if target.catalog_key else mirror,
+    )
+
+
+def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
+    """Merge the bucket's catalog file of ``name`` into the scratch catalog (see the module docstring); the
+    versions the bucket lists."""
+    got = read_with_etag(places.catalog_file_url(name))
+    with tempfile.TemporaryDirectory(prefix="shardflow-sync-") as tmp:
+        theirs = Catalog(tmp)
+        if got is not None:
+            (Path(tmp) / f"{name}.yaml").write_bytes(got[0])
+        try:
+            listed = {v.version: v.build_key for v in theirs.versions(name)} if got else {}
+            removed = {r.version for r in theirs.removed(name)} if got else set()
+        except ShardflowError as exc:
+            raise type(exc)(str(exc).replace(str(theirs.path), places.catalog_url)) from None
+    local = Catalog(places.catalog)
+    local.path.mkdir(parents=True, exist_ok=True)
+    with local.lock(name):
+        ours = local.versions(name) if name in local.datasets() else []
+        if got is None and not ours:
+            return set()
+        kept = [e for e in ours if e.version not in listed and e.version not in removed]
+        for entry in ours:
+            if entry not in kept and listed.get(entry.version) != entry.build_key:
+                # Lost to another build (or removed from the bucket): not this version's data any more.
+                log.warning("%s@%s built here was not published: the bucket's catalog gives that version to "
+                            "another build, or removed it; discarding the local copy", name, entry.version)
+                shutil.rmtree(local.version_dir(entry), ignore_errors=True)
+                local.files_record(name, entry.version).unlink(missing_ok=True)
+        if got is not None:
+            atomic_write_bytes(local.path / f"{name}.yaml", got[0])
+        else:
+            (local.path / f"{name}.yaml").unlink()
+        for entry in kept:  # built here, not yet in the bucket: pushed by this run
+            local.add(name, replace(entry, path=str(local.version_dir(entry))))
+    return set(listed)
+
+
+def publish_to_bucket(places: BucketPlaces, ref: str, *, listed: set[str], workers: int) -> PushResult | None:
+    """Push the version ``ref`` built in the scratch (None: the bucket lists it already, nothing is sent)."""
+    if ref.partition("@")[2] in listed:
+        return None
+    # The build validated the version moments ago; every upload is still hashed against the manifest.
+    return push_version(ref, data_root_url=places.data_root_url, catalog_url=places.catalog_url,
+                        catalog=places.catalog, workers=workers, checksums=False)

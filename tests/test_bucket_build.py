@@ -1,0 +1,169 @@
+"""``shardflow build --data-root s3://B/data --catalog s3://B/catalog``: versions built for, and published to, a bucket.
+
+The bucket is moto's S3 server on loopback; every build is the command users
+run (``--no-prefect`` here: tests/flows/test_bucket_build_cluster.py runs the
+flow on a Dask cluster). What these show: the version reads back from the
+bucket, in a fresh cache, as the same build on a local data root; version names
+follow the bucket's catalog whichever scratch directory builds; a build killed
+between its shard uploads and its manifest shows nothing, and its rerun resumes;
+of two builds that both took one version name, the bucket lists one, and the
+other's rerun publishes the next; half-bucket places are refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
+pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
+
+from core_support import SAMPLE  # noqa: E402
+from s3_support import S3Server, new_bucket, s3_fixture  # noqa: E402
+from shardflow.errors import ShardflowError  # noqa: E402
+from shardflow.runtime import TokenDataset  # noqa: E402
+
+SHARDFLOW = [sys.executable, "-m", "shardflow.flows.cli", "build"]
+OPTIONS = ["--name", "bk", "--shard-tokens", "4000", "--val-fraction", "0.1", "--no-prefect", "--progress", "none"]
+
+s3 = s3_fixture("module")
+
+
+@pytest.fixture
+def bucket(s3: S3Server) -> str:
+    return new_bucket(s3, "build")
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The sample corpus as two Parquet inputs (rows 0-29, 30-60)."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path_factory.mktemp("halves")
+    table = pq.read_table(SAMPLE)
+    paths = [out / "a.parquet", out / "b.parquet"]
+    pq.write_table(table.slice(0, 30), paths[0])
+    pq.write_table(table.slice(30), paths[1])
+    return paths
+
+
+def shardflow(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHARDFLOW, *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=300)
+
+
+def to_bucket(bucket: str, scratch: Path) -> list[str]:
+    return ["--data-root", f"s3://{bucket}/data", "--catalog", f"s3://{bucket}/catalog", "--scratch", str(scratch)]
+
+
+def windows(ds: TokenDataset) -> np.ndarray:
+    return np.stack([ds.window(i) for i in range(len(ds))])
+
+
+def bucket_catalog(s3: S3Server, bucket: str) -> dict:
+    return yaml.safe_load(s3.fs().cat_file(f"{bucket}/catalog/bk.yaml"))
+
+
+def test_a_build_to_a_bucket_reads_back_as_the_same_build_on_local_disk(s3, bucket, halves, tmp_path):
+    res = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [f"published bk@v1 to s3://{bucket}/data/bk/v1", f"s3://{bucket}/data/bk/v1/metadata.yaml"]
+    assert not (tmp_path / "s3:").exists()
+    local = shardflow([*map(str, halves), *OPTIONS, "--data-root", "data", "--catalog", "cat"], tmp_path)
+    assert local.returncode == 0, local.stderr
+    local_dir = Path(local.stdout.splitlines()[-1]).parent
+    for split, seq in (("train", 128), ("val", 32)):
+        remote = TokenDataset("bk@v1", catalog=f"s3://{bucket}/catalog", split=split, seq_len=seq,
+                              cache_dir=tmp_path / f"cache-{split}")
+        assert np.array_equal(windows(remote), windows(TokenDataset(local_dir, split=split, seq_len=seq)))
+    # Built again from another machine's (empty) scratch: the bucket's catalog knows it.
+    again = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "other")], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == f"nothing new: bk@v1 is identical at s3://{bucket}/data/bk/v1"
+    assert [v["version"] for v in bucket_catalog(s3, bucket)["versions"]] == ["v1"]
+
+
+@pytest.mark.slow
+def test_version_names_follow_the_bucket_and_a_parent_built_here_is_reused(s3, bucket, halves, tmp_path):
+    first = shardflow([str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "a")], tmp_path)
+    assert first.returncode == 0, first.stderr
+    # Another scratch, without bk@v1's files: version v2, every input tokenized (said in one line), the shards
+    # equal to v1's copied within the bucket.
+    second = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "b")], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines()[0] == f"published bk@v2 to s3://{bucket}/data/bk/v2"
+    assert "not reusing bk@v1" in second.stderr
+    # The second scratch has v2's files: its next build is incremental (v2's shards hard-linked there).
+    (halves[0].parent / "c.parquet").write_bytes(halves[1].read_bytes())
+    third = shardflow([*map(str, halves), str(halves[0].parent / "c.parquet"), *OPTIONS, *to_bucket(bucket, tmp_path / "b")],
+                      tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert third.stdout.splitlines()[0] == f"published bk@v3 to s3://{bucket}/data/bk/v3"
+    assert "not reusing" not in third.stderr
+    listed = bucket_catalog(s3, bucket)
+    assert [v["version"] for v in listed["versions"]] == ["v1", "v2", "v3"] and listed["latest"] == "v3"
+    assert listed["versions"][2]["parent"] == "bk@v2"
+
+
+def test_a_build_killed_between_its_shard_uploads_and_its_manifest_shows_nothing_then_resumes(s3, bucket, halves, tmp_path):
+    args = [*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")]
+    killed = shardflow(args, tmp_path, SHARDFLOW_FAULT="push-files")
+    assert killed.returncode == -9, killed.stderr
+    fs = s3.fs()
+    sent = fs.find(f"{bucket}/data/bk/v1/")
+    assert any(p.endswith(".bin") for p in sent) and not any(p.endswith("metadata.yaml") for p in sent)
+    assert not fs.exists(f"{bucket}/catalog/bk.yaml")
+    with pytest.raises(ShardflowError, match=rf"s3://{bucket}/catalog"):
+        TokenDataset("bk@v1", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / "cache")
+    rerun = shardflow(args, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.splitlines()[0] == f"published bk@v1 to s3://{bucket}/data/bk/v1"
+    assert bucket_catalog(s3, bucket)["latest"] == "v1"
+    assert len(TokenDataset("bk@v1", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / "cache")) > 0
+
+
+def test_of_two_builds_that_took_one_version_name_the_bucket_lists_one_and_the_other_publishes_the_next(
+        s3, bucket, halves, tmp_path):
+    # Build A is killed after its uploads, before its catalog entry; build B (other inputs, another machine's
+    # scratch) then publishes v1; A's commit can no longer win, and its rerun publishes v2.
+    a = [str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "a")]
+    killed = shardflow(a, tmp_path, SHARDFLOW_FAULT="push-uploaded")
+    assert killed.returncode == -9, killed.stderr
+    b = shardflow([str(halves[1]), *OPTIONS, "--data-root", f"s3://{bucket}/data-b", "--catalog", f"s3://{bucket}/catalog",
+                   "--scratch", str(tmp_path / "b")], tmp_path)
+    assert b.returncode == 0, b.stderr
+    assert b.stdout.splitlines()[0] == f"published bk@v1 to s3://{bucket}/data-b/bk/v1"
+    rerun = shardflow(a, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "discarding the local copy" in rerun.stderr
+    assert rerun.stdout.splitlines()[0] == f"published bk@v2 to s3://{bucket}/data/bk/v2"
+    listed = bucket_catalog(s3, bucket)
+    assert [(v["version"], v["path"]) for v in listed["versions"]] == [("v1", "../data-b/bk/v1"), ("v2", "../data/bk/v2")]
+    for version, data, half in (("v1", "data-b", halves[1]), ("v2", "data", halves[0])):
+        manifest = yaml.safe_load(s3.fs().cat_file(f"{bucket}/{data}/bk/{version}/metadata.yaml"))
+        assert [i["path"] for i in manifest["inputs"]] == [str(half)]
+        assert len(TokenDataset(f"bk@{version}", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / version))
+
+
+@pytest.mark.parametrize("places, message", [
+    (["--data-root", "s3://b1/data"], r"--catalog \(unset\): a build to a bucket needs both --data-root and --catalog"),
+    (["--data-root", "s3://b1/data", "--catalog", "cat"], r"--catalog cat: a build to a bucket needs both"),
+    (["--data-root", "data", "--catalog", "s3://b1/catalog"], r"--data-root data: a build to a bucket needs both"),
+    (["--data-root", "s3://b1/data", "--catalog", "s3://b2/catalog"], r"--data-root and --catalog are in different buckets"),
+    (["--data-root", "s3://b1/a/../data", "--catalog", "s3://b1/catalog"], r"the prefix 'a/\.\./data' has an empty, '\.' or '\.\.' part"),
+    (["--data-root", "gs://b1/data", "--catalog", "gs://b1/catalog"], r"--data-root gs://b1/data: give an s3:// URL"),
+])
+def test_a_build_to_half_a_bucket_or_a_bad_prefix_is_refused_in_one_line(places, message, halves, tmp_path):
+    res = shardflow([str(halves[0]), *OPTIONS, *places], tmp_path, SHARDFLOW_CATALOG="", SHARDFLOW_DATA_ROOT="")
+    assert res.returncode == 2 and res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("shardflow: error: "), res.stderr
+    import re
+
+    assert re.search(message, res.stderr), res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
