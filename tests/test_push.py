@@ -99,10 +99,11 @@ def bucket_catalog(s3: S3Server, bucket: str, name: str = "rv") -> dict | None:
 
 
 def version_files(directory: Path) -> int:
-    """The files a push sends: those the manifest names, and the manifest."""
+    """The files a push sends: those the manifest names, the dataset card's, and the manifest."""
     m = read_manifest(directory)
     named = {f.file for s in m.splits.values() for sh in s.shards for f in (sh, *sh.files)}
-    return len(named) + len(m.extra.get("stats", {}).get("files", [])) + 1
+    card = [p for p in (directory / "card").rglob("*") if p.is_file()]
+    return len(named) + len(m.extra.get("stats", {}).get("files", [])) + len(card) + 1
 
 
 # --- Pushed, then read from the bucket ---
@@ -115,6 +116,8 @@ def test_a_pushed_version_reads_as_the_local_one_in_a_fresh_process(built, s3, b
     listed = bucket_catalog(s3, bucket)
     assert listed["latest"] == "v1" and listed["versions"][0]["path"] == "../data/rv/v1"
     assert s3.fs().cat_file(f"{bucket}/data/rv/v1/{MANIFEST_NAME}") == (built.version("v1") / MANIFEST_NAME).read_bytes()
+    card = built.version("v1") / "card" / "README.md"
+    assert card.exists() and s3.fs().cat_file(f"{bucket}/data/rv/v1/card/README.md") == card.read_bytes()
 
     local = TokenDataset(built.version("v1"), seq_len=SEQ)
     stream = StreamingTokenDataset(built.version("v1"), seq_len=SEQ, seed=3, shuffle_group=2)
@@ -157,6 +160,16 @@ def test_a_build_of_s3_inputs_is_pushed_end_to_end(s3, bucket, tmp_path):
     assert np.array_equal(windows(remote), windows(TokenDataset(local, seq_len=SEQ)))
     val = TokenDataset("web", catalog=f"s3://{bucket}/catalog", split="val", seq_len=64, cache_dir=tmp_path / "cache")
     assert np.array_equal(windows(val), windows(TokenDataset(local, split="val", seq_len=64)))
+
+
+def test_an_older_version_pushed_after_a_newer_one_is_listed_but_not_made_latest(built, s3, bucket, tmp_path):
+    push_version("rv@v2", catalog=built.catalog, **urls(bucket))
+    r = push_version("rv@v1", catalog=built.catalog, **urls(bucket))
+    assert r.copied > 0  # v1's shards are v2's too (v2 took them from v1): copied from the bucket's latest
+    listed = bucket_catalog(s3, bucket)
+    assert [v["version"] for v in listed["versions"]] == ["v2", "v1"] and listed["latest"] == "v2"
+    latest = TokenDataset("rv@latest", catalog=f"s3://{bucket}/catalog", seq_len=SEQ, cache_dir=tmp_path)
+    assert len(latest) == len(TokenDataset(built.version("v2"), seq_len=SEQ))
 
 
 # --- Incremental versions: the parent's files copied within the bucket ---
@@ -261,8 +274,7 @@ def test_a_push_killed_before_the_catalog_commit_shows_nothing_and_its_rerun_res
     assert out.returncode == -9, out.stderr
     assert s3.fs().exists(f"{bucket}/data/rv/v1/{MANIFEST_NAME}")  # everything sent ...
     assert bucket_catalog(s3, bucket) is None  # ... and nothing visible
-    # (A catalog prefix with no file at all is "no such object" to the runtime, one with other datasets "no dataset".)
-    with pytest.raises(ShardflowError, match=rf"s3://{bucket}/catalog: no such object|no dataset 'rv' in the catalog s3://"):
+    with pytest.raises(CatalogError, match=rf"^no dataset 'rv' in the catalog s3://{bucket}/catalog \(datasets: none\)$"):
         TokenDataset("rv@v1", catalog=f"s3://{bucket}/catalog", seq_len=SEQ, cache_dir=tmp_path)
     r = push_version("rv@v1", catalog=built.catalog, **urls(bucket))
     assert (r.skipped, r.uploaded, r.already) == (version_files(built.version("v1")), 0, False)

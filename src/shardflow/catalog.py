@@ -259,8 +259,8 @@ class Catalog:
         numbers = [int(v[1:]) for v in listed if v[1:].isdigit()]
         return f"v{max(numbers, default=0) + 1}"
 
-    def add(self, name: str, entry: VersionEntry) -> None:
-        """Append a version and make it ``latest``. Call with ``lock(name)`` held."""
+    def add(self, name: str, entry: VersionEntry, *, make_latest: bool = True) -> None:
+        """Append a version and make it ``latest`` (unless ``make_latest`` is False). Call with ``lock(name)`` held."""
         data = self._load(name)
         if any(v["version"] == entry.version for v in data["versions"]):
             raise CatalogError(f"{name}@{entry.version} is already in the catalog; versions are immutable")
@@ -270,7 +270,8 @@ class Catalog:
         except ValueError:  # another drive (Windows): keep it absolute
             rel = str(version_dir)
         data["versions"].append({**entry.to_dict(), "path": rel})
-        data["latest"] = entry.version
+        if make_latest or not data.get("latest"):
+            data["latest"] = entry.version
         self._write(name, data)
 
     def remove(self, name: str, version: str, *, removed_at: str) -> VersionEntry:

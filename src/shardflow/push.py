@@ -7,7 +7,8 @@
 2. claim ``<data-root-url>/<name>/<version>/`` for this build (``.shardflow-push.json``,
    created only if absent): a push of other data as the same version is refused before
    it uploads anything, a rerun of this one resumes;
-3. send every file the manifest names, ``metadata.yaml`` last, keeping relative paths.
+3. send every file the manifest names and the dataset card (``card/``), ``metadata.yaml`` last, keeping
+   relative paths.
    Each upload streams the local file and hashes it as it goes; the object is committed
    only when the bytes sent have the manifest's SHA-256, and it carries that SHA-256 as
    user metadata (``sha256``). An object already there with the right size and recorded
@@ -41,6 +42,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ._io import sha256_file
+from .card import CARD_DIR
 from .catalog import Catalog, VersionEntry, resolve_ref
 from .config import check_name
 from .errors import CatalogError, ConfigError, ShardflowError, ValidationError
@@ -153,6 +155,16 @@ def _manifest_files(directory: Path, manifest: Manifest) -> dict[str, tuple[int,
             size = version_file(directory, name, f"tokenized_info.{key}").stat().st_size
             add(name, size, manifest.tokenized_info.get(f"{key}_sha256"), f"tokenized_info.{key}")
     return found
+
+
+def _card_files(directory: Path) -> dict[str, tuple[int, str]]:
+    """``{file: (bytes, sha256)}`` of the dataset card (``card/``: a view of ``stats.json`` that the manifest does
+    not name), hashed now; sent like the rest, so the bucket's copy of a version has its card too."""
+    card = directory / CARD_DIR
+    if card.is_symlink() or not card.is_dir():
+        return {}
+    return {p.relative_to(directory).as_posix(): (p.stat().st_size, sha256_file(p))
+            for p in sorted(card.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
 class _Mirror:
@@ -305,6 +317,11 @@ def _listed(cat: Catalog, name: str, version: str, build_key: str, file_url: str
     return False
 
 
+def _number(version: str) -> int:
+    """``vN``'s N (-1 for any other name)."""
+    return int(version[1:]) if _VERSION_RE.match(version) else -1
+
+
 def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifest, local: VersionEntry) -> bool:
     """Add the version to the bucket catalog (conditional write, retried); False if it was there already."""
     file_url = target.url(target.catalog_file_key(name))
@@ -317,10 +334,12 @@ def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifes
                 if _listed(cat, name, manifest.version, local.build_key, file_url):
                     return False
                 path = mirror.path(target.version_key(name, manifest.version))
+                # An older version pushed after a newer one (v1 after v2) is listed, not made latest.
+                newer = [v.version for v in cat.versions(name) if _number(v.version) > _number(manifest.version)]
                 cat.add(name, VersionEntry(
                     version=manifest.version, path=str(path), created_at=local.created_at, build_key=local.build_key,
                     parent=local.parent, totals=dict(local.totals), manifest_sha256=local.manifest_sha256,
-                ))
+                ), make_latest=not newer)
             except ShardflowError as exc:
                 raise mirror.renamed(exc, cat) from None
             data = (cat.path / f"{name}.yaml").read_bytes()
@@ -339,7 +358,7 @@ def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
     catalog_url = catalog_url.rstrip("/")
     directory, manifest, local = _local(ref, catalog, checksums)
     name, version = manifest.name, manifest.version
-    files = _manifest_files(directory, manifest)
+    files = {**_card_files(directory), **_manifest_files(directory, manifest)}
     manifest_sha = sha256_file(directory / MANIFEST_NAME)
     prefix = target.version_key(name, version)
     result = PushResult(ref=f"{name}@{version}", url=target.url(prefix), catalog_file=target.url(target.catalog_file_key(name)))

@@ -93,9 +93,15 @@ def resolve_catalog(ref: str, catalog_url: str, root: Path) -> tuple[str, tuple[
         except FileNotFoundError:
             return None
 
+    def ls() -> list[str]:
+        try:
+            return fs.ls(base, detail=False)  # type: ignore[no-any-return]
+        except FileNotFoundError:  # no object under the prefix yet: an empty catalog
+            return []
+
     data = retrying(file_url, read)
     if data is None:
-        listing = retrying(catalog_url, lambda: fs.ls(base, detail=False))
+        listing = retrying(catalog_url, ls)
         known = sorted(posixpath.basename(p)[:-5] for p in listing if p.endswith(".yaml") and not posixpath.basename(p).startswith("."))
         raise CatalogError(f"no dataset {name!r} in the catalog {catalog_url} (datasets: {', '.join(known) or 'none'})")
     local = root / "catalogs" / cache_key(catalog_url)
@@ -111,6 +117,10 @@ def resolve_catalog(ref: str, catalog_url: str, root: Path) -> tuple[str, tuple[
     entry = next((v for v in versions if v.version == wanted), None)
     if entry is None:
         known = ", ".join(v.version for v in versions) or "none"
+        gone = next((r for r in cat.removed(name) if r.version == wanted), None)
+        if gone is not None:
+            raise CatalogError(f"{name}@{wanted} was removed (shardflow rm, {gone.removed_at or 'date unknown'}); the "
+                               f"catalog {catalog_url} lists {name}'s versions: {known}")
         raise CatalogError(f"no version {wanted!r} of {name!r} in the catalog {catalog_url} (versions: {known})")
     key = posixpath.normpath(posixpath.join(base, entry.path))
     if posixpath.isabs(entry.path) or key.split("/")[0] != base.split("/")[0]:
