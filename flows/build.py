@@ -53,7 +53,9 @@ from shardflow.flows.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
-from shardflow.tasks.build import STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task, push_task
+from shardflow.tasks.build import (
+    STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task, push_files_task, push_finish_task, push_prepare_task,
+)
 
 __all__ = [
     "build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api",
@@ -162,6 +164,24 @@ class PrefectExecutor:
         task, handle = STAGE_TASKS[stage.name], PlanHandle(plan)
         futures = [task.submit(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
         return lambda: [f.result() for f in futures]
+
+
+def _push(task_runner: Any, in_flight: int, places: Any, ref: str, listed: set[str]) -> None:
+    """The version built in the scratch, to the bucket: claimed in the flow's process, its files sent by at most
+    ``in_flight`` task runs on the task runner (under Dask, by the workers, from the shared scratch), then the
+    manifest and the bucket catalog entry."""
+    plan = push_prepare_task(places=places, ref=ref, listed=listed)
+    if plan is None:
+        return
+    groups = batches(list(plan.files), in_flight, most=in_flight)
+    params = [dict(plan=plan, files=g, label=f"push {ref}: {g[0][0]}" + (f" (+{len(g) - 1} more)" if len(g) > 1 else ""))
+              for g in groups]
+    done = run_windowed(lambda p: task_runner.submit(push_files_task, parameters=p), params, workers=in_flight,
+                        on_error=_lost_worker)
+    pushed = push_finish_task(plan=plan, done=[how for hows in done for how in hows])
+    get_run_logger().info("%s: pushed to %s: %d file(s) sent (%d bytes), %d copied in the bucket, %d there already",
+                          ref, pushed["url"], pushed["uploaded"], pushed["uploaded_bytes"], pushed["copied"],
+                          pushed["skipped"])
 
 
 def _lost_worker(params: dict[str, Any], future: PrefectFuture[Any], exc: Exception) -> Exception | None:
@@ -410,11 +430,7 @@ def build_dataset(
         result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
                        events=progress)
         if places is not None:
-            pushed = push_task(places=places, ref=result.ref, listed=listed, workers=workers)
-            if pushed is not None:
-                get_run_logger().info("%s: pushed to %s: %d file(s) sent (%d bytes), %d copied in the bucket, %d there "
-                                      "already", result.ref, pushed["url"], pushed["uploaded"], pushed["uploaded_bytes"],
-                                      pushed["copied"], pushed["skipped"])
+            _push(started, in_flight, places, result.ref, listed)
         if not result.created:
             get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
         progress.finished(result.ref, created=result.created,

@@ -34,7 +34,7 @@ from shardflow.errors import is_transient as core_is_transient
 
 __all__ = [
     "plan_task", "STAGE_TASKS", "STAGE_BATCH_TASKS", "task_for_stage", "batch_task_for_stage", "PlanHandle", "is_transient",
-    "attach_core_logs", "TAGS", "push_task",
+    "attach_core_logs", "TAGS", "push_prepare_task", "push_files_task", "push_finish_task",
 ]
 
 TAGS = ("shardflow",)
@@ -112,15 +112,31 @@ def plan_task(
     return core.plan_build(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
 
 
-@task(name="push", task_run_name="push {ref}", **_IO)
-def push_task(places: Any, ref: str, listed: set[str], workers: int) -> dict[str, Any] | None:
-    """Publish the version built in the scratch to the bucket (``shardflow.bucket_build.publish_to_bucket``):
-    what was sent, or None when the bucket lists it already."""
-    from shardflow.bucket_build import publish_to_bucket
+@task(name="push", task_run_name="push {ref}: claim", **_IO)
+def push_prepare_task(places: Any, ref: str, listed: set[str]) -> Any:
+    """``shardflow.bucket_build.prepare_publish``: the claimed push (a ``PushPlan``), or None if the bucket lists it."""
+    from shardflow.bucket_build import prepare_publish
 
     attach_core_logs()
-    result = publish_to_bucket(places, ref, listed=listed, workers=workers)
-    return None if result is None else dataclasses.asdict(result)
+    return prepare_publish(places, ref, listed=listed)
+
+
+@task(name="push-files", task_run_name="{label}", **_IO)
+def push_files_task(plan: Any, files: list[tuple[str, int, str]], label: str) -> list[str]:
+    """``shardflow.push.push_files``: send some of the version's files (on a worker, from the shared scratch)."""
+    from shardflow.push import push_files
+
+    attach_core_logs()
+    return push_files(plan, files)
+
+
+@task(name="push-commit", task_run_name="push {plan.result.ref}: manifest and catalog entry", **_IO)
+def push_finish_task(plan: Any, done: list[str]) -> dict[str, Any]:
+    """``shardflow.push.finish_push``: the manifest, then the bucket catalog entry (the commit point)."""
+    from shardflow.push import finish_push
+
+    attach_core_logs()
+    return dataclasses.asdict(finish_push(plan, done))
 
 
 def task_for_stage(stage: core.Stage) -> Task[..., Any]:

@@ -3,8 +3,9 @@
 Such a build runs as a local one does, in a scratch mirror of the bucket on the
 build's machine (``<scratch>/<bucket>/<key>``: a catalog entry's relative path,
 ``../data/NAME/vN``, is then the same there and in the bucket), and is then
-published to the bucket by ``shardflow.push``: every file uploaded and hashed as
-it is sent, the manifest last, and the bucket catalog's conditional write the
+published to the bucket by ``shardflow.push`` (``prepare_publish``, then
+``push_files`` on the workers, then ``finish_push``; or ``publish_to_bucket`` in one
+process): every file uploaded and hashed as it is sent, the manifest last, and the bucket catalog's conditional write the
 commit point. Until that write, no reader resolves the version, whatever a crash
 left in the bucket; a rerun resumes (the scratch still holds the build, and
 objects already sent are skipped).
@@ -42,9 +43,9 @@ from ._io import atomic_write_bytes
 from .catalog import Catalog
 from .errors import ConfigError, ShardflowError
 from .objstore import is_remote, read_with_etag
-from .push import PushResult, bucket_target, push_version
+from .push import PushPlan, PushResult, bucket_target, prepare_push, push_version
 
-__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
+__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "prepare_publish", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -138,6 +139,16 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
         for entry in kept:  # built here, not yet in the bucket: pushed by this run
             local.add(name, replace(entry, path=str(local.version_dir(entry))))
     return set(listed)
+
+
+def prepare_publish(places: BucketPlaces, ref: str, *, listed: set[str]) -> PushPlan | None:
+    """A push of the version ``ref`` built in the scratch, claimed and ready for ``push_files`` and ``finish_push``
+    (None: the bucket lists it already)."""
+    if ref.partition("@")[2] in listed:
+        return None
+    plan = prepare_push(ref, data_root_url=places.data_root_url, catalog_url=places.catalog_url, catalog=places.catalog,
+                        checksums=False)
+    return plan if isinstance(plan, PushPlan) else None
 
 
 def publish_to_bucket(places: BucketPlaces, ref: str, *, listed: set[str], workers: int) -> PushResult | None:

@@ -38,7 +38,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from ._io import sha256_file
@@ -51,7 +51,7 @@ from .manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
 from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag, redacted
 from .validation import validate_dir
 
-__all__ = ["PushResult", "push_version", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
+__all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
 
 CLAIM_NAME = ".shardflow-push.json"
 """The object that reserves a version's prefix for one build (its build key), created before any upload."""
@@ -322,7 +322,7 @@ def _number(version: str) -> int:
     return int(version[1:]) if _VERSION_RE.match(version) else -1
 
 
-def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifest, local: VersionEntry) -> bool:
+def _commit(target: BucketTarget, catalog_url: str, name: str, version: str, local: VersionEntry) -> bool:
     """Add the version to the bucket catalog (conditional write, retried); False if it was there already."""
     file_url = target.url(target.catalog_file_key(name))
     for _ in range(_COMMIT_ATTEMPTS):
@@ -331,13 +331,13 @@ def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifes
             mirror = _Mirror(scratch, target, catalog_url)
             cat = mirror.catalog(name, got[0] if got else None)
             try:
-                if _listed(cat, name, manifest.version, local.build_key, file_url):
+                if _listed(cat, name, version, local.build_key, file_url):
                     return False
-                path = mirror.path(target.version_key(name, manifest.version))
+                path = mirror.path(target.version_key(name, version))
                 # An older version pushed after a newer one (v1 after v2) is listed, not made latest.
-                newer = [v.version for v in cat.versions(name) if _number(v.version) > _number(manifest.version)]
+                newer = [v.version for v in cat.versions(name) if _number(v.version) > _number(version)]
                 cat.add(name, VersionEntry(
-                    version=manifest.version, path=str(path), created_at=local.created_at, build_key=local.build_key,
+                    version=version, path=str(path), created_at=local.created_at, build_key=local.build_key,
                     parent=local.parent, totals=dict(local.totals), manifest_sha256=local.manifest_sha256,
                 ), make_latest=not newer)
             except ShardflowError as exc:
@@ -348,18 +348,36 @@ def _commit(target: BucketTarget, catalog_url: str, name: str, manifest: Manifes
     raise CatalogError(f"{file_url}: changed by other pushes {_COMMIT_ATTEMPTS} times in a row; push again")
 
 
-def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8,
-                 checksums: bool = True) -> PushResult:
-    """Publish the local version ``ref`` under ``<data_root_url>/<name>/<version>/`` and list it in the bucket
-    catalog ``<catalog_url>/<name>.yaml`` (see the module docstring). Safe to rerun: it resumes, or says
-    ``already``. ``checksums=False`` skips hashing the version before anything is sent (a build that has just
-    validated it); each upload is still hashed as it is sent and committed only with the manifest's SHA-256."""
+@dataclass(frozen=True, kw_only=True)
+class PushPlan:
+    """A push claimed and ready to send (``prepare_push``): plain values, so that ``push_files`` can run in
+    other processes (Dask workers that see the version directory at the same path)."""
+
+    result: PushResult
+    target: BucketTarget
+    catalog_url: str
+    directory: str
+    prefix: str
+    """The version's key in the bucket."""
+    files: tuple[tuple[str, int, str], ...]
+    """``(file, bytes, sha256)`` of every file to send but the manifest, in name order."""
+    manifest: tuple[int, str]
+    """The manifest's bytes and SHA-256: sent last."""
+    by_sha: dict[str, tuple[str, int]]
+    """``{sha256: (key, bytes)}`` of the parent version's files in the bucket (copied, not sent)."""
+    parent: str | None
+    entry: VersionEntry
+    """The local catalog's entry, listed in the bucket catalog by ``finish_push``."""
+
+
+def prepare_push(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None,
+                 checksums: bool = True) -> PushPlan | PushResult:
+    """Steps 1-2 of a push, and what step 3 sends; a ``PushResult`` with ``already`` if the bucket lists it."""
     target = bucket_target(data_root_url, catalog_url)
     catalog_url = catalog_url.rstrip("/")
     directory, manifest, local = _local(ref, catalog, checksums)
     name, version = manifest.name, manifest.version
     files = {**_card_files(directory), **_manifest_files(directory, manifest)}
-    manifest_sha = sha256_file(directory / MANIFEST_NAME)
     prefix = target.version_key(name, version)
     result = PushResult(ref=f"{name}@{version}", url=target.url(prefix), catalog_file=target.url(target.catalog_file_key(name)))
     fs, _ = filesystem(target.url(prefix))
@@ -374,15 +392,27 @@ def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
             raise mirror.renamed(exc, cat) from None
         _claim(target, prefix, result.ref, local.build_key)
         parent, by_sha = _parent_files(fs, mirror, cat, name, manifest)
-    listing = _listing(fs, f"{target.bucket}/{prefix}")
+    return PushPlan(
+        result=result, target=target, catalog_url=catalog_url, directory=str(directory), prefix=prefix,
+        files=tuple((f, size, sha) for f, (size, sha) in sorted(files.items())),
+        manifest=((directory / MANIFEST_NAME).stat().st_size, sha256_file(directory / MANIFEST_NAME)),
+        by_sha=by_sha, parent=parent, entry=local,
+    )
+
+
+def push_files(plan: PushPlan, files: Sequence[tuple[str, int, str]]) -> list[str]:
+    """Send ``files`` (some of ``plan.files``): for each, ``uploaded``, ``copied`` (within the bucket, from the
+    parent) or ``skipped`` (there already, with its SHA-256)."""
+    target, directory = plan.target, Path(plan.directory)
+    fs, _ = filesystem(target.url(plan.prefix))
+    listing = _listing(fs, f"{target.bucket}/{plan.prefix}")
     parent_listings: dict[str, dict[str, int]] = {}
 
-    def one(item: tuple[str, tuple[int, str]]) -> str:
-        file, (size, sha) = item
-        key = f"{target.bucket}/{prefix}/{file}"
+    def one(file: str, size: int, sha: str) -> str:
+        key = f"{target.bucket}/{plan.prefix}/{file}"
         if _recorded(fs, key, size, sha, listing, file):
             return "skipped"
-        source = by_sha.get(sha)
+        source = plan.by_sha.get(sha)
         if source is not None and source[1] == size:
             src_key = f"{target.bucket}/{source[0]}"
             base, _, rel = src_key.rpartition("/")
@@ -394,23 +424,42 @@ def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
         _upload(fs, version_file(directory, file, "the manifest"), key, size, sha)
         return "uploaded"
 
-    items = sorted(files.items())
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        done = list(pool.map(one, items))
-    fault("push-files", result.url)
-    # The manifest last: a listing of the prefix never shows a manifest whose files are not all there.
-    files[MANIFEST_NAME] = ((directory / MANIFEST_NAME).stat().st_size, manifest_sha)
-    items.append((MANIFEST_NAME, files[MANIFEST_NAME]))
-    key = f"{target.bucket}/{prefix}/{MANIFEST_NAME}"
-    if _recorded(fs, key, *files[MANIFEST_NAME], listing, MANIFEST_NAME):
-        done.append("skipped")
+    return [one(*f) for f in files]
+
+
+def finish_push(plan: PushPlan, done: Sequence[str]) -> PushResult:
+    """The manifest (last: a listing never shows a manifest whose files are not all there), then the bucket
+    catalog entry; ``done``: ``push_files``'s answers for ``plan.files``, in order."""
+    fault("push-files", plan.result.url)
+    target, (size, sha) = plan.target, plan.manifest
+    fs, _ = filesystem(target.url(plan.prefix))
+    key = f"{target.bucket}/{plan.prefix}/{MANIFEST_NAME}"
+    if _recorded(fs, key, size, sha, _listing(fs, f"{target.bucket}/{plan.prefix}"), MANIFEST_NAME):
+        done = [*done, "skipped"]
     else:
-        _upload(fs, directory / MANIFEST_NAME, key, *files[MANIFEST_NAME])
-        done.append("uploaded")
-    fault("push-uploaded", result.url)
-    committed = _commit(target, catalog_url, name, manifest, local)
+        _upload(fs, Path(plan.directory) / MANIFEST_NAME, key, size, sha)
+        done = [*done, "uploaded"]
+    fault("push-uploaded", plan.result.url)
+    name, version = plan.result.ref.split("@")
+    committed = _commit(target, plan.catalog_url, name, version, plan.entry)
+    sizes = [f[1] for f in plan.files] + [size]
     return dataclasses.replace(
-        result, uploaded=done.count("uploaded"), copied=done.count("copied"), skipped=done.count("skipped"),
-        uploaded_bytes=sum(size for (_, (size, _)), how in zip(items, done) if how == "uploaded"),
-        parent=parent if "copied" in done else None, already=not committed,
+        plan.result, uploaded=done.count("uploaded"), copied=done.count("copied"), skipped=done.count("skipped"),
+        uploaded_bytes=sum(n for n, how in zip(sizes, done) if how == "uploaded"),
+        parent=plan.parent if "copied" in done else None, already=not committed,
     )
+
+
+def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8,
+                 checksums: bool = True) -> PushResult:
+    """Publish the local version ``ref`` under ``<data_root_url>/<name>/<version>/`` and list it in the bucket
+    catalog ``<catalog_url>/<name>.yaml`` (see the module docstring), sending ``workers`` files at once. Safe to
+    rerun: it resumes, or says ``already``. ``checksums=False`` skips hashing the version before anything is sent
+    (a build that has just validated it); each upload is still hashed as it is sent and committed only with the
+    manifest's SHA-256."""
+    plan = prepare_push(ref, data_root_url=data_root_url, catalog_url=catalog_url, catalog=catalog, checksums=checksums)
+    if isinstance(plan, PushResult):
+        return plan
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        done = [how for hows in pool.map(lambda f: push_files(plan, [f]), plan.files) for how in hows]
+    return finish_push(plan, done)

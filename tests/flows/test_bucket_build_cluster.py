@@ -4,7 +4,9 @@ The cluster is ``dask scheduler`` and two ``dask worker`` processes
 (tests/flows/dask_cluster_support.py), reporting to the session's Prefect
 server; the bucket is moto's S3 server on loopback, which every process finds
 through ``AWS_ENDPOINT_URL``. The build is ``shardflow build`` as docs/OPERATIONS.md
-gives it; the version is then opened with ``StreamingTokenDataset`` from the
+gives it (the workers tokenize into a shared scratch directory and send the
+shards to the bucket; the flow's process writes the manifest and the bucket
+catalog entry last); the version is then opened with ``StreamingTokenDataset`` from the
 bucket's catalog, in a new process with an empty cache, and every sample of
 every split equals those of a local build (threads, local data root) of the same inputs.
 """
@@ -75,8 +77,10 @@ def test_an_s3_to_s3_build_on_a_dask_cluster_reads_back_in_a_fresh_process_as_a_
                 env, tmp_path, timeout=300,
             )
             assert res.returncode == 0, f"{res.stderr[-4000:]}\n{cluster.logs()}"
-            for worker in cluster.workers:  # both workers tokenized
-                assert "Task run 'tokenize s3c unit" in worker.log.read_text(), cluster.logs()
+            logs = [worker.log.read_text() for worker in cluster.workers]
+            assert all("Task run 'tokenize s3c unit" in log for log in logs), cluster.logs()  # both workers tokenized
+            # ... and the workers, not the flow's process, sent the files (from the shared scratch).
+            assert any("Task run 'push s3c@v1: " in log for log in logs), cluster.logs()
         finally:
             cluster.close()
         assert res.stdout.splitlines() == [f"published s3c@v1 to s3://{bucket}/data/s3c/v1",
