@@ -77,11 +77,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _print_embeddings(m: Any) -> None:
-    from shardflow.embedding_files import embedding_parts
-
     info = m.extra.get("embeddings")
     if not info:
         return
+    # Here, not above: its codecs need ml_dtypes, which the runtime-only install lacks (and needs for no other version).
+    from shardflow.embedding_files import embedding_parts
+
     print(f"  embeddings: {info['model']} ({info['dim']} dims, {info['precision']}, {info['long_docs']} long documents), "
           f"codec {info['codec']}; floors: mean cosine >= {info['floors']['min_mean_cosine']}, "
           f"recall@10 >= {info['floors']['min_recall_at_10']}")
