@@ -8,17 +8,23 @@ interrupted ``rm`` left, with their sizes. ``flows.cli`` registers them in its
 ``COMMANDS`` (``add_lifecycle_parsers`` declares the last two); errors are
 ``ShardflowError``s, which the command line turns into one message and exit 2.
 ``push`` publishes a version to object storage (``shardflow.push``; ``add_push_parser``).
+``rm --catalog s3://...`` and ``gc --data-root s3://... --catalog s3://...`` work on a
+bucket (``shardflow.bucket_lifecycle``); they check their own URLs (``BUCKET_COMMANDS``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from shardflow.errors import ShardflowError
 
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
-__all__ += ["add_push_parser", "cmd_push"]
+__all__ += ["add_push_parser", "cmd_push", "BUCKET_COMMANDS"]
+
+BUCKET_COMMANDS = frozenset({"rm", "gc"})
+"""Commands that take s3:// URLs as --data-root and --catalog and check them themselves (the others refuse URLs)."""
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -177,7 +183,9 @@ def add_lifecycle_parsers(sub: Any) -> None:
         description="Remove NAME@vN: its catalog entry first (the catalog's latest becomes the newest remaining "
         "version), then its directory. A version that a remaining one names as its parent is refused unless "
         "--force (the child's shards are hard links: it keeps working). Rerun after an interruption, it "
-        "finishes the job. A removed version's name is never given again.",
+        "finishes the job. A removed version's name is never given again. With --catalog s3://BUCKET/catalog, the "
+        "entry is taken out of the bucket's NAME.yaml (a conditional write), then every object under the version's "
+        "prefix is deleted (a child's objects are its own copies there: it keeps working).",
     )
     r.add_argument("ref", help="NAME@vN (the version to remove; NAME@latest is refused: name it)")
     r.add_argument("--force", action="store_true", help="remove it even if remaining versions name it as their parent")
@@ -188,10 +196,17 @@ def add_lifecycle_parsers(sub: Any) -> None:
         help="remove abandoned staging directories and what interrupted removals left, with their sizes",
         description="Remove the staging directories that no rerun would resume (their build is published, or an "
         "older shardflow staged them; never one whose build is running) and the files of versions whose "
-        "shardflow rm was interrupted. Staging directories of unfinished builds are kept: a rerun resumes them.",
+        "shardflow rm was interrupted. Staging directories of unfinished builds are kept: a rerun resumes them. "
+        "On a bucket (--data-root s3://BUCKET/data --catalog s3://BUCKET/catalog): abort incomplete multipart uploads "
+        "under the data root, and delete the version prefixes NAME/vN/ there that the catalog does not list (abandoned "
+        "pushes and builds, interrupted removals), those older than --older-than hours; never a listed version.",
     )
     g.add_argument("--dry-run", action="store_true", help="print what would be removed, and remove nothing")
-    g.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data)")
+    g.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data); "
+                   "s3://BUCKET/PREFIX with --catalog s3://BUCKET/PREFIX: the bucket's leftovers")
+    g.add_argument("--older-than", type=float, metavar="HOURS",
+                   help="on a bucket: only uploads and unlisted versions last written more than HOURS ago (default 24: "
+                   "a bucket has no locks, and a push in progress must not be disturbed)")
     _add_catalog(g)
 
 
@@ -205,9 +220,33 @@ def _size(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
+def _given(args: argparse.Namespace, option: str, env: str) -> tuple[str | None, str]:
+    """An option's value, else its environment variable's, and how to name it in a message."""
+    value = getattr(args, option[2:].replace("-", "_"))
+    return (value, option) if value else (os.environ.get(env), f"${env}")
+
+
+def _rm_bucket(args: argparse.Namespace, catalog: str, option: str) -> int:
+    from shardflow.bucket_lifecycle import remove_bucket_version
+
+    r = remove_bucket_version(args.ref, catalog_url=catalog, force=args.force, option=option)
+    if r.resumed and not r.objects:
+        print(f"{r.ref} was already removed; nothing of it was left under {r.url}/")
+        return 0
+    done = "finished removing" if r.resumed else "removed"
+    print(f"{done} {r.ref} ({r.url}/): {r.objects} object{'s' if r.objects != 1 else ''} deleted, {_size(r.bytes)}")
+    for child in r.orphaned:
+        print(f"  {child} named it as its parent; its objects are its own copies in the bucket, so it still reads")
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
+    from shardflow.flows.options import is_url
     from shardflow.lifecycle import remove_version
 
+    catalog, option = _given(args, "--catalog", "SHARDFLOW_CATALOG")
+    if catalog and is_url(catalog):
+        return _rm_bucket(args, catalog, option)
     r = remove_version(args.ref, catalog=args.catalog, force=args.force)
     if r.resumed and not r.left:
         print(f"{r.ref} was already removed; nothing of it was left in {r.directory.parent}")
@@ -220,10 +259,45 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc_bucket(args: argparse.Namespace, data_root: str, catalog: str) -> int:
+    from shardflow.bucket_lifecycle import collect_bucket_garbage
+
+    hours = 24.0 if args.older_than is None else args.older_than
+    found = collect_bucket_garbage(data_root_url=data_root, catalog_url=catalog, dry_run=args.dry_run,
+                                   older_than_hours=hours)
+    for g in found:
+        verb = ("would abort" if args.dry_run else "aborted") if g.upload else ("would delete" if args.dry_run else "deleted")
+        unit = "part" if g.upload else "object"
+        print(f"{verb} {g.url} ({g.objects} {unit}{'s' if g.objects != 1 else ''}, {_size(g.bytes)}): {g.why}")
+    if not found:
+        print(f"nothing to remove under {data_root.rstrip('/')} (uploads and unlisted versions written in the last "
+              f"{hours:g} hours are kept)")
+    else:
+        n = len(found)
+        print(f"{'would free' if args.dry_run else 'freed'} {_size(sum(g.bytes for g in found))} ({n} item{'s' if n != 1 else ''})")
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from shardflow.catalog import default_data_root
+    from shardflow.errors import ConfigError
+    from shardflow.flows.options import is_url
     from shardflow.lifecycle import collect_garbage
 
+    data_root, root_name = _given(args, "--data-root", "SHARDFLOW_DATA_ROOT")
+    catalog, cat_name = _given(args, "--catalog", "SHARDFLOW_CATALOG")
+    remote = [bool(value) and is_url(str(value)) for value in (data_root, catalog)]
+    if all(remote):
+        assert data_root is not None and catalog is not None
+        return _gc_bucket(args, data_root, catalog)
+    if any(remote):
+        option, value = ("--catalog", catalog) if remote[0] else ("--data-root", data_root)
+        named = f"{cat_name if remote[0] else root_name} {value}" if value else f"{option} (unset)"
+        raise ConfigError(f"{named}: gc on a bucket needs both --data-root and --catalog on it, in one bucket, e.g. "
+                          "--data-root s3://BUCKET/data --catalog s3://BUCKET/catalog")
+    if args.older_than is not None:
+        raise ConfigError(f"--older-than {args.older_than:g}: only gc on a bucket has an age threshold (a local gc "
+                          "asks each build's lock whether it is running); leave it out")
     found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for g in found:

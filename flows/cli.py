@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from shardflow.errors import ShardflowError
 
 from shardflow.flows.catalog_cli import add_lifecycle_parsers, cmd_diff, cmd_gc, cmd_ls, cmd_rm, cmd_show, cmd_validate
-from shardflow.flows.catalog_cli import add_push_parser, cmd_push
+from shardflow.flows.catalog_cli import BUCKET_COMMANDS, add_push_parser, cmd_push
 from shardflow.flows.card_cli import add_card_parser, cmd_card
 from shardflow.flows.terminal import (
     PIPELINE_HINT, PIPELINE_MODULES, check_pipeline_installed, quiet_broken_pipe, stdout_closed,
@@ -369,12 +369,17 @@ def _places(args: argparse.Namespace) -> dict[str, Any]:
     """The command's directories by option, for a full disk's message (only those the command has)."""
     from shardflow.catalog import default_catalog, default_data_root
 
+    def place(value: str | None, env: str, local: Any) -> Any:
+        given = value or os.environ.get(env)  # a URL in the environment too: default_* would refuse it here
+        return given if is_url(given or "") else local(value)
+
     places: dict[str, Any] = {}
     if hasattr(args, "data_root"):
-        places["--data-root"] = args.data_root if is_url(args.data_root or "") else default_data_root(args.data_root)
+        places["--data-root"] = place(args.data_root, "SHARDFLOW_DATA_ROOT", default_data_root)
     if hasattr(args, "catalog"):
-        places["--catalog"] = args.catalog if is_url(args.catalog or "") else default_catalog(args.catalog)
-    if getattr(args, "scratch", None) or places.get("--data-root") is not None and is_url(str(places["--data-root"])):
+        places["--catalog"] = place(args.catalog, "SHARDFLOW_CATALOG", default_catalog)
+    if hasattr(args, "scratch") and (args.scratch or places.get("--data-root") is not None
+                                     and is_url(str(places["--data-root"]))):
         from shardflow.bucket_build import default_scratch
 
         places["--scratch"] = default_scratch(args.scratch)
@@ -385,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardflow`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        if not hasattr(args, "scratch"):  # build and serve: their data root and catalog may be on a bucket
+        # build and serve (a scratch), rm and gc: their data root and catalog may be on a bucket, checked there
+        if not hasattr(args, "scratch") and args.command not in BUCKET_COMMANDS:
             check_local_paths(args)
         return COMMANDS[args.command](args)
     except ShardflowError as exc:

@@ -51,7 +51,7 @@ def check_local_paths(args: argparse.Namespace) -> None:
         if value and _URL.match(str(value)):
             raise ConfigError(
                 f"{given}: a URL, but {option} must be a local directory for this command (build, serve and push "
-                f"publish to a bucket; shardflow.runtime reads from one)"
+                f"publish to a bucket, rm and gc remove from one; shardflow.runtime reads from one)"
                 f"{'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
             )
 

@@ -282,17 +282,22 @@ def test_gc_removes_the_staging_directory_of_a_build_killed_after_its_publish(ch
     assert cli("validate", "x@v3", "--catalog", "catalog", cwd=chain)[0] == 0
 
 
-@pytest.mark.parametrize("args,env", [
-    (("gc", "--data-root", "s3://bucket/data", "--catalog", "catalog"), {}),
-    (("gc", "--catalog", "catalog"), {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"}),
-    (("rm", "x@v1", "--catalog", "s3://bucket/catalog"), {}),
+@pytest.mark.parametrize("args,env,message", [
+    (("gc", "--data-root", "s3://bucket/data", "--catalog", "catalog"), {},
+     "--catalog catalog: gc on a bucket needs both --data-root and --catalog on it, in one bucket"),
+    (("gc", "--catalog", "catalog"), {"SHARDFLOW_DATA_ROOT": "s3://bucket/data"},
+     "--catalog catalog: gc on a bucket needs both --data-root and --catalog on it, in one bucket"),
+    (("rm", "x@v1", "--catalog", "gs://bucket/catalog"), {},
+     "--catalog gs://bucket/catalog: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no conditional writes"),
 ])
-def test_a_url_data_root_or_catalog_is_refused_and_creates_nothing(tmp_path, cli, monkeypatch, args, env):
+def test_a_url_data_root_or_catalog_rm_and_gc_cannot_use_is_refused_and_creates_nothing(tmp_path, cli, monkeypatch,
+                                                                                        args, env, message):
+    """A local catalog with a bucket's data root (or the reverse), or a store without conditional writes (gs://);
+    rm and gc on an s3:// bucket are tests/test_bucket_lifecycle.py."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     status, out, err = cli(*args, cwd=tmp_path)
-    assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith("shardflow: error: ")
-    assert "must be a local directory for this command (build, serve and push publish to a bucket" in err
+    assert (status, out) == (2, "") and err.count("\n") == 1 and err.startswith(f"shardflow: error: {message}"), err
     assert list(tmp_path.iterdir()) == []  # no directory named s3:
     monkeypatch.delenv("SHARDFLOW_DATA_ROOT", raising=False)
     with pytest.raises(ConfigError, match=r"^s3://bucket/data: the data root must be a local or shared filesystem "

@@ -54,6 +54,7 @@ POINTS: dict[str, str] = {
     "atomic-write": "any atomic file write: after the temporary file, before the rename",
     "push-files": "push: after every file the manifest names is in the bucket, before the manifest",
     "push-uploaded": "push: after every file and the manifest are in the bucket, before the bucket catalog entry",
+    "bucket-rm-cataloged": "rm on a bucket: after the entry is out of the bucket catalog, before its objects are deleted",
 }
 
 ACTIONS = ("kill", "enospc", "eio", "sleep", "wait")

@@ -221,8 +221,9 @@ def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str) -> None:
     if got is not None and held != build_key:
         raise CatalogError(
             f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in the "
-            "bucket catalog: another push is running, or one was interrupted. If none is running, delete everything under "
-            f"{target.url(prefix)}/ and push again"
+            "bucket catalog: another push is running, or one was interrupted. If none is running, remove it with "
+            f"shardflow gc --data-root {target.url(target.data_key)} --catalog {target.url(target.catalog_key)} "
+            "--older-than 0 (or delete everything under the prefix) and push again"
         )
     if got is None:  # removed between the two requests: claim again
         _claim(target, prefix, ref, build_key)

@@ -1,0 +1,322 @@
+"""``shardflow rm`` and ``shardflow gc`` on a bucket (``shardflow.bucket_lifecycle``), against moto's S3 server on loopback.
+
+``bk@v1`` (half of the sample) and its incremental child ``bk@v2`` (all of it) are
+built once locally, then pushed to a new bucket per test. What these show: ``rm``
+takes the entry out of the bucket's ``bk.yaml`` (under ``removed``, ``latest`` the
+newest remaining) and then deletes every object of the version, and the remaining
+one still reads; a parent is refused without ``--force`` and its child reads after
+it is gone; an ``rm`` killed between the two steps is finished by its rerun (or by
+``gc``); ``gc`` aborts a real incomplete multipart upload and deletes an abandoned
+push's prefix, keeps what is younger than ``--older-than``, deletes nothing with
+``--dry-run`` and never touches a listed version; entry paths that leave the bucket,
+a wrong catalog and half-bucket places are refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
+pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
+
+from core_support import SAMPLE  # noqa: E402
+from s3_support import S3Server, new_bucket, s3_fixture  # noqa: E402
+from shardflow.bucket_lifecycle import collect_bucket_garbage, remove_bucket_version  # noqa: E402
+from shardflow.build import build  # noqa: E402
+from shardflow.config import BuildConfig  # noqa: E402
+from shardflow.errors import CatalogError, ConfigError, ShardflowError  # noqa: E402
+from shardflow.flows.catalog_cli import _size as size  # noqa: E402
+from shardflow.flows.cli import main  # noqa: E402
+from shardflow.manifest import read_manifest  # noqa: E402
+from shardflow.push import CLAIM_NAME, push_version  # noqa: E402
+from shardflow.runtime import TokenDataset  # noqa: E402
+
+s3 = s3_fixture("module")
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``bk@v1`` from rows 0-29 of the sample, ``bk@v2`` (parent ``bk@v1``) from all of it, under data/ and catalog/."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("bucket-lifecycle")
+    table = pq.read_table(SAMPLE)
+    half = root / "a.parquet"
+    pq.write_table(table.slice(0, 30), half)
+    for sources in ((str(half),), (str(half), str(SAMPLE))):
+        build(BuildConfig(name="bk", sources=sources, shard_tokens=4000, val_fraction=0.1),
+              data_root=root / "data", catalog=root / "catalog")
+    assert read_manifest(root / "data" / "bk" / "v2").parent == "bk@v1"
+    return root
+
+
+def urls(bucket: str) -> dict[str, str]:
+    return {"data_root_url": f"s3://{bucket}/data", "catalog_url": f"s3://{bucket}/catalog"}
+
+
+@pytest.fixture
+def bucket(s3: S3Server, local: Path) -> str:
+    """A new bucket with ``bk@v1`` and ``bk@v2`` pushed (``bk@v2``'s shards copied from ``bk@v1``'s in the bucket)."""
+    name = new_bucket(s3, "life")
+    push_version("bk@v1", catalog=local / "catalog", **urls(name))
+    assert push_version("bk@v2", catalog=local / "catalog", **urls(name)).copied > 0
+    return name
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run ``shardflow ARGS`` in-process; returns (status, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def objects(s3: S3Server, bucket: str, prefix: str) -> dict[str, int]:
+    """``{key: size}`` under ``bucket/prefix/``."""
+    fs = s3.fs()
+    try:
+        return {k: v["size"] for k, v in fs.find(f"{bucket}/{prefix}/", detail=True).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def catalog_file(s3: S3Server, bucket: str) -> dict:
+    return yaml.safe_load(s3.fs().cat_file(f"{bucket}/catalog/bk.yaml"))
+
+
+def windows(ref: str, bucket: str, cache: Path) -> np.ndarray:
+    ds = TokenDataset(ref, catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=cache)
+    return np.stack([ds.window(i) for i in range(len(ds))])
+
+
+def uploads(bucket: str) -> list[str]:
+    import botocore.session
+
+    client = botocore.session.get_session().create_client("s3")
+    return sorted(u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads") or [])
+
+
+# --- rm ---
+
+
+@pytest.mark.slow
+def test_rm_takes_the_entry_out_then_deletes_every_object(s3, bucket, cli, tmp_path):
+    before = objects(s3, bucket, "data/bk/v2")
+    v1 = objects(s3, bucket, "data/bk/v1")
+    status, out, err = cli("rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
+    assert status == 0, err
+    assert out == (f"removed bk@v2 (s3://{bucket}/data/bk/v2/): {len(before)} objects deleted, "
+                   f"{size(sum(before.values()))}\n")
+    listed = catalog_file(s3, bucket)
+    assert [v["version"] for v in listed["versions"]] == ["v1"] and listed["latest"] == "v1"
+    assert [(r["version"], r["path"]) for r in listed["removed"]] == [("v2", "../data/bk/v2")]
+    assert objects(s3, bucket, "data/bk/v2") == {} and objects(s3, bucket, "data/bk/v1") == v1
+    assert len(windows("bk@latest", bucket, tmp_path / "cache")) > 0
+    with pytest.raises(ShardflowError, match=r"^bk@v2 was removed \(shardflow rm, "):
+        TokenDataset("bk@v2", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / "cache")
+    status, out, err = cli("rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
+    assert (status, out) == (0, f"bk@v2 was already removed; nothing of it was left under s3://{bucket}/data/bk/v2/\n")
+
+
+@pytest.mark.slow
+def test_rm_refuses_a_parent_without_force_and_its_child_reads_after_it_is_gone(s3, bucket, cli, tmp_path):
+    child = windows("bk@v2", bucket, tmp_path / "before")
+    catalog_before = s3.fs().cat_file(f"{bucket}/catalog/bk.yaml")
+    v1 = objects(s3, bucket, "data/bk/v1")
+    status, out, err = cli("rm", "bk@v1", "--catalog", f"s3://{bucket}/catalog")
+    assert (status, out) == (2, "")
+    assert err.splitlines() == [
+        "shardflow: error: bk@v1 is the parent of bk@v2, which remains. Its objects in the bucket are its own and would "
+        "keep working, but its lineage would name a removed version: remove it first, or pass --force to remove bk@v1 anyway"]
+    assert s3.fs().cat_file(f"{bucket}/catalog/bk.yaml") == catalog_before and objects(s3, bucket, "data/bk/v1") == v1
+    status, out, err = cli("rm", "bk@v1", "--force", "--catalog", f"s3://{bucket}/catalog")
+    assert status == 0, err
+    assert out.splitlines() == [
+        f"removed bk@v1 (s3://{bucket}/data/bk/v1/): {len(v1)} objects deleted, {size(sum(v1.values()))}",
+        "  bk@v2 named it as its parent; its objects are its own copies in the bucket, so it still reads"]
+    assert objects(s3, bucket, "data/bk/v1") == {}
+    listed = catalog_file(s3, bucket)
+    assert ([v["version"] for v in listed["versions"]], listed["latest"]) == (["v2"], "v2")
+    np.testing.assert_array_equal(windows("bk@v2", bucket, tmp_path / "after"), child)  # a fresh cache: from the bucket
+
+
+@pytest.mark.slow
+def test_an_rm_killed_between_the_catalog_and_the_objects_is_finished_by_its_rerun(s3, bucket, cli, tmp_path):
+    v2 = objects(s3, bucket, "data/bk/v2")
+    proc = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog"],
+                          env={**os.environ, "SHARDFLOW_FAULT": "bucket-rm-cataloged"}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    listed = catalog_file(s3, bucket)
+    assert [v["version"] for v in listed["versions"]] == ["v1"] and [r["version"] for r in listed["removed"]] == ["v2"]
+    assert objects(s3, bucket, "data/bk/v2") == v2  # committed out of the catalog, nothing deleted yet
+    status, out, err = cli("rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
+    assert status == 0, err
+    assert out == f"finished removing bk@v2 (s3://{bucket}/data/bk/v2/): {len(v2)} objects deleted, {size(sum(v2.values()))}\n"
+    assert objects(s3, bucket, "data/bk/v2") == {}
+    assert len(windows("bk@v1", bucket, tmp_path / "cache")) > 0
+
+
+@pytest.mark.slow
+def test_gc_deletes_what_an_interrupted_rm_left_whatever_its_age(s3, bucket, cli, monkeypatch):
+    v2 = objects(s3, bucket, "data/bk/v2")
+    monkeypatch.setenv("SHARDFLOW_FAULT", "eio:bucket-rm-cataloged")  # the same point as a kill, in this process
+    with pytest.raises(OSError, match="injected at bucket-rm-cataloged"):
+        remove_bucket_version("bk@v2", catalog_url=f"s3://{bucket}/catalog")
+    monkeypatch.delenv("SHARDFLOW_FAULT")
+    status, out, err = cli("gc", "--data-root", f"s3://{bucket}/data", "--catalog", f"s3://{bucket}/catalog")
+    assert status == 0, err
+    assert out.splitlines() == [
+        f"deleted s3://{bucket}/data/bk/v2/ ({len(v2)} objects, {size(sum(v2.values()))}): bk@v2, removed from the "
+        "catalog by an interrupted shardflow rm",
+        f"freed {size(sum(v2.values()))} (1 item)"]
+    assert objects(s3, bucket, "data/bk/v2") == {} and objects(s3, bucket, "data/bk/v1")
+
+
+# --- gc ---
+
+
+@pytest.mark.slow
+def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_listed_version(s3, local, cli, monkeypatch,
+                                                                                           tmp_path):
+    import botocore.session
+
+    bucket = new_bucket(s3, "gc")
+    push_version("bk@v1", catalog=local / "catalog", **urls(bucket))
+    monkeypatch.setenv("SHARDFLOW_FAULT", "eio:push-files")  # bk@v2's push dies after its files, before its manifest
+    with pytest.raises(OSError, match="injected at push-files"):
+        push_version("bk@v2", catalog=local / "catalog", **urls(bucket))
+    monkeypatch.delenv("SHARDFLOW_FAULT")
+    abandoned = objects(s3, bucket, "data/bk/v2")
+    assert f"{bucket}/data/bk/v2/{CLAIM_NAME}" in abandoned and len(abandoned) > 1
+    client = botocore.session.get_session().create_client("s3")
+    for key in ("data/bk/v3/train-00000.bin", "elsewhere/big.bin"):  # the second: not under the data root
+        started = client.create_multipart_upload(Bucket=bucket, Key=key)
+        client.upload_part(Bucket=bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"z" * 1000)
+    v1 = objects(s3, bucket, "data/bk/v1")
+    catalog = s3.fs().cat_file(f"{bucket}/catalog/bk.yaml")
+    places = ("--data-root", f"s3://{bucket}/data", "--catalog", f"s3://{bucket}/catalog")
+    upload_line = f"s3://{bucket}/data/bk/v3/train-00000.bin (1 part, 1000 B): an incomplete multipart upload (id "
+    prefix_line = f"s3://{bucket}/data/bk/v2/ ({len(abandoned)} objects, {size(sum(abandoned.values()))}): bk@v2, not in the catalog, last written "
+
+    # The default threshold, 24 hours: moto dates every upload 2010-11-10, so the upload is old; the abandoned push is not.
+    status, out, err = cli("gc", "--dry-run", *places)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"would abort {upload_line}") and lines[1] == "would free 1000 B (1 item)"
+    assert lines[0].endswith("...), initiated 2010-11-10T20:48:33Z")
+
+    status, out, err = cli("gc", "--dry-run", "--older-than", "0", *places)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"would abort {upload_line}")
+    assert lines[1].startswith(f"would delete {prefix_line}")
+    assert lines[1].endswith(f"an abandoned push or build (its {CLAIM_NAME} would refuse a later push of bk@v2)")
+    assert lines[2] == f"would free {size(sum(abandoned.values()) + 1000)} (2 items)"
+    assert objects(s3, bucket, "data/bk/v2") == abandoned and uploads(bucket) == ["data/bk/v3/train-00000.bin", "elsewhere/big.bin"]
+
+    status, out, err = cli("gc", "--older-than", "0", *places)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"aborted {upload_line}") and lines[1].startswith(f"deleted {prefix_line}")
+    assert uploads(bucket) == ["elsewhere/big.bin"] and objects(s3, bucket, "data/bk/v2") == {}
+    assert objects(s3, bucket, "data/bk/v1") == v1 and s3.fs().cat_file(f"{bucket}/catalog/bk.yaml") == catalog
+    assert len(windows("bk@v1", bucket, tmp_path / "cache")) > 0
+    status, out, err = cli("gc", "--older-than", "0", *places)
+    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads and unlisted versions written in "
+                                "the last 0 hours are kept)\n")
+    # Its claim gone, bk@v2 is pushed afresh.
+    assert push_version("bk@v2", catalog=local / "catalog", **urls(bucket)).ref == "bk@v2"
+
+
+def test_gc_refuses_a_catalog_that_lists_nothing_under_the_data_root(s3):
+    bucket = new_bucket(s3, "gcwrong")
+    stage(s3, bucket, "../data/bk/v1")
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/other lists no version under s3://{bucket}/data, which "
+                       r"holds versions \(bk@v1\); nothing is deleted: give the catalog they are listed in"):
+        collect_bucket_garbage(data_root_url=f"s3://{bucket}/data", catalog_url=f"s3://{bucket}/other", older_than_hours=0)
+    assert len(objects(s3, bucket, "data")) == 2
+
+
+# --- refusals ---
+
+
+def stage(s3: S3Server, bucket: str, path: str, *, manifest: bool = True) -> None:
+    """A catalog file listing only ``bk@v1``, at ``path``, and two objects under ``data/bk/v1/`` (a manifest among
+    them, with ``manifest``): what the refusals below need, without a build or a push."""
+    entry = {"version": "v1", "path": path, "created_at": "2026-01-01T00:00:00Z", "build_key": "0" * 64, "parent": None,
+             "totals": {}, "manifest_sha256": "", "files_sha256": ""}
+    listed = {"schema_version": 1, "name": "bk", "latest": "v1", "versions": [entry]}
+    fs = s3.fs()
+    fs.pipe(f"{bucket}/catalog/bk.yaml", yaml.safe_dump(listed, sort_keys=False).encode())
+    fs.pipe(f"{bucket}/data/bk/v1/{'metadata.yaml' if manifest else 'other.bin'}", b"m")
+    fs.pipe(f"{bucket}/data/bk/v1/train.bin", b"t")
+
+
+@pytest.mark.parametrize("path", ["../../elsewhere/bk/v1", "../data/bk/../../..", "..", ".", "/abs/bk/v1"])
+def test_rm_refuses_an_entry_path_that_is_not_a_version_prefix_of_the_bucket(s3, path):
+    """Leaving the bucket, the bucket's root, the catalog's own prefix, an absolute path: nothing is deleted."""
+    bucket = new_bucket(s3, "rmpath")
+    stage(s3, bucket, path)
+    before = objects(s3, bucket, "")
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/catalog/bk.yaml: bk@v1 has the path '{re.escape(path)}', "
+                       rf"which is not a version's prefix in the bucket {bucket} .*; nothing is deleted: fix the entry's path"):
+        remove_bucket_version("bk@v1", catalog_url=f"s3://{bucket}/catalog")
+    assert objects(s3, bucket, "") == before
+
+
+def test_rm_refuses_a_prefix_without_a_manifest_and_an_unknown_version(s3):
+    bucket = new_bucket(s3, "rmman")
+    stage(s3, bucket, "../data/bk/v1", manifest=False)
+    catalog = s3.fs().cat_file(f"{bucket}/catalog/bk.yaml")
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/data/bk/v1: the catalog places bk@v1 here, but it holds no "
+                       r"metadata.yaml, so nothing is deleted"):
+        remove_bucket_version("bk@v1", catalog_url=f"s3://{bucket}/catalog")
+    assert s3.fs().cat_file(f"{bucket}/catalog/bk.yaml") == catalog  # refused before the commit
+    assert len(objects(s3, bucket, "data/bk/v1")) == 2
+    with pytest.raises(CatalogError, match=rf"^no version 'v7' of 'bk' in the catalog s3://{bucket}/catalog \(versions: v1\)$"):
+        remove_bucket_version("bk@v7", catalog_url=f"s3://{bucket}/catalog")
+    with pytest.raises(CatalogError, match=rf"^no dataset 'zz' in the catalog s3://{bucket}/catalog \(datasets: bk\)$"):
+        remove_bucket_version("zz@v1", catalog_url=f"s3://{bucket}/catalog")
+    with pytest.raises(ConfigError, match=r"^bk@latest: name the version to remove, NAME@vN"):
+        remove_bucket_version("bk@latest", catalog_url=f"s3://{bucket}/catalog")
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (("gc", "--data-root", "s3://b/data", "--catalog", "cat"), {},
+     "--catalog cat: gc on a bucket needs both --data-root and --catalog on it, in one bucket"),
+    (("gc", "--catalog", "s3://b/cat"), {}, "--data-root (unset): gc on a bucket needs both"),
+    (("gc", "--catalog", "cat"), {"SHARDFLOW_DATA_ROOT": "s3://b/data"}, "--catalog cat: gc on a bucket needs both"),
+    (("gc", "--data-root", "gs://b/data", "--catalog", "gs://b/cat"), {},
+     "--data-root gs://b/data: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no conditional writes"),
+    (("gc", "--data-root", "s3://a/data", "--catalog", "s3://b/cat"), {},
+     "--data-root and --catalog are in different buckets (a, b)"),
+    (("gc", "--data-root", "s3://b/data", "--catalog", "s3://b/cat", "--older-than", "-1"), {},
+     "--older-than -1: give 0 or more hours"),
+    (("gc", "--older-than", "2"), {}, "--older-than 2: only gc on a bucket has an age threshold"),
+    (("rm", "x@v1", "--catalog", "gs://b/cat"), {}, "--catalog gs://b/cat: give an s3:// URL"),
+    (("rm", "x@v1"), {"SHARDFLOW_CATALOG": "gs://b/cat"}, "$SHARDFLOW_CATALOG gs://b/cat: give an s3:// URL"),
+    (("ls", "--catalog", "s3://b/cat"), {}, "--catalog s3://b/cat: a URL, but --catalog must be a local directory for "
+     "this command (build, serve and push publish to a bucket, rm and gc remove from one"),
+])
+def test_places_rm_and_gc_cannot_use_are_refused_in_one_line(cli, tmp_path, monkeypatch, args, env, message):
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    status, out, err = cli(*args)
+    assert (status, out) == (2, "") and err.splitlines() == [err.strip()], err
+    assert err.startswith(f"shardflow: error: {message}"), err
+    assert list(tmp_path.iterdir()) == []  # no directory named s3: or gs:
