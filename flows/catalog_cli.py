@@ -23,18 +23,31 @@ from shardflow.errors import ShardflowError
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
 __all__ += ["add_push_parser", "cmd_push", "BUCKET_COMMANDS"]
 
-BUCKET_COMMANDS = frozenset({"rm", "gc"})
+BUCKET_COMMANDS = frozenset({"rm", "gc", "validate"})
 """Commands that take s3:// URLs as --data-root and --catalog and check them themselves (the others refuse URLs)."""
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from shardflow.catalog import resolve_ref
     from shardflow.manifest import read_manifest
+    from shardflow.runtime.remote import fetch_version, is_remote_ref
     from shardflow.validation import validate_dir
 
-    directory = resolve_ref(args.ref, args.catalog)
-    manifest = read_manifest(directory)
-    report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+    catalog = args.catalog or os.environ.get("SHARDFLOW_CATALOG")
+    if is_remote_ref(args.ref, catalog):
+        # On a bucket: every file read back into the cache, each verified against the manifest's SHA-256 as it
+        # arrives (the manifest against the bucket catalog's entry), then the same checks as a local version's.
+        url, directory, manifest = fetch_version(args.ref, catalog=catalog, verify=not args.no_checksums)
+        report = validate_dir(directory, manifest, checksums=False)
+        shown: Any = url
+    else:
+        from shardflow.flows.options import check_local_paths
+
+        check_local_paths(args)  # a gs:// catalog, say: refused, as by the other commands
+        directory = resolve_ref(args.ref, args.catalog)
+        manifest = read_manifest(directory)
+        report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+        shown = directory
     if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
         from shardflow.flows.targets_cli import check_target
 
@@ -42,7 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     fmt = manifest.format
     print(f"OK {manifest.ref}: {report.shards} shards, {report.tokens} tokens, {report.documents} documents")
     print("settings for a training job:")
-    print(f"  path:          {directory}")
+    print(f"  path:          {shown}")
     print(f"  file pattern:  {fmt.get('file_pattern')}")
     print(f"  format:        {fmt['name']} (header {fmt.get('header_bytes', 0)} bytes)")
     print(f"  dtype:         {manifest.dtype}")

@@ -89,6 +89,28 @@ def test_a_build_to_a_bucket_reads_back_as_the_same_build_on_local_disk(s3, buck
     assert [v["version"] for v in bucket_catalog(s3, bucket)["versions"]] == ["v1"]
 
 
+def test_validate_reads_a_bucket_version_back_and_names_a_damaged_object(s3, bucket, halves, tmp_path):
+    res = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")], tmp_path)
+    assert res.returncode == 0, res.stderr
+
+    def validate(*args: str, cache: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*SHARDFLOW[:-1], "validate", *args], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "SHARDFLOW_CACHE": str(tmp_path / cache)}, timeout=120)
+
+    ok = validate("bk@v1", "--catalog", f"s3://{bucket}/catalog", cache="c1")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("OK bk@v1: ") and f"  path:          s3://{bucket}/data/bk/v1\n" in ok.stdout
+    assert validate(f"s3://{bucket}/data/bk/v1", cache="c1").returncode == 0  # by URL, from the verified cache
+    fs = s3.fs()
+    shard = sorted(p for p in fs.find(f"{bucket}/data/bk/v1/") if p.endswith(".bin"))[0]
+    data = bytearray(fs.cat_file(shard))
+    data[-1] ^= 0xFF  # one token changed, the size kept
+    fs.pipe_file(shard, bytes(data))
+    bad = validate("bk@v1", "--catalog", f"s3://{bucket}/catalog", cache="c2")
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith(f"shardflow: error: s3://{shard}: SHA-256 ") and "(fetched twice)" in bad.stderr
+
+
 @pytest.mark.slow
 def test_version_names_follow_the_bucket_and_a_parent_built_here_is_reused(s3, bucket, halves, tmp_path):
     first = shardflow([str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "a")], tmp_path)

@@ -48,6 +48,7 @@ from .config import check_name
 from .errors import CatalogError, ConfigError, ShardflowError, ValidationError
 from .faults import fault
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
+from .manifest_files import named_files
 from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag, redacted
 from .validation import validate_dir
 
@@ -128,32 +129,14 @@ def bucket_target(data_root_url: str, catalog_url: str, *,
 def _manifest_files(directory: Path, manifest: Manifest) -> dict[str, tuple[int, str]]:
     """``{file: (bytes, sha256)}`` of every file the manifest names, each confined to the version directory."""
     found: dict[str, tuple[int, str]] = {}
-
-    def add(name: Any, size: int, sha: Any, what: str) -> None:
+    for name, size, sha, what in named_files(manifest):
         path = version_file(directory, name, what)  # refuses '..', absolute names and symlinks out
         if name == MANIFEST_NAME or name == CLAIM_NAME or not isinstance(sha, str) or not sha:
             raise ValidationError(f"{path}: {what} names it without a usable SHA-256, or under a reserved name; "
                                   "restore the manifest or rebuild the version")
+        size = path.stat().st_size if size is None else size  # the tokenizer's copy: named without a size
         if found.setdefault(name, (size, sha)) != (size, sha):
             raise ValidationError(f"{path}: the manifest names it twice with different sizes or SHA-256; rebuild the version")
-
-    def walk(node: Any, where: str) -> None:
-        # Shards, indexes, sidecars, statistics and embedding files are all {file, bytes, sha256} entries.
-        if isinstance(node, dict):
-            if isinstance(node.get("file"), str) and isinstance(node.get("bytes"), int) and "sha256" in node:
-                add(node["file"], node["bytes"], node["sha256"], where)
-            for key, value in node.items():
-                walk(value, f"{where}.{key}" if where else str(key))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{where}[{i}]")
-
-    walk({k: v for k, v in manifest.to_dict().items() if k != "inputs"}, "")
-    for key in ("rank_file", "tokenizer_file"):  # the tokenizer's copy: named with a SHA-256, without a size
-        name = manifest.tokenized_info.get(key)
-        if name:
-            size = version_file(directory, name, f"tokenized_info.{key}").stat().st_size
-            add(name, size, manifest.tokenized_info.get(f"{key}_sha256"), f"tokenized_info.{key}")
     return found
 
 

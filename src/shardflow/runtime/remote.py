@@ -48,11 +48,14 @@ from typing import Any, Iterator, Sequence
 from .._io import atomic_write_bytes, remove_quietly, sha256_file
 from ..catalog import VersionEntry, file_lock
 from ..errors import ConfigError, ShardflowError, ValidationError
-from ..manifest import MANIFEST_NAME, Manifest, read_manifest
+from ..manifest import MANIFEST_NAME, Manifest, check_relative_file, read_manifest
+from ..manifest_files import named_files
 from ..shardset import ShardSet
 from .objstore import cache_key, filesystem, is_remote, renamed, resolve_catalog, retrying
 
-__all__ = ["is_remote", "is_remote_ref", "default_cache_dir", "VersionCache", "RemoteShardSet", "open_remote_split"]
+__all__ = [
+    "is_remote", "is_remote_ref", "default_cache_dir", "VersionCache", "RemoteShardSet", "open_remote_split", "fetch_version",
+]
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +193,8 @@ class VersionCache:
         problem = ""
         for attempt in range(2):
             if attempt:
-                log.warning("%s: %s; fetching it again", url, problem)
+                # Info, not a warning: a second bad copy raises, naming the object, and one good copy is no problem.
+                log.info("%s: %s; fetching it again", url, problem)
                 fs.invalidate_cache(f"{root}/{name}")  # ask the store again, not a remembered size
             try:
                 got = retrying(url, lambda: self._download(fs, f"{root}/{name}", tmp, size))
@@ -228,6 +232,23 @@ class VersionCache:
         return n, h.hexdigest()
 
     # -- pins and eviction -----------------------------------------------------
+
+    def object_size(self, name: str) -> int:
+        """The bytes of the version's object ``name``, from the bucket."""
+        fs, root = self._fs()
+        return int(retrying(self.object_url(name), lambda: fs.size(f"{root}/{name}")))
+
+    def download(self, files: Sequence[tuple[str, int, str]]) -> None:
+        """Fetch the version's files ``(name, bytes, sha256)`` into the cache, verified, several at once."""
+
+        def one(name: str, size: int, sha: str) -> None:
+            with self.pinned([name]):  # no other process evicts it mid-download
+                self.ensure(name, size, sha)
+
+        self.prepare()
+        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
+            for future in [pool.submit(one, *f) for f in files]:
+                future.result()
 
     def pin(self, name: str) -> None:
         """Hold a shared lock on the file's pin (counted per process): no process evicts it meanwhile."""
@@ -338,14 +359,7 @@ class RemoteShardSet(ShardSet):
         self._parallel([(e.index.file, e.index.bytes, e.index.sha256) for e in (s.entry for s in self.shards) if e is not None])
 
     def _parallel(self, files: list[tuple[str, int, str]]) -> None:
-        def one(name: str, size: int, sha: str) -> None:
-            with self.cache.pinned([name]):  # no other process evicts it mid-download
-                self.cache.ensure(name, size, sha)
-
-        self.cache.prepare()
-        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
-            for future in [pool.submit(one, *f) for f in files]:
-                future.result()
+        self.cache.download(files)
 
 
 def open_remote_split(
@@ -366,6 +380,13 @@ def open_remote_split(
     given = [k for k, v in plain.items() if v is not None]
     if given:
         raise ConfigError(f"{', '.join(given)} describe plain directories of shards; {os.fspath(ref)} is a published version")
+    cache, manifest = _open_version(ref, catalog, cache_dir, verify)
+    return RemoteShardSet.over(cache, manifest, split)
+
+
+def _open_version(ref: str | os.PathLike[str], catalog: Any, cache_dir: Any, verify: bool) -> tuple[VersionCache, Manifest]:
+    """The cache of the version ``ref`` names (a version URL, or ``NAME@VERSION`` in the catalog URL ``catalog``),
+    and its manifest, read from the bucket (checked against the catalog entry)."""
     root = default_cache_dir(cache_dir)
     ref_str = os.fspath(ref)
     entry = None
@@ -375,5 +396,20 @@ def open_remote_split(
     else:
         url, entry = resolve_catalog(ref_str, os.fspath(catalog), root)
     cache = VersionCache(url, root / "versions" / cache_key(url), verify=verify)
-    manifest = cache.load_manifest(entry)
-    return RemoteShardSet.over(cache, manifest, split)
+    return cache, cache.load_manifest(entry)
+
+
+def fetch_version(ref: str | os.PathLike[str], *, catalog: Any = None, cache_dir: str | os.PathLike[str] | None = None,
+                  verify: bool = True) -> tuple[str, Path, Manifest]:
+    """Every file of a version on object storage, in the cache: ``(its URL, the cache's version directory, its
+    manifest)``. Each file is verified against the manifest's SHA-256 as it arrives (``verify``: cached files
+    are hashed again too), so the directory is a checked copy of the bucket's bytes, for ``validate_dir``."""
+    cache, manifest = _open_version(ref, catalog, cache_dir, verify)
+    files: dict[str, tuple[int, str]] = {}
+    for name, size, sha, where in named_files(manifest):
+        check_relative_file(name, f"{cache.object_url(MANIFEST_NAME)}: {where}")  # nothing outside the version
+        if not isinstance(sha, str) or not sha:
+            raise ValidationError(f"{cache.object_url(name)}: {where} names it without a SHA-256; rebuild the version")
+        files[name] = (cache.object_size(name) if size is None else size, sha)  # None: the tokenizer's copy
+    cache.download([(name, size, sha) for name, (size, sha) in files.items()])
+    return cache.url, cache.directory, manifest
