@@ -23,7 +23,7 @@ from shardflow.errors import ShardflowError
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
 __all__ += ["add_push_parser", "cmd_push", "BUCKET_COMMANDS"]
 
-BUCKET_COMMANDS = frozenset({"rm", "gc", "validate"})
+BUCKET_COMMANDS = frozenset({"rm", "gc", "validate", "ls"})
 """Commands that take s3:// URLs as --data-root and --catalog and check them themselves (the others refuse URLs)."""
 
 
@@ -71,26 +71,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from shardflow.catalog import Catalog
+    import posixpath
+    import tempfile
+    from pathlib import Path
 
-    cat = Catalog(args.catalog)
+    from shardflow.catalog import Catalog
+    from shardflow.runtime.objstore import is_remote, mirror_catalog, renamed
+
+    url = args.catalog or os.environ.get("SHARDFLOW_CATALOG") or ""
+    if not is_remote(url):
+        from shardflow.flows.options import check_local_paths
+
+        check_local_paths(args)  # a gs:// catalog, say: refused, as by the other commands
+        cat = Catalog(args.catalog)
+        return _ls(args, cat, str(cat.path), lambda v: str(cat.version_dir(v)))
+    # A catalog in a bucket: its files read into a scratch copy, paths shown as the bucket's URLs.
+    scheme, _, base = url.rstrip("/").partition("://")
+    with tempfile.TemporaryDirectory(prefix="shardflow-ls-") as tmp:
+        cat = mirror_catalog(url, Path(tmp))
+        try:
+            return _ls(args, cat, url.rstrip("/"), lambda v: f"{scheme}://{posixpath.normpath(posixpath.join(base, v.path))}")
+        except ShardflowError as exc:
+            raise renamed(exc, Path(tmp), url.rstrip("/")) from None
+
+
+def _ls(args: argparse.Namespace, cat: Any, shown: str, where: Any) -> int:
+    """``shardflow ls`` of ``cat``, named ``shown``; ``where(entry)``: a version's directory or URL."""
     if args.name is None:
         names = cat.datasets()
         if not names:
-            print(f"no datasets in {cat.path}")
+            print(f"no datasets in {shown}")
         for name in names:
             versions = cat.versions(name)
             print(f"{name}\t{len(versions)} version{'s' if len(versions) != 1 else ''}\tlatest {cat.latest(name)}")
         return 0
     if args.name not in cat.datasets():
-        raise ShardflowError(f"no dataset {args.name!r} in the catalog {cat.path}")
+        raise ShardflowError(f"no dataset {args.name!r} in the catalog {shown}")
     latest = cat.latest(args.name)
     for v in cat.versions(args.name):
         mark = "*" if v.version == latest else " "
         t = v.totals
         print(
             f"{mark} {args.name}@{v.version}\t{v.created_at}\t{t.get('documents')} docs\t{t.get('tokens')} tokens\t"
-            f"{t.get('shards')} shards\tparent {v.parent or '-'}\t{cat.version_dir(v)}"
+            f"{t.get('shards')} shards\tparent {v.parent or '-'}\t{where(v)}"
         )
     return 0
 

@@ -87,6 +87,10 @@ def test_a_build_to_a_bucket_reads_back_as_the_same_build_on_local_disk(s3, buck
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[0] == f"nothing new: bk@v1 is identical at s3://{bucket}/data/bk/v1"
     assert [v["version"] for v in bucket_catalog(s3, bucket)["versions"]] == ["v1"]
+    ls = subprocess.run([*SHARDFLOW[:-1], "ls", "bk", "--catalog", f"s3://{bucket}/catalog"], capture_output=True,
+                        text=True, timeout=60)
+    assert ls.returncode == 0 and ls.stdout.startswith("* bk@v1\t"), ls.stderr
+    assert ls.stdout.rstrip().endswith(f"\tparent -\ts3://{bucket}/data/bk/v1")
 
 
 def test_validate_reads_a_bucket_version_back_and_names_a_damaged_object(s3, bucket, halves, tmp_path):

@@ -25,7 +25,10 @@ from ..config import check_name
 from ..errors import CatalogError, InputError, ShardflowError, is_transient, missing_credentials
 from ..objstore import filesystem, is_remote
 
-__all__ = ["is_remote", "filesystem", "storage_error", "retrying", "cache_key", "renamed", "resolve_catalog"]
+__all__ = [
+    "is_remote", "filesystem", "storage_error", "retrying", "cache_key", "renamed", "resolve_catalog", "catalog_names",
+    "mirror_catalog",
+]
 
 _ATTEMPTS = 3  # requests of one object: the first and two more after transient network errors
 
@@ -78,6 +81,33 @@ def renamed(exc: ShardflowError, local: Path, url: str) -> ShardflowError:
     return type(exc)(str(exc).replace(str(local), url))
 
 
+def catalog_names(catalog_url: str) -> list[str]:
+    """The datasets of the catalog at ``catalog_url``: its ``<name>.yaml`` objects, sorted (none: an empty prefix)."""
+    fs, base = filesystem(catalog_url.rstrip("/"))
+    base = base.rstrip("/")
+
+    def ls() -> list[str]:
+        try:
+            return fs.ls(base, detail=False)  # type: ignore[no-any-return]
+        except FileNotFoundError:  # no object under the prefix yet: an empty catalog
+            return []
+
+    names = [posixpath.basename(p) for p in retrying(catalog_url, ls)]
+    return sorted(n[:-5] for n in names if n.endswith(".yaml") and not n.startswith("."))
+
+
+def mirror_catalog(catalog_url: str, directory: Path) -> Catalog:
+    """The catalog at ``catalog_url``, its files copied into ``directory``: read with ``Catalog``'s own checks (its
+    messages name the local copy: see ``renamed``). A version's path stays relative to the catalog URL."""
+    catalog_url = catalog_url.rstrip("/")
+    fs, base = filesystem(catalog_url)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in catalog_names(catalog_url):
+        data = retrying(f"{catalog_url}/{name}.yaml", lambda: fs.cat_file(f"{base.rstrip('/')}/{name}.yaml"))
+        atomic_write_bytes(directory / f"{name}.yaml", data)
+    return Catalog(directory)
+
+
 def resolve_catalog(ref: str, catalog_url: str, root: Path) -> tuple[str, tuple[str, VersionEntry, str]]:
     """The version URL that ``NAME@VERSION`` names in the catalog at ``catalog_url``, and its entry."""
     name, _, version = ref.partition("@")
@@ -93,16 +123,9 @@ def resolve_catalog(ref: str, catalog_url: str, root: Path) -> tuple[str, tuple[
         except FileNotFoundError:
             return None
 
-    def ls() -> list[str]:
-        try:
-            return fs.ls(base, detail=False)  # type: ignore[no-any-return]
-        except FileNotFoundError:  # no object under the prefix yet: an empty catalog
-            return []
-
     data = retrying(file_url, read)
     if data is None:
-        listing = retrying(catalog_url, ls)
-        known = sorted(posixpath.basename(p)[:-5] for p in listing if p.endswith(".yaml") and not posixpath.basename(p).startswith("."))
+        known = catalog_names(catalog_url)
         raise CatalogError(f"no dataset {name!r} in the catalog {catalog_url} (datasets: {', '.join(known) or 'none'})")
     local = root / "catalogs" / cache_key(catalog_url)
     local.mkdir(parents=True, exist_ok=True)
