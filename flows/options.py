@@ -51,7 +51,7 @@ def check_local_paths(args: argparse.Namespace) -> None:
         if value and _URL.match(str(value)):
             raise ConfigError(
                 f"{given}: a URL, but {option} must be a local directory for this command (build, serve and push "
-                f"publish to a bucket, rm and gc remove from one; shardflow.runtime reads from one)"
+                f"publish to a bucket, rm and gc remove from one, ls and validate read one; so does shardflow.runtime)"
                 f"{'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
             )
 
@@ -156,8 +156,8 @@ def _embed_flags() -> dict[str, Flag]:
         "codec": Flag(choices=EMBED_CODECS, help="how embeddings are stored (default {default}: row-wise absmax, float32 scales)"),
         "long_docs": Flag(help="documents longer than the model's 256-token window: truncate, or chunk and mean-pool "
                           "(default: {default})"),
-        "precision": Flag(help="model precision (default: {default}; bf16 autocast is ~1.8x faster on CPU, cosine "
-                          "0.99998 to fp32)"),
+        "precision": Flag(help="model precision (default: {default}; bf16 autocast, cosine 0.99998 to fp32, is faster "
+                          "on a GPU or a CPU with native bf16 but ~7x slower on an AVX2-only CPU: give fp32 there)"),
         "device": Flag(help="auto (GPU when present), cpu, cuda[:N] (default: {default})"),
         "min_mean_cosine": Flag(name="min-cosine", help="validation floor: mean cosine of the stored codes to float32 (default {default})"),
         "min_recall_at_10": Flag(name="min-recall", help="validation floor: recall@10 of nearest neighbours against float32 (default {default})"),

@@ -70,6 +70,7 @@ def bucket_catalog(s3: S3Server, bucket: str) -> dict:
     return yaml.safe_load(s3.fs().cat_file(f"{bucket}/catalog/bk.yaml"))
 
 
+@pytest.mark.slow
 def test_a_build_to_a_bucket_reads_back_as_the_same_build_on_local_disk(s3, bucket, halves, tmp_path):
     res = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")], tmp_path)
     assert res.returncode == 0, res.stderr
@@ -93,6 +94,7 @@ def test_a_build_to_a_bucket_reads_back_as_the_same_build_on_local_disk(s3, buck
     assert ls.stdout.rstrip().endswith(f"\tparent -\ts3://{bucket}/data/bk/v1")
 
 
+@pytest.mark.slow
 def test_validate_reads_a_bucket_version_back_and_names_a_damaged_object(s3, bucket, halves, tmp_path):
     res = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")], tmp_path)
     assert res.returncode == 0, res.stderr
@@ -137,6 +139,7 @@ def test_version_names_follow_the_bucket_and_a_parent_built_here_is_reused(s3, b
     assert listed["versions"][2]["parent"] == "bk@v2"
 
 
+@pytest.mark.slow
 def test_a_build_killed_between_its_shard_uploads_and_its_manifest_shows_nothing_then_resumes(s3, bucket, halves, tmp_path):
     args = [*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "scratch")]
     killed = shardflow(args, tmp_path, SHARDFLOW_FAULT="push-files")
@@ -154,6 +157,7 @@ def test_a_build_killed_between_its_shard_uploads_and_its_manifest_shows_nothing
     assert len(TokenDataset("bk@v1", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / "cache")) > 0
 
 
+@pytest.mark.slow
 def test_of_two_builds_that_took_one_version_name_the_bucket_lists_one_and_the_other_publishes_the_next(
         s3, bucket, halves, tmp_path):
     # Build A is killed after its uploads, before its catalog entry; build B (other inputs, another machine's

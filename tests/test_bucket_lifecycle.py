@@ -309,8 +309,9 @@ def test_rm_refuses_a_prefix_without_a_manifest_and_an_unknown_version(s3):
     (("gc", "--older-than", "2"), {}, "--older-than 2: only gc on a bucket has an age threshold"),
     (("rm", "x@v1", "--catalog", "gs://b/cat"), {}, "--catalog gs://b/cat: give an s3:// URL"),
     (("rm", "x@v1"), {"SHARDFLOW_CATALOG": "gs://b/cat"}, "$SHARDFLOW_CATALOG gs://b/cat: give an s3:// URL"),
-    (("ls", "--catalog", "s3://b/cat"), {}, "--catalog s3://b/cat: a URL, but --catalog must be a local directory for "
-     "this command (build, serve and push publish to a bucket, rm and gc remove from one"),
+    (("show", "x@v1", "--catalog", "s3://b/cat"), {}, "--catalog s3://b/cat: a URL, but --catalog must be a local "
+     "directory for this command (build, serve and push publish to a bucket, rm and gc remove from one, ls and validate "
+     "read one"),
 ])
 def test_places_rm_and_gc_cannot_use_are_refused_in_one_line(cli, tmp_path, monkeypatch, args, env, message):
     monkeypatch.chdir(tmp_path)

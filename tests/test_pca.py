@@ -14,10 +14,14 @@ from shardflow.pca import Projection, fit_pca, sample_ids  # noqa: E402
 
 @pytest.fixture(scope="module")
 def vectors(sample_texts: list[str]) -> np.ndarray:
-    """float32 (61, 384): one embedding per document of tests/assets/sample.parquet."""
-    from shardflow.embedder import Embedder
+    """float32 (61, 384): one embedding per document of tests/assets/sample.parquet.
 
-    return Embedder().embed(sample_texts)
+    fp32, not the default bf16: bf16 autocast is ~6x slower on a CPU without native bf16 (AVX2 only), and the PCA
+    core only needs real embeddings.
+    """
+    from shardflow.embedder import EmbedConfig, Embedder
+
+    return Embedder(config=EmbedConfig(precision="fp32")).embed(sample_texts)
 
 
 @pytest.mark.slow
