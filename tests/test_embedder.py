@@ -251,6 +251,7 @@ def test_bf16_close_to_fp32(fp32: Embedder, paragraphs: list[str]) -> None:
     assert cos(vb, fp32.embed(paragraphs)).min() > 0.999
 
 
+@pytest.mark.slow
 def test_edge_inputs(fp32: Embedder) -> None:
     assert fp32.embed([]).shape == (0, 384)
     v = fp32.embed(["", "   ", "a"])

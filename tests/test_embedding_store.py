@@ -59,6 +59,7 @@ def test_store_rows_keep_order_and_repeats_and_refuse_out_of_range(ten):
         store.get_rows([8])
 
 
+@pytest.mark.slow
 def test_re_embedding_an_existing_version_validates_and_a_changed_code_does_not(ten, tmp_path):
     ref, catalog = ten
     again = embed_version(ref, EmbedOptions(codec="float16"), catalog=str(catalog))

@@ -162,6 +162,7 @@ def test_a_build_of_s3_inputs_is_pushed_end_to_end(s3, bucket, tmp_path):
     assert np.array_equal(windows(val), windows(TokenDataset(local, split="val", seq_len=64)))
 
 
+@pytest.mark.slow
 def test_an_older_version_pushed_after_a_newer_one_is_listed_but_not_made_latest(built, s3, bucket, tmp_path):
     push_version("rv@v2", catalog=built.catalog, **urls(bucket))
     r = push_version("rv@v1", catalog=built.catalog, **urls(bucket))

@@ -46,6 +46,7 @@ def _shards(directory: Path, split: str) -> list[tuple[int, int, np.ndarray]]:
     return out
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_write_the_same_bytes(corpus: Path, tmp_path: Path) -> None:
     make = make_builder(tmp_path)
     one = make(corpus, name="w", workers=1, root=tmp_path / "one", **OPTIONS)
@@ -55,6 +56,7 @@ def test_one_and_two_workers_write_the_same_bytes(corpus: Path, tmp_path: Path) 
     assert len(read_manifest(one.directory).splits["train"].shards) > 3  # several pieces per input
 
 
+@pytest.mark.slow
 def test_documents_never_span_shards_and_shards_keep_the_bound(corpus: Path, tmp_path: Path) -> None:
     built = make_builder(tmp_path)(corpus, name="span", **OPTIONS)
     m = read_manifest(built.directory)
@@ -89,6 +91,7 @@ def test_a_document_longer_than_the_bound_is_a_shard_of_its_own(tmp_path: Path, 
     assert all(t <= 2_000 for t, d, _ in shards if d > 1)
 
 
+@pytest.mark.slow
 def test_placed_shards_are_the_pieces_files_never_copied(corpus: Path, tmp_path: Path) -> None:
     built = make_builder(tmp_path)(corpus, name="linked", **OPTIONS)
     m = read_manifest(built.directory)
@@ -112,6 +115,7 @@ def test_cut_at_documents_follows_the_writers_rule() -> None:
     assert layout_mod.cut_at_documents(np.array([0], dtype=np.int64), 7, 3) == (7,)
 
 
+@pytest.mark.slow
 def test_an_incremental_version_links_the_parents_shards_unread_and_equals_a_full_build(
     corpus: Path, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from core_support import SAMPLE, TINY_TEXTS, files_of, write_parquet
 
 
+@pytest.mark.slow
 def test_the_flow_publishes_the_bytes_of_a_build_without_prefect(prefect_harness, small_vocab, tmp_path, monkeypatch):
     from shardflow.build import build
     from shardflow.config import BuildConfig

@@ -101,6 +101,7 @@ def test_real_version_every_sample_starts_with_bos(cat, seq_len):
         prev = (k, start)
 
 
+@pytest.mark.slow
 def test_real_version_eos_placement(cat):
     ds = TokenDataset("eos@v1", seq_len=512, align_to_bos=True, catalog=cat.path)
     for i in range(len(ds)):
