@@ -143,8 +143,8 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any, 
     else:
         executor = ThreadExecutor(args.workers)
     with executor:
-        result = drive(config, executor, data_root=_local_places(args, bucket)[0], catalog=_local_places(args, bucket)[1],
-                       events=BuildProgress(config.name, display))
+        data_root, catalog = _local_places(args, bucket)
+        result = drive(config, executor, data_root=data_root, catalog=catalog, events=BuildProgress(config.name, display))
     if bucket is not None:
         from shardflow.bucket_build import publish_to_bucket
 

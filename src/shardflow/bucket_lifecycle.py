@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import posixpath
-import re
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +42,11 @@ from .faults import fault
 from .lifecycle import dependents
 from .manifest import MANIFEST_NAME
 from .objstore import _code, _refused, filesystem, put_if_match, read_with_etag
-from .push import CLAIM_NAME, BucketTarget, _Mirror, bucket_target
+from .push import _VERSION_RE, CLAIM_NAME, BucketTarget, _Mirror, bucket_target
 
 __all__ = ["BucketRemoval", "BucketGarbage", "remove_bucket_version", "collect_bucket_garbage"]
 
 _ATTEMPTS = 20  # conditional catalog writes lost to other writers before giving up
-_VERSION_RE = re.compile(r"^v[0-9]+$")
 
 
 @dataclass(frozen=True, kw_only=True)
