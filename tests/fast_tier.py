@@ -29,7 +29,8 @@ def main(pytest_args: list[str]) -> int:
         env.pop("PYTEST_ADDOPTS", None)
         cov = [sys.executable, "-m", "coverage"]
         start = time.monotonic()
-        tests = subprocess.run([*cov, "run", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *pytest_args], cwd=REPO, env=env)
+        tests = subprocess.run([*cov, "run", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-n", "0",
+                                *pytest_args], cwd=REPO, env=env)
         wall = time.monotonic() - start
         subprocess.run([*cov, "combine", "-q"], cwd=REPO, env=env, check=True)
         subprocess.run([*cov, "report"], cwd=REPO, env=env, check=True)

@@ -27,7 +27,8 @@ def collected_files(*extra_args: str) -> tuple[set[Path], str]:
     # The outer run's options (say PYTEST_ADDOPTS='-m "not slow"') would deselect tests; CI sets none.
     env.pop("PYTEST_ADDOPTS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra_args],
+        # -n 0: the same collection in this one process (pyproject's -n 2 would collect it once per worker).
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *extra_args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     output = done.stdout + done.stderr
