@@ -444,11 +444,9 @@ def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
     plan = prepare_push(ref, data_root_url=data_root_url, catalog_url=catalog_url, catalog=catalog, checksums=checksums)
     if isinstance(plan, PushResult):
         return plan
-    # One batch per thread, not one call per file: each call lists the prefix once (per file, that is n listings).
-    batches = [list(range(i, len(plan.files), max(1, workers))) for i in range(min(max(1, workers), len(plan.files)))]
-    done: list[str] = [""] * len(plan.files)
-    with ThreadPoolExecutor(max_workers=max(1, len(batches))) as pool:
-        for batch, hows in zip(batches, pool.map(lambda b: push_files(plan, [plan.files[i] for i in b]), batches)):
-            for i, how in zip(batch, hows):
-                done[i] = how
+    # One run of files per thread, not one call per file: each call lists the prefix once (per file, n listings).
+    step = max(1, -(-len(plan.files) // max(1, workers)))
+    runs = [plan.files[i:i + step] for i in range(0, len(plan.files), step)]
+    with ThreadPoolExecutor(max_workers=max(1, len(runs))) as pool:
+        done = [how for hows in pool.map(lambda run: push_files(plan, run), runs) for how in hows]
     return finish_push(plan, done)
