@@ -30,7 +30,7 @@ from shardflow.errors import ShardflowError  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402
 
 SHARDFLOW = [sys.executable, "-m", "shardflow.flows.cli", "build"]
-OPTIONS = ["--name", "bk", "--shard-tokens", "4000", "--val-fraction", "0.1", "--no-prefect", "--progress", "none"]
+OPTIONS = ["--name", "bk", "--shard-tokens", "20000", "--val-fraction", "0.1", "--no-prefect", "--progress", "none"]
 
 s3 = s3_fixture("module")
 

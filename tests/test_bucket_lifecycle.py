@@ -52,7 +52,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     half = root / "a.parquet"
     pq.write_table(table.slice(0, 30), half)
     for sources in ((str(half),), (str(half), str(SAMPLE))):
-        build(BuildConfig(name="bk", sources=sources, shard_tokens=4000, val_fraction=0.1),
+        build(BuildConfig(name="bk", sources=sources, shard_tokens=20_000, val_fraction=0.1),
               data_root=root / "data", catalog=root / "catalog")
     assert read_manifest(root / "data" / "bk" / "v2").parent == "bk@v1"
     return root

@@ -9,6 +9,11 @@ shards to the bucket; the flow's process writes the manifest and the bucket
 catalog entry last); the version is then opened with ``StreamingTokenDataset`` from the
 bucket's catalog, in a new process with an empty cache, and every sample of
 every split equals those of a local build (threads, local data root) of the same inputs.
+
+The flow's process and the workers reach S3 through counting proxies of their
+own (``CountingProxy``): the workers, not the flow's process, read the input
+objects (each one whole: they hash it), and the flow's process reads their
+listing and footers only.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional e
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from s3_support import S3Server  # noqa: E402
+from s3_support import CountingProxy, S3Server  # noqa: E402
 
 COMMON = ["--name", "s3c", "--shard-tokens", "200000", "--val-fraction", "0.1"]
 
@@ -68,21 +73,34 @@ def test_an_s3_to_s3_build_on_a_dask_cluster_reads_back_in_a_fresh_process_as_a_
         for p in sorted(corpus.glob("*.parquet")):
             fs.put_file(str(p), f"{bucket}/corpus/{p.name}")
         env = {**prefect_server.env, **s3.env, "CI": "true"}
-        cluster = start_cluster(tmp_path / "dask", env, workers=2)
+        proxy, worker_proxy = CountingProxy(s3.endpoint), CountingProxy(s3.endpoint)
+        cluster = start_cluster(tmp_path / "dask", {**env, "AWS_ENDPOINT_URL": worker_proxy.endpoint}, workers=2)
         try:
             res = run_cli(
                 ["build", f"s3://{bucket}/corpus/", *COMMON, "--runner", "dask", "--address", cluster.address,
                  "--workers", "2", "--data-root", f"s3://{bucket}/data", "--catalog", f"s3://{bucket}/catalog",
                  "--scratch", str(tmp_path / "scratch")],
-                env, tmp_path, timeout=300,
+                {**env, "AWS_ENDPOINT_URL": proxy.endpoint}, tmp_path, timeout=300,
             )
             assert res.returncode == 0, f"{res.stderr[-4000:]}\n{cluster.logs()}"
+            assert f"Connecting to an existing Dask cluster at {cluster.address}" in res.stderr
             logs = [worker.log.read_text() for worker in cluster.workers]
             assert all("Task run 'tokenize s3c unit" in log for log in logs), cluster.logs()  # both workers tokenized
             # ... and the workers, not the flow's process, sent the files (from the shared scratch).
             assert any("Task run 'push s3c@v1: " in log for log in logs), cluster.logs()
         finally:
             cluster.close()
+        inputs = {f"{bucket}/corpus/{p.name}": p.stat().st_size for p in corpus.glob("*.parquet")}
+        # The workers read every input object whole (they hash it); the flow's process read the listing and the
+        # footers only, never a whole input object.
+        for key, size in inputs.items():
+            assert worker_proxy.bytes_asked(key, size) >= size, key
+        flow_read = sum(proxy.bytes_asked(key, size) for key, size in inputs.items())
+        assert flow_read <= len(inputs) * (64 << 10) < sum(inputs.values()), (flow_read, inputs)
+        assert not [r for r in proxy.requests if r[0] == "GET" and r[2] is None and "/corpus/" in r[1]
+                    and "list-type" not in r[1]], proxy.requests
+        proxy.close()
+        worker_proxy.close()
         assert res.stdout.splitlines() == [f"published s3c@v1 to s3://{bucket}/data/s3c/v1",
                                            f"s3://{bucket}/data/s3c/v1/metadata.yaml"]
         assert "Traceback" not in res.stderr
