@@ -307,7 +307,7 @@ def _gc_bucket(args: argparse.Namespace, data_root: str, catalog: str) -> int:
         print(f"{verb} {g.url} ({g.objects} {unit}{'s' if g.objects != 1 else ''}, {_size(g.bytes)}): {g.why}")
     if not found:
         print(f"nothing to remove under {data_root.rstrip('/')} (uploads and unlisted versions written in the last "
-              f"{hours:g} hours are kept)")
+              f"{hours:.12g} hours are kept)")
     else:
         n = len(found)
         print(f"{'would free' if args.dry_run else 'freed'} {_size(sum(g.bytes for g in found))} ({n} item{'s' if n != 1 else ''})")

@@ -9,7 +9,6 @@ and constants live in ``core_support``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,15 +19,6 @@ import pytest
 
 import tokenizer_support
 from core_support import MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
-
-# Under pytest-xdist every worker shares the machine's cores with the others: one OpenMP/BLAS thread pool as
-# wide as the machine per worker (torch in the embedding tests) oversubscribes it, and its threads spin waiting
-# for each other (measured on the 2-core CI machine, the embedding tests on 2 workers: 13% less CPU at the same
-# wall time with one thread each). Set before this process imports torch; subprocesses inherit it.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ.setdefault(
-        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-    )
 
 
 @pytest.fixture(scope="session")

@@ -218,6 +218,10 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     lines = out.splitlines()
     assert len(lines) == 2 and lines[0].startswith(f"would abort {upload_line}") and lines[1] == "would free 1000 B (1 item)"
     assert lines[0].endswith("...), initiated 2010-11-10T20:48:33Z")
+    # An upload younger than the threshold is kept: against 1,000,000 hours (114 years), 2010 is recent.
+    status, out, err = cli("gc", "--dry-run", "--older-than", "1000000", *places)
+    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads and unlisted versions written in "
+                                "the last 1000000 hours are kept)\n"), err
 
     status, out, err = cli("gc", "--dry-run", "--older-than", "0", *places)
     assert status == 0, err

@@ -333,7 +333,7 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
     """Abort old incomplete multipart uploads under the data root and delete unlisted version prefixes there (the
     module docstring); returns what was removed (``dry_run``: what would be, removing nothing)."""
     if not 0 <= older_than_hours <= 1e6:  # NaN too
-        raise ConfigError(f"--older-than {older_than_hours:g}: give 0 or more hours (at most 1000000)")
+        raise ConfigError(f"--older-than {older_than_hours:.12g}: give 0 or more hours (at most 1000000)")
     target = bucket_target(data_root_url, catalog_url, options=("--data-root", "--catalog"))
     catalog_url = catalog_url.rstrip("/")
     cutoff = _now() - _dt.timedelta(hours=older_than_hours)
