@@ -9,7 +9,9 @@ interrupted ``rm`` left, with their sizes. ``flows.cli`` registers them in its
 ``ShardflowError``s, which the command line turns into one message and exit 2.
 ``push`` publishes a version to object storage (``shardflow.push``; ``add_push_parser``).
 ``rm --catalog s3://...`` and ``gc --data-root s3://... --catalog s3://...`` work on a
-bucket (``shardflow.bucket_lifecycle``); they check their own URLs (``BUCKET_COMMANDS``).
+bucket (``shardflow.bucket_lifecycle``); the four readers read one through the runtime's verified
+cache (``shardflow.runtime.remote``: ``show`` and ``diff`` fetch only what they print). These
+commands check their own URLs (``BUCKET_COMMANDS``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from shardflow.errors import ShardflowError
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
 __all__ += ["add_push_parser", "cmd_push", "BUCKET_COMMANDS"]
 
-BUCKET_COMMANDS = frozenset({"rm", "gc", "validate", "ls"})
+BUCKET_COMMANDS = frozenset({"rm", "gc", "validate", "ls", "diff", "show"})
 """Commands that take s3:// URLs as --data-root and --catalog and check them themselves (the others refuse URLs)."""
 
 
@@ -152,21 +154,57 @@ def _print_embeddings(m: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from shardflow.card import card_path
-    from shardflow.reader import open_version
-    from shardflow.stats import read_stats, summary_lines
+    from shardflow.card import CARD_DIR, CARD_NAME
+    from shardflow.reader import Version, open_version
+    from shardflow.runtime.remote import RemoteShardSet, is_remote_ref, remote_version
+    from shardflow.stats import read_stats
 
+    catalog = args.catalog or os.environ.get("SHARDFLOW_CATALOG")
+    if is_remote_ref(args.ref, catalog):
+        # On a bucket: the manifest, then only what the report reads (each file verified as it arrives): the
+        # statistics, the split's document indexes and the shards its samples come from.
+        from shardflow.manifest_files import named_files
+
+        cache, m = remote_version(args.ref, catalog=catalog)
+        _check_split(args, m)
+        for f in named_files(m):
+            # The statistics, and the tokenizer's copy that the samples are decoded with (its size unrecorded).
+            if f.sha256 and (f.name in ("stats.json", "stats.vocab.npy") or f.where.startswith("tokenized_info.")):
+                cache.ensure(f.name, cache.object_size(f.name) if f.size is None else f.size, f.sha256)
+        stats = read_stats(cache.directory, m)
+        # The card is pushed with the version (not named in its manifest) wherever it has statistics.
+        card = f"{cache.url}/{CARD_DIR}/{CARD_NAME}" if stats is not None else None
+        shards = RemoteShardSet.over(cache, m, args.split or "train", version=Version(cache.directory, m))
+        return _show(args, m, where=cache.url, card=card, shards=shards, stats=stats)
+    from shardflow.flows.options import check_local_paths
+
+    check_local_paths(args)  # a gs:// catalog, say: refused, as by the other commands
     version = open_version(args.ref, catalog=args.catalog)
     m = version.manifest
+    _check_split(args, m)
+    card = version.directory / CARD_DIR / CARD_NAME
+    # inspect_version takes a reference; the resolved version directory is one.
+    return _show(args, m, where=str(version.directory), card=str(card) if card.is_file() else None,
+                 shards=version.directory, stats=read_stats(version.directory, m))
+
+
+def _check_split(args: argparse.Namespace, m: Any) -> None:
     if args.split and args.split not in m.splits:  # checked before anything is printed
         raise ShardflowError(f"{m.ref} has no split {args.split!r}; give --split one of {', '.join(m.splits)}")
+
+
+def _show(args: argparse.Namespace, m: Any, *, where: str, card: str | None, shards: Any, stats: Any) -> int:
+    """``shardflow show`` of the version ``m`` at ``where`` (a directory or a URL): ``card`` (None: it has none),
+    ``shards`` (what ``inspect_version`` opens), ``stats`` (its statistics, or None)."""
+    from shardflow.runtime.inspect import inspect_version
+    from shardflow.stats import summary_lines
+
     if args.card:
-        card = card_path(version.directory)
-        if not card.is_file():
-            raise ShardflowError(f"{version.directory}: {m.ref} has no dataset card (built before statistics, or with --no-stats)")
+        if card is None:
+            raise ShardflowError(f"{where}: {m.ref} has no dataset card (built before statistics, or with --no-stats)")
         print(card)
         return 0
-    print(f"{m.ref}  ({version.directory})")
+    print(f"{m.ref}  ({where})")
     if m.description:
         print(f"  {m.description}")
     print(f"  created {m.created_at}, parent {m.parent or '-'}")
@@ -179,18 +217,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     for split, entry in m.splits.items():
         print(f"  {split}: {entry.documents} documents, {entry.tokens} tokens in {len(entry.shards)} shards")
     _print_embeddings(m)
-    from shardflow.runtime.inspect import inspect_version
-
-    # inspect_version takes a reference; the resolved version directory is one.
-    report = inspect_version(version.directory, split=args.split or "train", samples=args.samples)
-    stats = read_stats(version.directory, m)
+    report = inspect_version(shards, split=args.split or "train", samples=args.samples)
     if stats is not None:
         if _LENGTHS in report:
             # The report's length histogram is exact (from the document index); the statistics' one has
             # quarter-octave bins (p50 <= 2,047 where the median is 1,881). Printed once: the exact one.
             stats = {**stats, "splits": {}}
         print("\n".join(summary_lines(stats)))
-        print(f"  card: {card_path(version.directory)}")
+        if card is not None:
+            print(f"  card: {card}")
     print(report)
     return 0
 
@@ -203,9 +238,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from shardflow.diff import diff_versions, format_diff
     from shardflow.reader import open_version
 
-    a = open_version(args.ref_a, catalog=args.catalog).manifest
-    b = open_version(args.ref_b, catalog=args.catalog).manifest
-    print("\n".join(format_diff(diff_versions(a, b), all_inputs=args.all)))
+    from shardflow.runtime.remote import is_remote_ref, remote_version
+
+    catalog = args.catalog or os.environ.get("SHARDFLOW_CATALOG")
+
+    def manifest(ref: str) -> Any:
+        if is_remote_ref(ref, catalog):  # on a bucket: its manifest alone is read, none of its shards
+            return remote_version(ref, catalog=catalog)[1]
+        from shardflow.flows.options import check_local_paths
+
+        check_local_paths(args)  # a gs:// catalog, say: refused, as by the other commands
+        return open_version(ref, catalog=args.catalog).manifest
+
+    print("\n".join(format_diff(diff_versions(manifest(args.ref_a), manifest(args.ref_b)), all_inputs=args.all)))
     return 0
 
 
@@ -332,7 +377,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise ConfigError(f"{named}: gc on a bucket needs both --data-root and --catalog on it, in one bucket, e.g. "
                           "--data-root s3://BUCKET/data --catalog s3://BUCKET/catalog")
     if args.older_than is not None:
-        raise ConfigError(f"--older-than {args.older_than:g}: only gc on a bucket has an age threshold (a local gc "
+        raise ConfigError(f"--older-than {args.older_than:.12g}: only gc on a bucket has an age threshold (a local gc "
                           "asks each build's lock whether it is running); leave it out")
     found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

@@ -51,7 +51,8 @@ def check_local_paths(args: argparse.Namespace) -> None:
         if value and _URL.match(str(value)):
             raise ConfigError(
                 f"{given}: a URL, but {option} must be a local directory for this command (build, serve and push "
-                f"publish to a bucket, rm and gc remove from one, ls and validate read one; so does shardflow.runtime)"
+                f"publish to a bucket, rm and gc remove from one, "
+                f"ls, validate, show and diff read one; so does shardflow.runtime)"
                 f"{'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
             )
 

@@ -9,7 +9,9 @@ it is gone; an ``rm`` killed between the two steps is finished by its rerun (or 
 ``gc``); ``gc`` aborts a real incomplete multipart upload and deletes an abandoned
 push's prefix, keeps what is younger than ``--older-than``, deletes nothing with
 ``--dry-run`` and never touches a listed version; entry paths that leave the bucket,
-a wrong catalog and half-bucket places are refused in one line.
+a wrong catalog and half-bucket places are refused in one line. ``diff`` of two versions
+on the bucket reads their manifests alone, and ``show`` what it shows; both say what they
+say of the versions' local copies.
 """
 
 from __future__ import annotations
@@ -129,6 +131,45 @@ def test_rm_takes_the_entry_out_then_deletes_every_object(s3, bucket, cli, tmp_p
         TokenDataset("bk@v2", catalog=f"s3://{bucket}/catalog", seq_len=64, cache_dir=tmp_path / "cache")
     status, out, err = cli("rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
     assert (status, out) == (0, f"bk@v2 was already removed; nothing of it was left under s3://{bucket}/data/bk/v2/\n")
+
+
+def test_diff_of_two_bucket_versions_reads_their_manifests_alone_and_equals_the_local_diff(s3, bucket, local, cli,
+                                                                                            monkeypatch, tmp_path):
+    status, want, err = cli("diff", "bk@v1", "bk@v2", "--catalog", str(local / "catalog"))
+    assert status == 0, err
+    monkeypatch.setenv("SHARDFLOW_CACHE", str(tmp_path / "cache"))
+    status, out, err = cli("diff", "bk@v1", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
+    assert (status, out) == (0, want), err
+    assert out.startswith("bk@v1 -> bk@v2\ninputs: 1 added, 0 removed, 0 changed, 1 unchanged\n"), out
+    fetched = sorted(p.name for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert fetched == ["bk.yaml", "metadata.yaml", "metadata.yaml"], fetched  # the catalog file, no shard, no index
+
+
+def test_show_of_a_bucket_version_fetches_what_it_shows_and_says_what_show_of_its_local_copy_says(
+        s3, bucket, local, cli, monkeypatch, tmp_path):
+    status, want, err = cli("show", "bk@v2", "--catalog", str(local / "catalog"))
+    assert status == 0, err
+    monkeypatch.setenv("SHARDFLOW_CACHE", str(tmp_path / "cache"))
+    status, out, err = cli("show", "bk@v2", "--catalog", f"s3://{bucket}/catalog")
+    assert status == 0, err
+    url = f"s3://{bucket}/data/bk/v2"
+    cached = tmp_path / "cache" / "versions"
+    (directory,) = [p.parent for p in cached.rglob("metadata.yaml")]
+    # The same report, where the local one names the version's directory the bucket's names its URL (and the
+    # report's shard directory is the cache's copy).
+    local_dir = str(local / "data" / "bk" / "v2")
+    assert out.splitlines()[0] == f"bk@v2  ({url})"
+    assert out.replace(url, local_dir).replace(str(directory), local_dir) == want
+    status, out, err = cli("show", "bk@v2", "--card", "--catalog", f"s3://{bucket}/catalog")
+    assert (status, out) == (0, f"{url}/card/README.md\n"), err
+    assert s3.fs().exists(f"{bucket}/data/bk/v2/card/README.md")
+    # Fetched: the statistics, the train split's indexes, and only the shards its samples come from.
+    m = read_manifest(local / "data" / "bk" / "v2")
+    shards = [s.file for s in m.splits["train"].shards]
+    fetched = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    assert {"metadata.yaml", "stats.json", "stats.vocab.npy"} <= fetched
+    assert not [f for f in fetched if f.startswith("val/")], fetched
+    assert 0 < len([f for f in fetched if f in shards]) < len(shards), (fetched, shards)
 
 
 @pytest.mark.slow
@@ -313,9 +354,9 @@ def test_rm_refuses_a_prefix_without_a_manifest_and_an_unknown_version(s3):
     (("gc", "--older-than", "2"), {}, "--older-than 2: only gc on a bucket has an age threshold"),
     (("rm", "x@v1", "--catalog", "gs://b/cat"), {}, "--catalog gs://b/cat: give an s3:// URL"),
     (("rm", "x@v1"), {"SHARDFLOW_CATALOG": "gs://b/cat"}, "$SHARDFLOW_CATALOG gs://b/cat: give an s3:// URL"),
-    (("show", "x@v1", "--catalog", "s3://b/cat"), {}, "--catalog s3://b/cat: a URL, but --catalog must be a local "
-     "directory for this command (build, serve and push publish to a bucket, rm and gc remove from one, ls and validate "
-     "read one"),
+    (("card", "x@v1", "--catalog", "s3://b/cat"), {}, "--catalog s3://b/cat: a URL, but --catalog must be a local "
+     "directory for this command (build, serve and push publish to a bucket, rm and gc remove from one, ls, validate, "
+     "show and diff read one"),
 ])
 def test_places_rm_and_gc_cannot_use_are_refused_in_one_line(cli, tmp_path, monkeypatch, args, env, message):
     monkeypatch.chdir(tmp_path)

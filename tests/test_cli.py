@@ -331,8 +331,10 @@ def test_a_build_with_only_one_of_its_places_on_a_bucket_is_refused(cli, tmp_pat
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists() and not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize("args", [("ls", "--catalog", "s3://bucket/cat"), ("validate", "x@v1", "--catalog", "s3://bucket/cat")])
-def test_ls_and_validate_of_a_bucket_catalog_without_credentials_say_what_to_set(cli, tmp_path, monkeypatch, args):
+@pytest.mark.parametrize("args", [("ls", "--catalog", "s3://bucket/cat"), ("validate", "x@v1", "--catalog", "s3://bucket/cat"),
+                                  ("diff", "x@v1", "x@v2", "--catalog", "s3://bucket/cat"),
+                                  ("show", "x@v1", "--catalog", "s3://bucket/cat")])
+def test_reading_commands_on_a_bucket_catalog_without_credentials_say_what_to_set(cli, tmp_path, monkeypatch, args):
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -345,7 +347,7 @@ def test_ls_and_validate_of_a_bucket_catalog_without_credentials_say_what_to_set
 @pytest.mark.parametrize(
     "args,env,named",
     [
-        (("show", "x@latest"), {"SHARDFLOW_CATALOG": "s3://bucket/cat"}, "SHARDFLOW_CATALOG=s3://bucket/cat"),
+        (("card", "x@latest"), {"SHARDFLOW_CATALOG": "s3://bucket/cat"}, "SHARDFLOW_CATALOG=s3://bucket/cat"),
     ],
 )
 def test_a_url_where_only_a_local_directory_works_is_refused(cli, tmp_path, monkeypatch, args, env, named):

@@ -55,6 +55,7 @@ from .objstore import cache_key, filesystem, is_remote, renamed, resolve_catalog
 
 __all__ = [
     "is_remote", "is_remote_ref", "default_cache_dir", "VersionCache", "RemoteShardSet", "open_remote_split", "fetch_version",
+    "remote_version",
 ]
 
 log = logging.getLogger(__name__)
@@ -307,8 +308,10 @@ class RemoteShardSet(ShardSet):
     cache: VersionCache
 
     @classmethod
-    def over(cls, cache: VersionCache, manifest: Manifest, split: str) -> "RemoteShardSet":
-        shards = cls.from_manifest(cache.directory, manifest, split)
+    def over(cls, cache: VersionCache, manifest: Manifest, split: str, *, version: Any = None) -> "RemoteShardSet":
+        """``version``: a ``shardflow.reader.Version`` of the cache's directory, for callers that decode (its
+        tokenizer files fetched first)."""
+        shards = cls.from_manifest(cache.directory, manifest, split, version=version)
         shards.cache = cache
         return shards
 
@@ -397,6 +400,13 @@ def _open_version(ref: str | os.PathLike[str], catalog: Any, cache_dir: Any, ver
         url, entry = resolve_catalog(ref_str, os.fspath(catalog), root)
     cache = VersionCache(url, root / "versions" / cache_key(url), verify=verify)
     return cache, cache.load_manifest(entry)
+
+
+def remote_version(ref: str | os.PathLike[str], *, catalog: Any = None,
+                   cache_dir: str | os.PathLike[str] | None = None) -> tuple[VersionCache, Manifest]:
+    """A version on object storage, its manifest alone read (checked against the bucket catalog's entry when
+    ``ref`` is ``NAME@VERSION``): ``(its cache, which fetches and verifies a file on demand, its manifest)``."""
+    return _open_version(ref, catalog, cache_dir, verify=True)
 
 
 def fetch_version(ref: str | os.PathLike[str], *, catalog: Any = None, cache_dir: str | os.PathLike[str] | None = None,
