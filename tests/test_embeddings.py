@@ -34,6 +34,11 @@ EXPECTED = {"int8": (0.9999, 0.95), "e4m3": (0.999, 0.93), "e5m2": (0.997, 0.90)
 # (AVX2 only), and precision is not what these tests are about. The default bf16 path is still built and read end
 # to end in tests/test_embedding_store.py, compared with fp32 in tests/test_embedder.py, and run by the docs' blocks.
 FP32 = "fp32"
+WINDOW = 64
+"""Tokens per document embedded here: the model's first 64, not 256 (a quarter of the model's work; the sample's
+documents are long). What these tests check, codecs, files, the PCA and their floors, does not depend on it. The
+command-line tests below embed the default 256, as do tests/test_embedder.py, tests/test_embedding_store.py and
+the docs' blocks."""
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def embedded(root: Path) -> str:
     """The sample corpus built with --embed (int8) and a held-out val split."""
     cfg = BuildConfig(
-        name="emb", sources=(str(SAMPLE),), shard_tokens=40_000, val_count=12, embed=EmbedOptions(codec="int8", precision=FP32)
+        name="emb", sources=(str(SAMPLE),), shard_tokens=40_000, val_count=12,
+        embed=EmbedOptions(codec="int8", precision=FP32, max_tokens=WINDOW),
     )
     return build(cfg, data_root=root / "data", catalog=root / "manifests", workers=2).ref
 
@@ -82,7 +88,8 @@ def test_row_i_is_document_i(root: Path, embedded: str) -> None:
     version = open_version(embedded, catalog=cat(root))
     store = EmbeddingStore(embedded, split="val", catalog=cat(root))
     split = version.split("val")
-    direct = Embedder(config=EmbedConfig(precision=FP32)).embed([split.text(i) for i in range(split.num_documents)])
+    direct = Embedder(config=EmbedConfig(precision=FP32, max_tokens=WINDOW)).embed(
+        [split.text(i) for i in range(split.num_documents)])
     stored = store.get_rows(np.arange(len(store)))
     cos = (direct * stored).sum(axis=1) / np.linalg.norm(stored, axis=1)
     assert cos.min() > 0.999
@@ -95,7 +102,7 @@ def test_row_i_is_document_i(root: Path, embedded: str) -> None:
 def test_embed_existing_version_reuses_shards_and_lands_in_the_measured_quality_range(
     root: Path, embedded: str, codec: str
 ) -> None:
-    result = embed_version(embedded, EmbedOptions(codec=codec, precision=FP32), catalog=cat(root))
+    result = embed_version(embedded, EmbedOptions(codec=codec, precision=FP32, max_tokens=WINDOW), catalog=cat(root))
     assert result.created
     parent_dir, child_dir = resolve_ref(embedded, cat(root)), resolve_ref(result.ref, cat(root))
     child = read_manifest(child_dir)
@@ -122,7 +129,7 @@ def test_embed_existing_version_reuses_shards_and_lands_in_the_measured_quality_
     cos = (base * got).sum(axis=1) / np.linalg.norm(base, axis=1) / np.linalg.norm(got, axis=1)
     assert (cos > 0.98).all(), cos  # e5m2 keeps 2 mantissa bits: single rows reach ~0.99
     # identical request: nothing new
-    again = embed_version(embedded, EmbedOptions(codec=codec, precision=FP32), catalog=cat(root))
+    again = embed_version(embedded, EmbedOptions(codec=codec, precision=FP32, max_tokens=WINDOW), catalog=cat(root))
     assert not again.created and again.ref == result.ref
 
 
@@ -176,7 +183,7 @@ def test_validation_names_changed_embeddings_bad_scales_nan_and_row_count(root: 
 
 @pytest.mark.slow
 def test_nan_after_decoding_is_refused(root: Path, embedded: str, tmp_path: Path) -> None:
-    result = embed_version(embedded, EmbedOptions(codec="float16", precision=FP32), catalog=cat(root))
+    result = embed_version(embedded, EmbedOptions(codec="float16", precision=FP32, max_tokens=WINDOW), catalog=cat(root))
     d = _copy_version(root, result.ref, tmp_path / "v")
     m = read_manifest(d)
     part = next(p for p in m.splits["val"].extra["embeddings"]["parts"] if p["rows"] > 1)
@@ -190,7 +197,8 @@ def test_nan_after_decoding_is_refused(root: Path, embedded: str, tmp_path: Path
 @pytest.mark.slow
 def test_codec_below_the_quality_floor_fails_validation(root: Path, embedded: str) -> None:
     with pytest.raises(ValidationError, match=r"codec e5m2 mean cosine 0\.99\d+ is below the floor 0\.99999"):
-        embed_version(embedded, EmbedOptions(codec="e5m2", min_mean_cosine=0.99999, precision=FP32), catalog=cat(root))
+        embed_version(embedded, EmbedOptions(codec="e5m2", min_mean_cosine=0.99999, precision=FP32, max_tokens=WINDOW),
+                      catalog=cat(root))
     # nothing was published
     from shardflow.catalog import Catalog
 
@@ -255,10 +263,6 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
 # these tests use the real 302-document corpus (conftest.real_corpus) instead.
 
 
-PCA_WINDOW = 64
-"""Tokens per document embedded in these tests: the model's first 64, not 256 (the fit's sample is every train
-document, 272, each embedded twice: the fixture took 44 s, now 18 s). What these tests check, the PCA, its files and
-its quality floors, does not depend on the window."""
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +275,7 @@ def reduced(tmp_path_factory: pytest.TempPathFactory, real_corpus: Path) -> tupl
     root = tmp_path_factory.mktemp("pca")
     cfg = BuildConfig(
         name="real", sources=(str(real_corpus),), shard_tokens=400_000, val_count=30,
-        embed=EmbedOptions(codec="e4m3", embed_dim=128, pca_min_mean_cosine=0.8, precision=FP32, max_tokens=PCA_WINDOW),
+        embed=EmbedOptions(codec="e4m3", embed_dim=128, pca_min_mean_cosine=0.8, precision=FP32, max_tokens=WINDOW),
     )
     return build(cfg, data_root=root / "data", catalog=root / "manifests", workers=2).ref, str(root / "manifests")
 
@@ -320,7 +324,7 @@ def test_project_maps_a_later_query_onto_the_stored_rows(reduced: tuple[str, str
     store = EmbeddingStore(ref, split="val", catalog=catalog)
     assert (store.dim, store.model_dim, store.pca["dim"]) == (128, 384, 128)
     split = store.version.split("val")
-    direct = Embedder(config=EmbedConfig(precision=FP32, max_tokens=PCA_WINDOW)).embed(
+    direct = Embedder(config=EmbedConfig(precision=FP32, max_tokens=WINDOW)).embed(
         [split.text(i) for i in range(split.num_documents)])
     projected = store.project(direct)
     stored = store.get_rows(np.arange(len(store)))
