@@ -164,8 +164,8 @@ def test_a_killed_or_damaged_shard_job_is_redone_and_no_other(builds, corpus: Pa
                 embed_staged(plan)
             # The victim was killed after its codes file was renamed into place, before its commit record;
             # another shard's codes file was cut short after its commit.
-            (embeddings / "par_train_000002.emb.npy").write_bytes(b"half a file")
-            with open(embeddings / "par_train_000005.emb.npy", "r+b") as f:
+            (embeddings / f"par_{victim[0]}_{victim[1]:06d}.emb.npy").write_bytes(b"half a file")
+            with open(embeddings / f"par_{damaged[0]}_{damaged[1]:06d}.emb.npy", "r+b") as f:
                 f.truncate(100)
             raise Killed
         return [stage(plan, *job) for job in jobs]
