@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core_support import REPO
+from core_support import LONGEST_FIRST, REPO
 
 TESTS = REPO / "tests"
 
@@ -47,3 +47,10 @@ def test_ci_collection_includes_every_test_file():
         f"check norecursedirs/testpaths in pyproject.toml or the file's test names: {missing}\n{output[-2000:]}"
     )
     assert any(p.parent.name == "build" for p in collected)
+
+
+def test_the_longest_first_files_exist():
+    """The scheduling list names real files: a renamed one would quietly fall back to collection order."""
+    missing = [path for path in LONGEST_FIRST if not (REPO / path).is_file()]
+    assert not missing, f"tests/conftest.py LONGEST_FIRST names files that are gone: {missing}"
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
