@@ -54,7 +54,7 @@ from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
 from shardflow.tasks.build import (
-    STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, plan_task, push_files_task, push_finish_task, push_prepare_task,
+    STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, fetch_parent_task, plan_task, push_files_task, push_finish_task, push_prepare_task,
 )
 
 __all__ = [
@@ -424,10 +424,12 @@ def build_dataset(
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
     attach_core_logs()
+    # A bucket's parent this scratch lacks is fetched (reused, not tokenized again); without one, nothing to reuse.
+    reuse = None if places is None or fetch_parent_task(places=places, config=config) else False
     # Task runs carry no tags: Prefect asks the server for a concurrency slot before every tagged task run,
     # a round trip that stalled work units on a busy server (1000 MB: 16.3-20.7 s against 12.0-15.3 s untagged).
     with task_runner as started:
-        result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog,
+        result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog, reuse=reuse,
                        events=progress)
         if places is not None:
             _push(started, in_flight, places, result.ref, listed)

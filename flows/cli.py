@@ -144,7 +144,13 @@ def _build_without_prefect(args: argparse.Namespace, config: Any, display: Any, 
         executor = ThreadExecutor(args.workers)
     with executor:
         data_root, catalog = _local_places(args, bucket)
-        result = drive(config, executor, data_root=data_root, catalog=catalog, events=BuildProgress(config.name, display))
+        reuse = None
+        if bucket is not None:
+            from shardflow.bucket_build import fetch_parent
+
+            reuse = None if fetch_parent(bucket[0], config) else False
+        result = drive(config, executor, data_root=data_root, catalog=catalog, reuse=reuse,
+                       events=BuildProgress(config.name, display))
     if bucket is not None:
         from shardflow.bucket_build import publish_to_bucket
 

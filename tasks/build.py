@@ -34,7 +34,7 @@ from shardflow.errors import is_transient as core_is_transient
 
 __all__ = [
     "plan_task", "STAGE_TASKS", "STAGE_BATCH_TASKS", "task_for_stage", "batch_task_for_stage", "PlanHandle", "is_transient",
-    "attach_core_logs", "TAGS", "push_prepare_task", "push_files_task", "push_finish_task",
+    "attach_core_logs", "TAGS", "fetch_parent_task", "push_prepare_task", "push_files_task", "push_finish_task",
 ]
 
 TAGS = ("shardflow",)
@@ -110,6 +110,15 @@ def plan_task(
 ) -> core.BuildPlan:
     attach_core_logs()
     return core.plan_build(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
+
+
+@task(name="fetch-parent", task_run_name="fetch the parent of {config.name}", **_IO)
+def fetch_parent_task(places: Any, config: BuildConfig) -> str | None:
+    """``shardflow.bucket_build.fetch_parent``: the bucket's latest version, into the scratch if it lacks it."""
+    from shardflow.bucket_build import fetch_parent
+
+    attach_core_logs()
+    return fetch_parent(places, config)
 
 
 @task(name="push", task_run_name="push {ref}: claim", **_IO)

@@ -4,7 +4,8 @@ The bucket is moto's S3 server on loopback; every build is the command users
 run (``--no-prefect`` here: tests/flows/test_bucket_build_cluster.py runs the
 flow on a Dask cluster). What these show: the version reads back from the
 bucket, in a fresh cache, as the same build on a local data root; version names
-follow the bucket's catalog whichever scratch directory builds; a build killed
+follow the bucket's catalog whichever scratch directory builds, and a fresh
+scratch fetches the parent (verified) rather than tokenizing its inputs again; a build killed
 between its shard uploads and its manifest shows nothing, and its rerun resumes;
 of two builds that both took one version name, the bucket lists one, and the
 other's rerun publishes the next; half-bucket places are refused in one line.
@@ -118,15 +119,26 @@ def test_validate_reads_a_bucket_version_back_and_names_a_damaged_object(s3, buc
 
 
 @pytest.mark.slow
-def test_version_names_follow_the_bucket_and_a_parent_built_here_is_reused(s3, bucket, halves, tmp_path):
+def test_version_names_follow_the_bucket_and_a_parent_from_any_machine_is_reused(s3, bucket, halves, tmp_path):
     first = shardflow([str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "a")], tmp_path)
     assert first.returncode == 0, first.stderr
-    # Another scratch, without bk@v1's files: version v2, every input tokenized (said in one line), the shards
-    # equal to v1's copied within the bucket.
+    # Another scratch, without bk@v1's files (a fresh machine): v1 is fetched into it, verified, so version v2
+    # tokenizes only the new input, and v1's shards are copied within the bucket, not sent.
+    fs = s3.fs()
+    v1_shards = {p.rpartition("/")[2]: fs.info(p)["ETag"] for p in fs.find(f"{bucket}/data/bk/v1/train/") if p.endswith(".bin")}
     second = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "b")], tmp_path)
     assert second.returncode == 0, second.stderr
     assert second.stdout.splitlines()[0] == f"published bk@v2 to s3://{bucket}/data/bk/v2"
-    assert "not reusing bk@v1" in second.stderr
+    assert second.stderr == "" and not list((tmp_path / "b").rglob(".fetch-*"))  # (no "not reusing bk@v1" line)
+    v2 = yaml.safe_load(fs.cat_file(f"{bucket}/data/bk/v2/metadata.yaml"))
+    assert v2["reuse"]["parent"] == "bk@v1" and v2["reuse"]["tokenized_inputs"] == ["b.parquet"]
+    assert v2["reuse"]["reused_inputs"] == ["a.parquet"] and v2["reuse"]["linked_shards"] == len(v1_shards) > 0
+    v2_shards = {p.rpartition("/")[2]: fs.info(p)["ETag"] for p in fs.find(f"{bucket}/data/bk/v2/train/") if p.endswith(".bin")}
+    assert {n: e for n, e in v2_shards.items() if n in v1_shards} == v1_shards  # the same objects' bytes
+    # The same build from a third fresh scratch: the bucket lists it, nothing is fetched or built.
+    again = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "c")], tmp_path)
+    assert again.returncode == 0 and again.stdout.startswith("nothing new: bk@v2"), again.stderr
+    assert not list((tmp_path / "c").rglob("*.bin"))  # the inputs v2 lists: v2 is not fetched
     # The second scratch has v2's files: its next build is incremental (v2's shards hard-linked there).
     (halves[0].parent / "c.parquet").write_bytes(halves[1].read_bytes())
     third = shardflow([*map(str, halves), str(halves[0].parent / "c.parquet"), *OPTIONS, *to_bucket(bucket, tmp_path / "b")],
@@ -137,6 +149,20 @@ def test_version_names_follow_the_bucket_and_a_parent_built_here_is_reused(s3, b
     listed = bucket_catalog(s3, bucket)
     assert [v["version"] for v in listed["versions"]] == ["v1", "v2", "v3"] and listed["latest"] == "v3"
     assert listed["versions"][2]["parent"] == "bk@v2"
+    # A damaged parent in the bucket is refused as it is fetched (named, one line), and never reused: a fresh
+    # scratch tokenizes every input, and the damaged object is not copied into the new version.
+    damaged = sorted(p for p in fs.find(f"{bucket}/data/bk/v3/train/") if p.endswith(".bin"))[0]
+    good = fs.cat_file(damaged)
+    fs.pipe_file(damaged, good[:-1] + bytes([good[-1] ^ 0xFF]))
+    (halves[0].parent / "d.parquet").write_bytes(halves[0].read_bytes())
+    inputs = [*map(str, halves), str(halves[0].parent / "c.parquet"), str(halves[0].parent / "d.parquet")]
+    fourth = shardflow([*inputs, *OPTIONS, *to_bucket(bucket, tmp_path / "d")], tmp_path)
+    assert fourth.returncode == 0, fourth.stderr
+    assert fourth.stdout.splitlines()[0] == f"published bk@v4 to s3://{bucket}/data/bk/v4"
+    assert fourth.stderr.startswith(f"not fetching bk@v3 from s3://{bucket}/data to reuse it: s3://{damaged}: SHA-256 ")
+    assert fourth.stderr.count("\n") == 1, fourth.stderr
+    v4 = yaml.safe_load(fs.cat_file(f"{bucket}/data/bk/v4/metadata.yaml"))
+    assert "reuse" not in v4 and fs.cat_file(damaged.replace("/v3/", "/v4/")) == good
 
 
 @pytest.mark.slow

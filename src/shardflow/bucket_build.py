@@ -22,12 +22,13 @@ scratch catalog (``sync_catalog``), so that:
   build won) is dropped here, with its files: this run builds the next version.
 
 The scratch keeps the versions built on this machine; they are the incremental
-parents of later builds here (hard-linked, as on a local data root). A version
-published from another machine has no files here, so a build whose parent it is
-tokenizes its inputs again (it says so in one line); its shards that equal the
-parent's are then copied within the bucket, not sent. For ``--runner dask`` the
-scratch must be a directory every worker sees at the same path, as a local data
-root must.
+parents of later builds here (hard-linked, as on a local data root). A parent
+published from another machine (a fresh node, another scratch) is fetched into
+the scratch first (``fetch_parent``), each file verified against its manifest,
+when it was built with this build's output options: its unchanged inputs' shards
+are then hard-linked, not tokenized again, and copied within the bucket, not
+sent. For ``--runner dask`` the scratch must be a directory every worker sees at
+the same path, as a local data root must.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ from pathlib import Path
 
 from ._io import atomic_write_bytes
 from .catalog import Catalog
+from .config import BuildConfig
 from .errors import ConfigError, ShardflowError
+from .manifest import MANIFEST_NAME
+from .manifest_files import named_files
 from .objstore import is_remote, read_with_etag
 from .push import PushPlan, PushResult, bucket_target, prepare_push, push_version
 
-__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "prepare_publish", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
+__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "fetch_parent", "prepare_publish", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
 
 log = logging.getLogger("shardflow.build")
 
@@ -139,6 +143,80 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
         for entry in kept:  # built here, not yet in the bucket: pushed by this run
             local.add(name, replace(entry, path=str(local.version_dir(entry))))
     return set(listed)
+
+
+def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
+    """Fetch the bucket's latest version of ``config.name`` into the scratch when this machine has no copy of it
+    and it can be this build's incremental parent: built with the same output options, from other inputs (an
+    input added, removed, or of another size). Its ``NAME@vN`` if the scratch has it (built here, or fetched):
+    without it, plan with ``reuse=False`` (there is no parent to reuse, and nothing more to say about it).
+
+    Every file its manifest names is downloaded, verified against the manifest's SHA-256 as it arrives (the
+    manifest against the bucket catalog's entry), into ``.fetch-vN/`` beside it (a rerun after an interruption
+    keeps what was verified), then the version's directory appears at once, its manifest written last, where the
+    scratch catalog (the bucket's, ``sync_catalog``) lists it. Planning then reuses it as it reuses a version
+    built here, and the push copies its equal shards within the bucket. Downloading tokens costs bandwidth;
+    tokenizing the text again, which it saves, costs CPU (several times longer at a tokenizer's rate).
+    """
+    from .build.incremental import NO_REUSE_ENV
+
+    name = config.name
+    if os.environ.get(NO_REUSE_ENV, "").strip() not in ("", "0") or config.val_count or name not in Catalog(places.catalog).datasets():
+        return None  # (an exact --val-count never reuses a parent: build/incremental.py)
+    cat = Catalog(places.catalog)
+    latest = cat.latest(name)
+    entry = cat.entry(name, latest) if latest else None
+    if entry is None:
+        return None
+    ref, directory = f"{name}@{latest}", cat.version_dir(entry)
+    root = places.data_root.resolve()
+    if not directory.is_relative_to(root) or directory == root:
+        return None  # not a version directory of the data root
+    if directory.exists():
+        return ref  # built (or fetched) here already
+    from .runtime.remote import fetch_version, remote_version
+
+    ours = _listed_inputs(config)  # (bad input fails here, as planning would, in one message)
+    staging = directory.with_name(f".fetch-{directory.name}")
+    try:
+        _, manifest = remote_version(ref, catalog=places.catalog_url, cache_dir=staging)
+        theirs = {(e.get("relname"), e.get("size")) for e in manifest.inputs if isinstance(e, dict)}
+        if BuildConfig.from_dict(manifest.config).reuse_fields() != config.reuse_fields() or theirs == ours:
+            # Other output options: nothing of it is reused. The same inputs (names and sizes): the build the
+            # bucket lists already, most likely (planning says "nothing new"), or, where an input changed within
+            # its size, a build that tokenizes every input (and says so in one line).
+            shutil.rmtree(staging, ignore_errors=True)
+            return None
+        _, cached, manifest = fetch_version(ref, catalog=places.catalog_url, cache_dir=staging, verify=False)
+    except (ShardflowError, OSError, TypeError, ValueError, KeyError) as exc:
+        log.warning("not fetching %s from %s to reuse it: %s", ref, places.data_root_url, exc)
+        return None
+    tmp = staging / f"version-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    files = {str(f.name) for f in named_files(manifest)}
+    for file in sorted(files):
+        dest = tmp / file
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(cached / file, dest)  # the same filesystem: staging is beside the version
+    # Written last, and a fresh file: a parent file newer than its manifest would be hashed again when reused.
+    shutil.copyfile(cached / MANIFEST_NAME, tmp / MANIFEST_NAME)
+    try:
+        os.replace(tmp, directory)
+    except OSError:
+        if not (directory / MANIFEST_NAME).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another build on this scratch fetched it meanwhile
+    shutil.rmtree(staging, ignore_errors=True)
+    log.info("fetched %s (%d files) from %s into the scratch: its unchanged inputs are reused, not tokenized again",
+             ref, len(files) + 1, places.version_url(ref))
+    return ref
+
+
+def _listed_inputs(config: BuildConfig) -> set[tuple[str, int]]:
+    """``(relname, size)`` of the build's inputs, from their listing alone (nothing read)."""
+    from .sources import discover_inputs
+
+    return {(inp.relname, inp.size) for inp in discover_inputs(config.sources)}
 
 
 def prepare_publish(places: BucketPlaces, ref: str, *, listed: set[str]) -> PushPlan | None:
