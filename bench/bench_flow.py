@@ -462,7 +462,7 @@ def main() -> None:
         print(f"| {seg} | {secs:.2f} | {busy} | {'' if c is None else f'{c:.2f}'} |")
     print(f"| total | {sum(line['rows'].values()):.2f} | | {sum(core_stages.values()):.2f} (stages only) |")
 
-    print(f"\n| measure | target | measured |")
+    print("\n| measure | target | measured |")
     print("|---|---|---|")
     print(f"| flow against a running server ÷ core (`--no-prefect`), wall time | ≥ 0.90 | "
           f"{core / srv:.2f} ({srv:.2f} s vs {core:.2f} s) |")

@@ -211,8 +211,8 @@ def main(path: str) -> None:
                   f"<= 5 min: {'yes' if ok_s else 'NO'}; {c['flow_mb'] / 1024:.2f} GB <= 2 GB: {'yes' if ok_mb else 'NO'}")
 
     low = cases["low"]
-    print(f"wall time (the low vocabulary figure), hours; central = planning + layout + stats-card beyond the shard "
-          f"jobs + finalize + publish:")
+    print("wall time (the low vocabulary figure), hours; central = planning + layout + stats-card beyond the shard "
+          "jobs + finalize + publish:")
     print(f"{'N':>6} {'tokenize h':>11} {'write h':>8} {'validate h':>11} {'total h':>8} {'central %':>9} "
           f"{'S3 read GB/s':>13} {'FS write GB/s':>14}")
     # Per worker: tokenize reads its objects twice over (the text column, then every byte to hash) and writes

@@ -8,7 +8,8 @@ row ``i`` is document ``i``, the rows a single whole-split embedding call gives
 (within the codec's error). A job killed before its commit, or whose file was
 damaged, is redone on rerun and the others are not; ``shardflow embed`` of a
 published version (schema 3, or schema 2 with documents across shards) embeds
-per shard too; a split stored as one file (before the per-shard jobs) still reads.
+per shard too; a split stored as one file (before the per-shard jobs) still reads. An incremental build
+links the parent's embeddings of the shards it links, and runs the model on the new input's only.
 """
 
 from __future__ import annotations
@@ -263,3 +264,39 @@ def test_validation_ties_each_part_to_its_shard(builds, tmp_path: Path) -> None:
     (d / "metadata.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     problems = validate_embeddings(d, read_manifest(d), checksums=False)
     assert any(re.search(r"par_train_\*\.emb\.npy: \d+ rows, but split 'train' has 20 documents", p) for p in problems), problems
+
+
+@pytest.mark.slow
+def test_an_incremental_build_links_the_parents_embeddings_of_its_linked_shards_and_equals_a_full_build(tmp_path):
+    """The shards of an unchanged input are the parent's; so are their embeddings (same model and options, no
+    PCA): hard-linked, the model run on the new input's shards only, and the store equals a full build's."""
+    texts = pq.read_table(SAMPLE, columns=["text"]).column("text").to_pylist()[:24]
+    a = write_parquet(tmp_path / "in" / "a.parquet", texts[:12])
+    b = write_parquet(tmp_path / "in" / "b.parquet", texts[12:])
+    options = EmbedOptions(codec="int8", precision=FP32, max_tokens=WINDOW)
+
+    def config(*inputs: Path) -> BuildConfig:
+        return BuildConfig(name="inc", sources=tuple(map(str, inputs)), shard_tokens=12_000, val_fraction=0.2, embed=options)
+
+    where = dict(data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    v1 = build(config(a), **where)
+    jobs = _Jobs()
+    v2 = build(config(a, b), **where, events=jobs)
+    full = build(config(a, b), data_root=tmp_path / "full", catalog=tmp_path / "full-catalog")
+    v1_dir, v2_dir = Path(v1.manifest_path).parent, Path(v2.manifest_path).parent
+    manifest = read_manifest(v2_dir)
+    assert manifest.extra["reuse"]["reused_inputs"] == ["a.parquet"] and manifest.extra["reuse"]["linked_shards"] > 0
+    embedded = {(job[0], job[1]): result for job, result in jobs.jobs["embed-shard"]}
+    linked = {key for key, result in embedded.items() if result.tokens == 0}
+    assert 0 < len(linked) < len(embedded)  # the model ran on b's shards only
+    v1_inodes = {p.stat().st_ino for p in (v1_dir / "embeddings").iterdir()}
+    for split, k in linked:
+        part = manifest.splits[split].extra["embeddings"]["parts"][k]
+        assert (v2_dir / part["file"]).stat().st_ino in v1_inodes  # v1's file, hard-linked, not recomputed
+    assert validate_dir(v2_dir, manifest, checksums=True).ok
+    for split in ("train", "val"):
+        ours = EmbeddingStore(v2.ref, split=split, catalog=tmp_path / "catalog")
+        theirs = EmbeddingStore(full.ref, split=split, catalog=tmp_path / "full-catalog")
+        assert len(ours) == len(theirs) > 0
+        rows = np.arange(len(ours))
+        np.testing.assert_allclose(ours.get_rows(rows), theirs.get_rows(rows), atol=1e-6)

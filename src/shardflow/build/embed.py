@@ -7,6 +7,7 @@ before ``finalize``, three stages (``stages.py``)::
                  mean and components into out/embeddings/     -> layout/embed-pca.json (EmbedFit)
     embed-shard  one job per shard: its documents, decoded from its own files (its record alone is
                  read), embedded, projected, encoded into its own files   -> layout/SPLIT-K.embed.json
+                 (a shard an incremental build linked from its parent: the parent's files of it, linked)
     embed        one job: the parts' records as the manifest's sections   -> embed.json (EmbedResult)
 
 Each job first looks for its committed record (and its files in ``out/`` with
@@ -54,17 +55,18 @@ from ..embeddings import (
 from ..embed_models import MODELS
 from ..errors import ConfigError, ValidationError
 from ..formats import get_format
-from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, write_manifest
+from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, version_file, write_manifest
 from ..reader import Version
 from ..shardset import ShardInfo, ShardSet
 from ..tokenizers import load_reference_tokenizer, load_tokenizer
 from .check import shard_context
+from .incremental import open_parent
 from .layout import read_layout
 from .manifest import now
 from .model import BuildPlan, BuildResult, EmbedFit, EmbedResult, EmbedShardResult
 from .publish import publish_out, staged_manifest
 from .staging import Staging, as_plan
-from .write import shard_done, write_tokenizer_files
+from .write import link_or_copy, shard_done, write_tokenizer_files
 
 log = logging.getLogger("shardflow.build")
 
@@ -167,14 +169,57 @@ def _staged_shard(plan: BuildPlan, split: str, k: int) -> ShardSet:
     )
 
 
+# What made a parent's embeddings, compared with what would make ours: where it ran is no property of the data.
+_NOT_THE_MODEL = ("device",)
+
+
+def _parent_part(plan: BuildPlan, staging: Staging, split: str, k: int, options: EmbedOptions) -> EmbedShardResult | None:
+    """Shard ``k``'s embeddings hard-linked from the parent version, when the shard is the parent's (an unchanged
+    input of an incremental build) and the parent embedded it per shard with the same model and options; else None.
+
+    Without a PCA only: a projection is fitted on each version's own sample. The files are checked by size, as
+    the linked shard is (``incremental.parent_problem``); finalize's validation hashes them with the version's.
+    """
+    sources = read_layout(plan).splits[split].sources
+    if plan.reuse is None or options.embed_dim is not None or sources is None or sources[k][0] >= 0:
+        return None
+    parent = open_parent(plan.reuse)
+    info = parent.manifest.extra.get("embeddings") or {}
+    section = parent.manifest.splits[split].extra.get("embeddings") or {}
+    ours = {key: v for key, v in Embedder(config=options).model_info().items() if key not in _NOT_THE_MODEL}
+    if (info.get("pca") or info.get("options") != options.to_dict() or "parts" not in section
+            or len(section["parts"]) != parent.splits[split].num_shards
+            or any(info.get(key) != v for key, v in ours.items())):
+        return None
+    part = dict(section["parts"][sources[k][1]])
+    names = part_file_names(plan.config.name, split, k)
+    for entry, name in ((part, names[0]), (part.get("scales"), names[1])):
+        if not entry:
+            continue
+        src = version_file(parent.directory, entry["file"], "an embedding file")
+        if not src.is_file() or src.stat().st_size != entry["bytes"]:
+            raise parent.damaged(src, f"not the {entry['bytes']} bytes its manifest lists")
+        (staging.out / name).parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(src, staging.out / name)
+    part["file"] = names[0]
+    if part.get("scales"):
+        part["scales"] = {**part["scales"], "file": names[1]}
+    return EmbedShardResult(split=split, index=k, part=part, tokens=0)
+
+
 def embed_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> EmbedShardResult:
-    """The embed-shard stage: embed the documents of written shard ``k`` of ``split`` into their own files; idempotent."""
+    """The embed-shard stage: embed the documents of written shard ``k`` of ``split`` into their own files (or
+    link the parent's, for a shard linked from it: ``_parent_part``); idempotent."""
     plan = as_plan(plan)
     options = _options(plan)
     staging = Staging(plan.staging)
     done = _recorded_shard(staging, split, k)
     if done is not None:
         return done
+    linked = _parent_part(plan, staging, split, k, options)
+    if linked is not None:
+        atomic_write_text(_shard_record(staging, split, k), json.dumps(linked.to_dict()))  # the job's commit point
+        return linked
     projection = None
     if options.embed_dim is not None:
         fit = fit_done(plan)
