@@ -2,6 +2,7 @@
 
     python bench/bench_bucket_parent.py                                  # a 64 MB make_corpus corpus, 16 inputs
     python bench/bench_bucket_parent.py --corpus /tmp/bench/realistic    # a directory of Parquet files (non-repeating)
+    python bench/bench_bucket_parent.py --mb 4 --embed                   # with embeddings (fp32: see docs/EMBEDDINGS.md)
 
 The bucket is moto's S3 server (``moto[server]``, the test extra), in this
 process on loopback. ``v1`` is built from all inputs but the last one and
@@ -17,6 +18,10 @@ published to a prefix of the bucket once; each round copies that prefix
   equal to ``v1``'s still copied within the bucket, not sent;
 * ``local``: a scratch that holds ``v1`` already (the machine that built it;
   a hard-linked copy of it), the floor.
+
+With ``--embed`` every build embeds its documents too; ``fetch`` and ``local``
+then link ``v1``'s embeddings of the shards they link (``build/embed.py``), and
+``tokenize`` embeds every document again.
 
 It prints each round, the medians, and fetch ÷ tokenize and fetch ÷ local. The
 server shares this machine's cores with the builds, so absolute seconds say
@@ -54,6 +59,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=64, help="MB of make_corpus text in 16 files (default 64)")
     ap.add_argument("--corpus", type=Path, help="a directory of Parquet files instead (at least 2)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--embed", action="store_true", help="build with --embed --embed-precision fp32")
     args = ap.parse_args()
 
     from loopback_s3 import start_moto
@@ -75,7 +81,7 @@ def main() -> None:
         inputs = sorted(str(p) for p in corpus.glob("*.parquet"))
         if len(inputs) < 2:
             raise SystemExit(f"{corpus}: needs at least 2 Parquet files")
-        options = ["--name", "bp", "--val-fraction", "0.01"]
+        options = ["--name", "bp", "--val-fraction", "0.01", *(["--embed", "--embed-precision", "fp32"] if args.embed else [])]
 
         def places(prefix: str, scratch: Path) -> list[str]:
             return ["--data-root", f"s3://{bucket}/{prefix}/data", "--catalog", f"s3://{bucket}/{prefix}/catalog",
@@ -102,7 +108,7 @@ def main() -> None:
     ratios = {"fetch_over_tokenize": med["fetch"] / med["tokenize"], "fetch_over_local": med["fetch"] / med["local"]}
     print("medians: " + ", ".join(f"{arm} {med[arm]:.2f} s" for arm in ARMS)
           + f"; fetch / tokenize = {ratios['fetch_over_tokenize']:.2f}, fetch / local = {ratios['fetch_over_local']:.2f}")
-    print(json.dumps({"inputs": len(inputs), "seconds": seconds, **{k: round(v, 3) for k, v in ratios.items()}}))
+    print(json.dumps({"inputs": len(inputs), "embed": args.embed, "seconds": seconds, **{k: round(v, 3) for k, v in ratios.items()}}))
 
 
 if __name__ == "__main__":
