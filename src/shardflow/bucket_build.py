@@ -160,10 +160,9 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     """
     from .build.incremental import NO_REUSE_ENV
 
-    name = config.name
-    if os.environ.get(NO_REUSE_ENV, "").strip() not in ("", "0") or config.val_count or name not in Catalog(places.catalog).datasets():
+    name, cat = config.name, Catalog(places.catalog)
+    if os.environ.get(NO_REUSE_ENV, "").strip() not in ("", "0") or config.val_count or name not in cat.datasets():
         return None  # (an exact --val-count never reuses a parent: build/incremental.py)
-    cat = Catalog(places.catalog)
     latest = cat.latest(name)
     entry = cat.entry(name, latest) if latest else None
     if entry is None:
@@ -183,8 +182,8 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
         theirs = {(e.get("relname"), e.get("size")) for e in manifest.inputs if isinstance(e, dict)}
         if BuildConfig.from_dict(manifest.config).reuse_fields() != config.reuse_fields() or theirs == ours:
             # Other output options: nothing of it is reused. The same inputs (names and sizes): the build the
-            # bucket lists already, most likely (planning says "nothing new"), or, where an input changed within
-            # its size, a build that tokenizes every input (and says so in one line).
+            # bucket lists already, most likely (planning says "nothing new"); where an input changed within its
+            # size, the build tokenizes every input, as a build without a parent does.
             shutil.rmtree(staging, ignore_errors=True)
             return None
         _, cached, manifest = fetch_version(ref, catalog=places.catalog_url, cache_dir=staging, verify=False)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from dask_cluster_support import start_cluster
 from ops_support import PYTHON, PrefectServer, run_cli
@@ -115,5 +116,19 @@ def test_an_s3_to_s3_build_on_a_dask_cluster_reads_back_in_a_fresh_process_as_a_
         assert got == want
         assert len(np.asarray(want["train"]["input_ids"])) > 100 and len(want["val"]["input_ids"]) > 0
         assert any(cache.rglob("*.bin"))  # read through the cache, from the bucket
+
+        # One input more, built by the flow (threads) from a fresh scratch: v1 is fetched (a task run), only the
+        # new input tokenized, v1's shards linked.
+        first = sorted(corpus.glob("*.parquet"))[0]
+        fs.put_file(str(first), f"{bucket}/corpus/zz-more.parquet")
+        more = run_cli(["build", f"s3://{bucket}/corpus/", *COMMON, "--workers", "2", "--data-root", f"s3://{bucket}/data",
+                        "--catalog", f"s3://{bucket}/catalog", "--scratch", str(tmp_path / "fresh-scratch")], env, tmp_path,
+                       timeout=300)
+        assert more.returncode == 0, more.stderr[-4000:]
+        assert more.stdout.splitlines()[0] == f"published s3c@v2 to s3://{bucket}/data/s3c/v2"
+        assert "Task run 'fetch the parent of s3c' - Finished in state Completed()" in more.stderr, more.stderr[-3000:]
+        assert "fetched s3c@v1 (" in more.stderr
+        reuse = yaml.safe_load(fs.cat_file(f"{bucket}/data/s3c/v2/metadata.yaml"))["reuse"]
+        assert reuse["parent"] == "s3c@v1" and reuse["tokenized_inputs"] == ["zz-more.parquet"], reuse
     finally:
         s3.stop()

@@ -187,7 +187,9 @@ def _parent_part(plan: BuildPlan, staging: Staging, split: str, k: int, options:
     info = parent.manifest.extra.get("embeddings") or {}
     section = parent.manifest.splits[split].extra.get("embeddings") or {}
     ours = {key: v for key, v in Embedder(config=options).model_info().items() if key not in _NOT_THE_MODEL}
-    if (info.get("pca") or info.get("options") != options.to_dict() or "parts" not in section
+    keys = options.key_fields()  # (not where or how fast: device, batch sizes)
+    theirs = info.get("options") if isinstance(info.get("options"), dict) else {}
+    if (info.get("pca") or {key: theirs.get(key) for key in keys} != keys or "parts" not in section
             or len(section["parts"]) != parent.splits[split].num_shards
             or any(info.get(key) != v for key, v in ours.items())):
         return None
