@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 from shardflow.errors import ShardflowError
@@ -199,7 +198,7 @@ def _local_places(args: argparse.Namespace, bucket: Any) -> tuple[str | None, st
 
 def _build(args: argparse.Namespace, config: Any, bucket: Any) -> str:
     """The build itself: in this process (``--no-prefect``) or as the flow; the published reference."""
-    from shardflow.flows.progress import BuildProgress, ProgressDisplay
+    from shardflow.flows.progress import ProgressDisplay
 
     display = ProgressDisplay(args.progress)
     if args.no_prefect:

@@ -27,8 +27,6 @@ rewritten shards are read.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
 from dataclasses import dataclass

@@ -29,7 +29,7 @@ from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, versi
 from ..shardset import ShardSet
 from ..sources import InputFile
 from ..tokenizers import Tokenizer
-from .model import SPLITS, Boundaries, Reuse, ReusedInput
+from .model import Boundaries, Reuse, ReusedInput
 
 __all__ = ["NO_REUSE_ENV", "VAL_COUNT_NOTICE", "OLD_SCHEMA_NOTICE", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
 

@@ -28,7 +28,7 @@ def _file_name(name: str, split: str, index: int, extension: str) -> str:
 
 def _settings(manifest: Manifest, directory: Path) -> str:
     lines = header("nanoGPT (train.py)", manifest)
-    lines.append(f"# data_dir = os.path.join('data', dataset): link the version directory there, e.g.")
+    lines.append("# data_dir = os.path.join('data', dataset): link the version directory there, e.g.")
     lines.append(f"#   ln -s {directory} data/{manifest.name}")
     lines.append(f"dataset = '{manifest.name}'")
     lines.append(f"# reads {directory / 'train.bin'} and {directory / 'val.bin'} as np.uint16")
