@@ -180,8 +180,10 @@ def _parent_part(plan: BuildPlan, staging: Staging, split: str, k: int, options:
     Without a PCA only: a projection is fitted on each version's own sample. The files are checked by size, as
     the linked shard is (``incremental.parent_problem``); finalize's validation hashes them with the version's.
     """
+    if plan.reuse is None or options.embed_dim is not None:
+        return None  # (a build without a parent reads no layout here)
     sources = read_layout(plan).splits[split].sources
-    if plan.reuse is None or options.embed_dim is not None or sources is None or sources[k][0] >= 0:
+    if sources is None or sources[k][0] >= 0:
         return None
     parent = open_parent(plan.reuse)
     info = parent.manifest.extra.get("embeddings") or {}
