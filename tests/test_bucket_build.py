@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -44,14 +46,26 @@ def bucket(s3: S3Server) -> str:
 @pytest.fixture(scope="module")
 def halves(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The sample corpus as two Parquet inputs (rows 0-29, 30-60)."""
-    import pyarrow.parquet as pq
-
     out = tmp_path_factory.mktemp("halves")
     table = pq.read_table(SAMPLE)
     paths = [out / "a.parquet", out / "b.parquet"]
     pq.write_table(table.slice(0, 30), paths[0])
     pq.write_table(table.slice(30), paths[1])
     return paths
+
+
+def _write_plain(path: Path, table: pa.Table) -> None:
+    """Parquet whose size depends only on its text's lengths: no compression, dictionary or statistics."""
+    pq.write_table(table, path, compression="none", use_dictionary=False, write_statistics=False)
+
+
+def _one_letter_changed(table: pa.Table) -> pa.Table:
+    """``table`` with one ASCII letter of its last document's text swapped for another (the same length)."""
+    texts = table.column("text").to_pylist()
+    last = texts[-1]
+    k = next(i for i in range(len(last) // 2, len(last)) if last[i].isascii() and last[i].isalpha())
+    texts[-1] = last[:k] + ("x" if last[k] != "x" else "y") + last[k + 1:]
+    return table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
 
 
 def shardflow(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -140,7 +154,8 @@ def test_version_names_follow_the_bucket_and_a_parent_from_any_machine_is_reused
     assert again.returncode == 0 and again.stdout.startswith("nothing new: bk@v2"), again.stderr
     assert not list((tmp_path / "c").rglob("*.bin"))  # the inputs v2 lists: v2 is not fetched
     # The second scratch has v2's files: its next build is incremental (v2's shards hard-linked there).
-    (halves[0].parent / "c.parquet").write_bytes(halves[1].read_bytes())
+    c = halves[0].parent / "c.parquet"
+    _write_plain(c, pq.read_table(halves[1]))
     third = shardflow([*map(str, halves), str(halves[0].parent / "c.parquet"), *OPTIONS, *to_bucket(bucket, tmp_path / "b")],
                       tmp_path)
     assert third.returncode == 0, third.stderr
@@ -149,20 +164,31 @@ def test_version_names_follow_the_bucket_and_a_parent_from_any_machine_is_reused
     listed = bucket_catalog(s3, bucket)
     assert [v["version"] for v in listed["versions"]] == ["v1", "v2", "v3"] and listed["latest"] == "v3"
     assert listed["versions"][2]["parent"] == "bk@v2"
+    # An input changed within its size, from a fresh scratch: compared by content, v3 is fetched and the changed
+    # input alone is tokenized.
+    changed = _one_letter_changed(pq.read_table(halves[1]))
+    size = c.stat().st_size
+    _write_plain(c, changed)
+    assert c.stat().st_size == size  # (the same size, other bytes)
+    fifth = shardflow([*map(str, halves), str(c), *OPTIONS, *to_bucket(bucket, tmp_path / "e")], tmp_path)
+    assert fifth.returncode == 0 and fifth.stderr == "", fifth.stderr
+    assert fifth.stdout.splitlines()[0] == f"published bk@v4 to s3://{bucket}/data/bk/v4"
+    v4 = yaml.safe_load(fs.cat_file(f"{bucket}/data/bk/v4/metadata.yaml"))
+    assert v4["reuse"]["parent"] == "bk@v3" and v4["reuse"]["tokenized_inputs"] == ["c.parquet"]
     # A damaged parent in the bucket is refused as it is fetched (named, one line), and never reused: a fresh
     # scratch tokenizes every input, and the damaged object is not copied into the new version.
-    damaged = sorted(p for p in fs.find(f"{bucket}/data/bk/v3/train/") if p.endswith(".bin"))[0]
+    damaged = sorted(p for p in fs.find(f"{bucket}/data/bk/v4/train/") if p.endswith(".bin"))[0]
     good = fs.cat_file(damaged)
     fs.pipe_file(damaged, good[:-1] + bytes([good[-1] ^ 0xFF]))
     (halves[0].parent / "d.parquet").write_bytes(halves[0].read_bytes())
-    inputs = [*map(str, halves), str(halves[0].parent / "c.parquet"), str(halves[0].parent / "d.parquet")]
+    inputs = [*map(str, halves), str(c), str(halves[0].parent / "d.parquet")]
     fourth = shardflow([*inputs, *OPTIONS, *to_bucket(bucket, tmp_path / "d")], tmp_path)
     assert fourth.returncode == 0, fourth.stderr
-    assert fourth.stdout.splitlines()[0] == f"published bk@v4 to s3://{bucket}/data/bk/v4"
-    assert fourth.stderr.startswith(f"not fetching bk@v3 from s3://{bucket}/data to reuse it: s3://{damaged}: SHA-256 ")
+    assert fourth.stdout.splitlines()[0] == f"published bk@v5 to s3://{bucket}/data/bk/v5"
+    assert fourth.stderr.startswith(f"not fetching bk@v4 from s3://{bucket}/data to reuse it: s3://{damaged}: SHA-256 ")
     assert fourth.stderr.count("\n") == 1, fourth.stderr
-    v4 = yaml.safe_load(fs.cat_file(f"{bucket}/data/bk/v4/metadata.yaml"))
-    assert "reuse" not in v4 and fs.cat_file(damaged.replace("/v3/", "/v4/")) == good
+    v5 = yaml.safe_load(fs.cat_file(f"{bucket}/data/bk/v5/metadata.yaml"))
+    assert "reuse" not in v5 and fs.cat_file(damaged.replace("/v4/", "/v5/")) == good
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ._io import atomic_write_bytes
 from .catalog import Catalog
@@ -148,7 +149,7 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
 def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     """Fetch the bucket's latest version of ``config.name`` into the scratch when this machine has no copy of it
     and it can be this build's incremental parent: built with the same output options, from other inputs (an
-    input added, removed, or of another size). Its ``NAME@vN`` if the scratch has it (built here, or fetched):
+    input added, removed or changed: compared by SHA-256, an object by its storage identity). Its ``NAME@vN`` if the scratch has it (built here, or fetched):
     without it, plan with ``reuse=False`` (there is no parent to reuse, and nothing more to say about it).
 
     Every file its manifest names is downloaded, verified against the manifest's SHA-256 as it arrives (the
@@ -175,15 +176,14 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
         return ref  # built (or fetched) here already
     from .runtime.remote import fetch_version, remote_version
 
-    ours = _listed_inputs(config)  # (bad input fails here, as planning would, in one message)
+    ours = _input_contents(config, places.data_root)  # (bad input fails here, as planning would, in one message)
     staging = directory.with_name(f".fetch-{directory.name}")
     try:
         _, manifest = remote_version(ref, catalog=places.catalog_url, cache_dir=staging)
-        theirs = {(e.get("relname"), e.get("size")) for e in manifest.inputs if isinstance(e, dict)}
+        theirs = {_content(e) for e in manifest.inputs if isinstance(e, dict)}
         if BuildConfig.from_dict(manifest.config).reuse_fields() != config.reuse_fields() or theirs == ours:
-            # Other output options: nothing of it is reused. The same inputs (names and sizes): the build the
-            # bucket lists already, most likely (planning says "nothing new"); where an input changed within its
-            # size, the build tokenizes every input, as a build without a parent does.
+            # Other output options: nothing of it is reused. The same inputs, byte for byte: the build the
+            # bucket lists already (planning says "nothing new").
             shutil.rmtree(staging, ignore_errors=True)
             return None
         _, cached, manifest = fetch_version(ref, catalog=places.catalog_url, cache_dir=staging, verify=False)
@@ -211,11 +211,23 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     return ref
 
 
-def _listed_inputs(config: BuildConfig) -> set[tuple[str, int]]:
-    """``(relname, size)`` of the build's inputs, from their listing alone (nothing read)."""
-    from .sources import discover_inputs
+def _input_contents(config: BuildConfig, data_root: Path) -> set[tuple[str, int, str]]:
+    """``(relname, size, content)`` of the build's inputs: a local file's SHA-256, an object's storage identity.
 
-    return {(inp.relname, inp.size) for inp in discover_inputs(config.sources)}
+    The local files are hashed with planning's stat-keyed cache (``fingerprint_inputs``, the same cache
+    directory), so planning does not read them again; objects are identified from their listing, as
+    planning identifies them.
+    """
+    from .sources import discover_inputs, fingerprint_inputs
+
+    inputs = fingerprint_inputs(discover_inputs(config.sources), cache_dir=data_root / config.name)
+    return {(inp.relname, inp.size, f"object:{inp.identity}" if inp.identity else inp.sha256) for inp in inputs}
+
+
+def _content(entry: dict[str, Any]) -> tuple[str, int, str]:
+    """An input of a manifest (its ``inputs`` entry) as ``_input_contents`` gives ours."""
+    identity = entry.get("identity")
+    return entry.get("relname"), entry.get("size"), f"object:{identity}" if identity else entry.get("sha256")
 
 
 def prepare_publish(places: BucketPlaces, ref: str, *, listed: set[str]) -> PushPlan | None:
