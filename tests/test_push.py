@@ -19,10 +19,10 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -35,9 +35,9 @@ from core_support import MAKE_CORPUS  # noqa: E402
 from s3_support import new_bucket, s3_fixture, S3Server  # noqa: E402
 from shardflow.build import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
-from shardflow.errors import CatalogError, ConfigError, ShardflowError, ValidationError  # noqa: E402
+from shardflow.errors import CatalogError, ConfigError, ValidationError  # noqa: E402
 from shardflow.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
-from shardflow.push import CLAIM_NAME, _upload, push_version  # noqa: E402
+from shardflow.push import CLAIM_NAME, _upload, finish_push, prepare_push, push_files, push_version  # noqa: E402
 from shardflow.runtime import StreamingTokenDataset, TokenDataset  # noqa: E402
 
 SEQ = 256
@@ -264,6 +264,65 @@ def test_of_two_concurrent_pushes_of_different_builds_as_one_version_exactly_one
     monkeypatch.delenv("SHARDFLOW_FAULT")
     with pytest.raises(CatalogError, match=r"already lists another build of cc@v1 .*push this build under a new version"):
         push_version("cc@v1", catalog=rivals[loser] / "catalog", **urls(bucket, "data-c"))
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """One build made on two machines (data roots) at two times: tw@v1 twice, the same build key and files,
+    manifests that differ in their creation time."""
+    if not MAKE_CORPUS.exists():
+        pytest.skip(f"{MAKE_CORPUS} is not available")
+    sources = tuple(corpus(tmp_path_factory.mktemp("twin-corpus"), "0.3", 1))
+    roots = []
+    for i in (0, 1):
+        root = tmp_path_factory.mktemp(f"twin{i}")
+        if roots:
+            time.sleep(1.0)  # a creation time of its own (the manifest records whole seconds)
+        build(BuildConfig(name="tw", sources=sources, shard_tokens=30_000), data_root=root / "data", catalog=root / "catalog")
+        roots.append(root)
+    manifests = [read_manifest(r / "data" / "tw" / "v1") for r in roots]
+    assert manifests[0].build_key == manifests[1].build_key and manifests[0].created_at != manifests[1].created_at
+    return roots
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["committed", "interrupted"])
+def test_two_pushes_of_one_build_from_two_machines_publish_one_readable_version(twins, s3, bucket, tmp_path, monkeypatch,
+                                                                                 first):
+    # The second push starts (its claim: the same build key) before the first commits, and sends its files after.
+    second = prepare_push("tw@v1", catalog=twins[1] / "catalog", **urls(bucket))
+    if first == "committed":
+        push_version("tw@v1", catalog=twins[0] / "catalog", **urls(bucket))
+    else:  # the first push dies between its manifest and its catalog entry
+        with monkeypatch.context() as m:
+            m.setattr("shardflow.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+            with pytest.raises(OSError, match="killed"):
+                push_version("tw@v1", catalog=twins[0] / "catalog", **urls(bucket))
+    result = finish_push(second, push_files(second, second.files))
+    assert result.already == (first == "committed")
+    # The bucket's manifest is the first push's, and the catalog entry records it: the version reads.
+    fs = s3.fs()
+    manifest = fs.cat_file(f"{bucket}/data/tw/v1/{MANIFEST_NAME}")
+    assert manifest == (twins[0] / "data" / "tw" / "v1" / MANIFEST_NAME).read_bytes()
+    [entry] = bucket_catalog(s3, bucket, "tw")["versions"]
+    assert entry["manifest_sha256"] == hashlib.sha256(manifest).hexdigest()
+    assert entry["created_at"] == read_manifest(twins[0] / "data" / "tw" / "v1").created_at
+    remote = TokenDataset("tw@v1", catalog=f"s3://{bucket}/catalog", seq_len=SEQ, cache_dir=tmp_path)
+    assert np.array_equal(windows(remote), windows(TokenDataset(twins[1] / "data" / "tw" / "v1", seq_len=SEQ)))
+
+
+@pytest.mark.slow
+def test_a_manifest_of_other_files_under_the_same_claim_is_never_listed(twins, s3, bucket):
+    second = prepare_push("tw@v1", catalog=twins[1] / "catalog", **urls(bucket))
+    text = (twins[0] / "data" / "tw" / "v1" / MANIFEST_NAME).read_text()
+    shard = read_manifest(twins[0] / "data" / "tw" / "v1").splits["train"].shards[0]
+    other = text.replace(shard.sha256, "f" * 64)  # a shard of other bytes, under the same build key
+    assert other != text
+    s3.fs().pipe_file(f"{bucket}/data/tw/v1/{MANIFEST_NAME}", other.encode())
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/data/tw/v1/metadata.yaml: another push of tw@v1 sent a "
+                                           rf"manifest of other files first; .* delete everything under s3://{bucket}/data/tw/v1/"):
+        finish_push(second, push_files(second, second.files))
+    assert bucket_catalog(s3, bucket, "tw") is None
 
 
 @pytest.mark.slow

@@ -139,8 +139,8 @@ def _refused(url: str, exc: Exception) -> InputError:
     return InputError(f"{redacted(url)}: the object store refused the request ({code}: {str(exc).split(': ', 1)[-1]})")
 
 
-def _s3_put(url: str, data: bytes, condition: dict[str, str]) -> bool:
-    """PutObject with ``condition``; False when S3 answers 412 (or 404 to If-Match), True when written.
+def _s3_put(url: str, data: bytes, condition: dict[str, Any]) -> bool:
+    """PutObject with ``condition`` (and any other PutObject parameters); False when S3 answers 412 (or 404 to If-Match), True when written.
 
     A request whose answer was lost (connection dropped, 5xx) may have been written; if a retry then meets 412,
     an object holding exactly ``data`` is our write (writers that must tell equal bytes apart add a unique token).
@@ -185,15 +185,16 @@ def _staged(path: Path, data: bytes) -> Path:
     return tmp
 
 
-def put_if_absent(url: str, data: bytes) -> bool:
+def put_if_absent(url: str, data: bytes, *, metadata: dict[str, str] | None = None) -> bool:
     """Create the object at ``url`` holding ``data`` if none is there: True if created, False if one exists.
 
     Of concurrent callers on one key exactly one gets True, and the object
     holds its bytes, whole (S3 ``If-None-Match: *``; locally a hard link of a
-    finished ``.tmp`` file, which fails if the name exists).
+    finished ``.tmp`` file, which fails if the name exists). ``metadata``: the
+    S3 object's user metadata (a local file has none).
     """
     if _scheme(url) == "s3":
-        return _s3_put(url, data, {"IfNoneMatch": "*"})
+        return _s3_put(url, data, {"IfNoneMatch": "*", **({"Metadata": metadata} if metadata else {})})
     path = _local_path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _staged(path, data)

@@ -8,7 +8,9 @@
    created only if absent): a push of other data as the same version is refused before
    it uploads anything, a rerun of this one resumes;
 3. send every file the manifest names and the dataset card (``card/``), ``metadata.yaml`` last, keeping
-   relative paths.
+   relative paths. The manifest is created only if absent: a push of the same build from another machine
+   (which shares the claim) may have sent its own, the same files with another creation time, and then the
+   version is listed with that one (overwriting it could leave the bucket's manifest other than its entry's).
    Each upload streams the local file and hashes it as it goes; the object is committed
    only when the bytes sent have the manifest's SHA-256, and it carries that SHA-256 as
    user metadata (``sha256``). An object already there with the right size and recorded
@@ -418,20 +420,52 @@ def finish_push(plan: PushPlan, done: Sequence[str]) -> PushResult:
     target, (size, sha) = plan.target, plan.manifest
     fs, _ = filesystem(target.url(plan.prefix))
     key = f"{target.bucket}/{plan.prefix}/{MANIFEST_NAME}"
+    entry = plan.entry
     if _recorded(fs, key, size, sha, _listing(fs, f"{target.bucket}/{plan.prefix}"), MANIFEST_NAME):
         done = [*done, "skipped"]
     else:
-        _upload(fs, Path(plan.directory) / MANIFEST_NAME, key, size, sha)
-        done = [*done, "uploaded"]
+        path = Path(plan.directory) / MANIFEST_NAME
+        data = path.read_bytes()
+        if (len(data), hashlib.sha256(data).hexdigest()) != (size, sha):
+            raise ValidationError(f"{path}: changed during the push; validate the version and push again")
+        # Created only if absent: a push of the same build from another machine (the claim holds one build key)
+        # may have sent its own manifest, which differs from ours in its creation time. Overwriting it could
+        # leave the bucket's manifest other than the one its catalog entry records.
+        created = put_if_absent(target.url(f"{plan.prefix}/{MANIFEST_NAME}"), data, metadata={SHA256_METADATA: sha})
+        fs.invalidate_cache(f"{target.bucket}/{plan.prefix}")  # written past s3fs: its listing of the prefix is stale
+        if created:
+            done = [*done, "uploaded"]
+        else:
+            entry, done = _twin_entry(fs, key, plan), [*done, "skipped"]
     fault("push-uploaded", plan.result.url)
     name, version = plan.result.ref.split("@")
-    committed = _commit(target, plan.catalog_url, name, version, plan.entry)
+    committed = _commit(target, plan.catalog_url, name, version, entry)
     sizes = [f[1] for f in plan.files] + [size]
     return dataclasses.replace(
         plan.result, uploaded=done.count("uploaded"), copied=done.count("copied"), skipped=done.count("skipped"),
         uploaded_bytes=sum(n for n, how in zip(sizes, done) if how == "uploaded"),
         parent=plan.parent if "copied" in done else None, already=not committed,
     )
+
+
+def _twin_entry(fs: Any, key: str, plan: PushPlan) -> VersionEntry:
+    """The catalog entry of the manifest another push of this build put at ``key`` first: the same files, so the
+    version it lists is ours too (its creation time is the other build's); refused if it names other files."""
+    data = fs.cat_file(key)
+    with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
+        Path(scratch, MANIFEST_NAME).write_bytes(data)
+        try:
+            theirs: Manifest | None = read_manifest(scratch)
+        except ShardflowError:
+            theirs = None  # not a manifest: refused below, as one of other files
+    ours = read_manifest(plan.directory)
+    if theirs is None or theirs.build_key != ours.build_key or set(named_files(theirs)) != set(named_files(ours)):
+        raise CatalogError(
+            f"s3://{key}: another push of {plan.result.ref} sent a manifest of other files first; if no push is "
+            f"running, delete everything under s3://{key.rpartition('/')[0]}/ and push again"
+        )
+    return dataclasses.replace(plan.entry, created_at=theirs.created_at, parent=theirs.parent,
+                               totals=dict(theirs.totals), manifest_sha256=hashlib.sha256(data).hexdigest())
 
 
 def push_version(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any = None, workers: int = 8,
