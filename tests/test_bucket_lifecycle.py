@@ -243,6 +243,9 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     monkeypatch.delenv("SHARDFLOW_FAULT")
     abandoned = objects(s3, bucket, "data/bk/v2")
     assert f"{bucket}/data/bk/v2/{CLAIM_NAME}" in abandoned and len(abandoned) > 1
+    # Another program's objects under the data root, shaped like versions but never claimed by a push: kept.
+    foreign = {f"{bucket}/data/site/v2/index.html": b"<html>", f"{bucket}/data/models/v3/weights.bin": b"w" * 10}
+    s3.fs().pipe(foreign)
     client = botocore.session.get_session().create_client("s3")
     for key in ("data/bk/v3/train-00000.bin", "elsewhere/big.bin"):  # the second: not under the data root
         started = client.create_multipart_upload(Bucket=bucket, Key=key)
@@ -278,6 +281,7 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     lines = out.splitlines()
     assert lines[0].startswith(f"aborted {upload_line}") and lines[1].startswith(f"deleted {prefix_line}")
     assert uploads(bucket) == ["elsewhere/big.bin"] and objects(s3, bucket, "data/bk/v2") == {}
+    assert all(s3.fs().cat_file(key) == data for key, data in foreign.items())
     assert objects(s3, bucket, "data/bk/v1") == v1 and s3.fs().cat_file(f"{bucket}/catalog/bk.yaml") == catalog
     assert len(windows("bk@v1", bucket, tmp_path / "cache")) > 0
     status, out, err = cli("gc", "--older-than", "0", *places)

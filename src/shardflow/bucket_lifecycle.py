@@ -23,7 +23,9 @@ uploads under the data root initiated more than ``older_than_hours`` ago, and de
 the version prefixes ``NAME/vN/`` under the data root that no catalog entry lists: the
 leftovers of versions listed under ``removed`` (an interrupted ``rm``), and abandoned
 pushes and builds whose newest object (or upload) is older than ``older_than_hours``
-(their claim object would refuse a later push of that version). The age thresholds
+(their claim object would refuse a later push of that version). A prefix without a claim
+object is not a push's (every push writes it first): other programs' objects that happen to
+look like ``NAME/vN/...`` are never deleted. The age thresholds
 stand in for locks: a push in progress is not disturbed. A listed version is never touched.
 """
 
@@ -364,6 +366,8 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
         gone = removed.get(key)
         if gone is not None:
             why = f"{gone}, removed from the catalog by an interrupted shardflow rm"
+        elif CLAIM_NAME not in files:
+            continue  # not shardflow's (another program's NAME/vN/... under the data root): a push claims first
         else:
             times = [t for _, t in files.values() if t is not None]
             times += [t for k, _, t in uploads if k.startswith(f"{key}/") and t is not None]
