@@ -291,6 +291,70 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     assert push_version("bk@v2", catalog=local / "catalog", **urls(bucket)).ref == "bk@v2"
 
 
+def _interrupted_push(s3: S3Server, local: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket with ``bk@v1`` listed and ``bk@v2``'s push killed between its objects and its catalog entry."""
+    bucket = new_bucket(s3, "resume")
+    push_version("bk@v1", catalog=local / "catalog", **urls(bucket))
+    with monkeypatch.context() as m:
+        m.setattr("shardflow.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+        with pytest.raises(OSError, match="killed"):
+            push_version("bk@v2", catalog=local / "catalog", **urls(bucket))
+    return bucket
+
+
+@pytest.mark.slow
+def test_a_push_resumed_after_the_gc_threshold_is_not_taken_for_abandoned(s3, local, monkeypatch, tmp_path):
+    import time
+
+    from shardflow.push import finish_push, prepare_push, push_files
+
+    bucket = _interrupted_push(s3, local, monkeypatch)
+    time.sleep(5)  # its objects now older than gc's threshold below (S3 dates objects to the second)
+    # The rerun renews its claim as it starts: gc, right after, sees a push at work and keeps the prefix.
+    plan = prepare_push("bk@v2", catalog=local / "catalog", **urls(bucket))
+    assert collect_bucket_garbage(**urls(bucket), older_than_hours=3 / 3600) == []
+    done = push_files(plan, plan.files)
+    assert set(done) == {"skipped"}
+    # gc a day later (its clock moved), between the rerun's files and its commit: it deletes them, and the rerun
+    # then refuses to list a version whose objects are gone; its next run sends them again.
+    import shardflow.bucket_lifecycle as lifecycle
+
+    real_now = lifecycle._now
+    monkeypatch.setattr(lifecycle, "_now", lambda: real_now() + lifecycle._dt.timedelta(hours=48))
+    assert [g.url for g in collect_bucket_garbage(**urls(bucket))] == [f"s3://{bucket}/data/bk/v2/"]
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/data/bk/v2/\S+ \(and \d+ more\): gone during the push "
+                                           r"\(a shardflow gc or rm took it for abandoned\); nothing was listed: push again$"):
+        finish_push(plan, done)
+    assert [v["version"] for v in catalog_file(s3, bucket)["versions"]] == ["v1"]
+    again = push_version("bk@v2", catalog=local / "catalog", **urls(bucket))
+    assert again.uploaded + again.copied == len(plan.files) + 1 and not again.already
+    assert len(windows("bk@v2", bucket, tmp_path / "cache")) > 0
+
+
+@pytest.mark.slow
+def test_gc_keeps_a_push_committed_after_it_read_the_catalog(s3, local, monkeypatch, tmp_path):
+    import shardflow.bucket_lifecycle as lifecycle
+    from shardflow.push import finish_push, prepare_push, push_files
+
+    bucket = _interrupted_push(s3, local, monkeypatch)
+    plan = prepare_push("bk@v2", catalog=local / "catalog", **urls(bucket))
+    done = push_files(plan, plan.files)
+    real_now, real_state = lifecycle._now, lifecycle._catalog_state
+    committed = []
+
+    def state_then_commit(*args):  # gc has listed the objects and read the catalog: the rerun commits now
+        found = real_state(*args)
+        if not committed:
+            committed.append(finish_push(plan, done))
+        return found
+
+    monkeypatch.setattr(lifecycle, "_now", lambda: real_now() + lifecycle._dt.timedelta(hours=48))
+    monkeypatch.setattr(lifecycle, "_catalog_state", state_then_commit)
+    assert collect_bucket_garbage(**urls(bucket)) == []
+    assert committed and [v["version"] for v in catalog_file(s3, bucket)["versions"]] == ["v1", "v2"]
+    assert len(windows("bk@v2", bucket, tmp_path / "cache")) > 0
+
+
 def test_gc_refuses_a_catalog_that_lists_nothing_under_the_data_root(s3):
     bucket = new_bucket(s3, "gcwrong")
     stage(s3, bucket, "../data/bk/v1")

@@ -386,8 +386,8 @@ def test_bytes_that_are_not_the_manifests_are_never_committed(s3, bucket, tmp_pa
 
 def test_a_version_claimed_by_another_build_is_refused(built, s3, bucket):
     s3.fs().pipe_file(f"{bucket}/data/rv/v1/{CLAIM_NAME}", b'{"ref": "rv@v1", "build_key": "0123456789abcdef0123"}')
-    with pytest.raises(CatalogError, match=r"claimed by another build of rv@v1 \(build key 0123456789abcdef\.\.\.\).*remove it "
-                       rf"with shardflow gc --data-root s3://{bucket}/data --catalog s3://{bucket}/catalog --older-than 0"):
+    with pytest.raises(CatalogError, match=r"claimed by another build of rv@v1 \(build key 0123456789abcdef\.\.\.\).*If none "
+                       rf"is running, delete everything under it \(aws s3 rm --recursive s3://{bucket}/data/rv/v1/\)"):
         push_version("rv@v1", catalog=built.catalog, **urls(bucket))
     assert s3.fs().find(f"{bucket}/data") == [f"{bucket}/data/rv/v1/{CLAIM_NAME}"]
 

@@ -376,8 +376,17 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
                 continue  # a push or build may be writing it now
             why = (f"{name}@{version}, not in the catalog, last written {_stamp(newest)}: an abandoned push or build "
                    f"(its {CLAIM_NAME} would refuse a later push of {name}@{version})")
+            if not dry_run and _resumed(fs, target, catalog_url, key, cutoff):
+                continue
         result.append(BucketGarbage(url=f"{target.url(key)}/", why=why, objects=len(files),
                                     bytes=sum(size for size, _ in files.values())))
         if not dry_run:
             _delete(fs, f"{target.bucket}/{key}", list(files))
     return result
+
+
+def _resumed(fs: Any, target: BucketTarget, catalog_url: str, key: str, cutoff: _dt.datetime) -> bool:
+    """Whether the abandoned-looking push at ``key`` came back to life since the listing, looked at again just
+    before its objects are deleted: a rerun renews its claim (``push._claim``) and may commit its catalog entry."""
+    newest = max((t for _, t in _objects(fs, f"{target.bucket}/{key}").values() if t is not None), default=None)
+    return (newest is not None and newest > cutoff) or key in _catalog_state(fs, target, catalog_url)[0]

@@ -6,9 +6,11 @@
    version is refused before anything is sent);
 2. claim ``<data-root-url>/<name>/<version>/`` for this build (``.shardflow-push.json``,
    created only if absent): a push of other data as the same version is refused before
-   it uploads anything, a rerun of this one resumes;
+   it uploads anything, a rerun of this one resumes (and renews the claim: ``shardflow gc``
+   reads its age);
 3. send every file the manifest names and the dataset card (``card/``), ``metadata.yaml`` last, keeping
-   relative paths. The manifest is created only if absent: a push of the same build from another machine
+   relative paths. The manifest is sent only when every other file is still there (a ``gc`` may have taken an
+   interrupted push for abandoned meanwhile), and created only if absent: a push of the same build from another machine
    (which shares the claim) may have sent its own, the same files with another creation time, and then the
    version is listed with that one (overwriting it could leave the bucket's manifest other than its entry's).
    Each upload streams the local file and hashes it as it goes; the object is committed
@@ -32,6 +34,7 @@ writes of ``shardflow.objstore``); credentials and endpoint come from the enviro
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import hashlib
 import json
 import posixpath
@@ -194,24 +197,49 @@ def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, Ver
 
 
 def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str) -> None:
-    """Reserve the version's prefix for this build; refuse one another build holds."""
+    """Reserve the version's prefix for this build; refuse one another build holds.
+
+    A claim this build holds already (a rerun resuming, or the same build pushed from another machine) is written
+    again, with the time: its age is what ``shardflow gc`` reads as the push's last sign of life, and a rerun a day
+    after an interrupted push must not look abandoned while it skips the files that are there.
+    """
     url = target.url(f"{prefix}/{CLAIM_NAME}")
-    if put_if_absent(url, json.dumps({"ref": ref, "build_key": build_key}).encode()):
-        return
-    got = read_with_etag(url)
-    try:
-        held = json.loads(got[0]).get("build_key") if got else None
-    except (ValueError, AttributeError):
-        held = None
-    if got is not None and held != build_key:
+    record = {"ref": ref, "build_key": build_key}
+    for _ in range(_COMMIT_ATTEMPTS):
+        if put_if_absent(url, json.dumps(record).encode()):
+            return
+        got = read_with_etag(url)
+        if got is None:
+            continue  # removed between the two requests: claim again
+        try:
+            held = json.loads(got[0]).get("build_key")
+        except (ValueError, AttributeError):
+            held = None
+        if held != build_key:
+            raise CatalogError(
+                f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in "
+                "the bucket catalog: another push is running, or one was interrupted. If none is running, delete "
+                f"everything under it (aws s3 rm --recursive {target.url(prefix)}/) and push again"
+            )
+        if put_if_match(url, json.dumps({**record, "renewed": _utc_now()}).encode(), got[1]):
+            return
+    raise CatalogError(f"{url}: changed by other pushes {_COMMIT_ATTEMPTS} times in a row; push again")
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _check_still_there(fs: Any, plan: "PushPlan") -> None:
+    """Refuse to send the manifest, and so to list the version, when its files are not all under its prefix
+    (deleted during the push: a ``shardflow gc`` or ``rm`` that took it for abandoned); a rerun sends them again."""
+    listing = _listing(fs, f"{plan.target.bucket}/{plan.prefix}")
+    missing = [name for name, size, _ in plan.files if listing.get(name) != size]
+    if missing:
         raise CatalogError(
-            f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in the "
-            "bucket catalog: another push is running, or one was interrupted. If none is running, remove it with "
-            f"shardflow gc --data-root {target.url(target.data_key)} --catalog {target.url(target.catalog_key)} "
-            "--older-than 0 (or delete everything under the prefix) and push again"
+            f"{plan.result.url}/{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: gone "
+            "during the push (a shardflow gc or rm took it for abandoned); nothing was listed: push again"
         )
-    if got is None:  # removed between the two requests: claim again
-        _claim(target, prefix, ref, build_key)
 
 
 def _listing(fs: Any, key: str) -> dict[str, int]:
@@ -421,6 +449,7 @@ def finish_push(plan: PushPlan, done: Sequence[str]) -> PushResult:
     fs, _ = filesystem(target.url(plan.prefix))
     key = f"{target.bucket}/{plan.prefix}/{MANIFEST_NAME}"
     entry = plan.entry
+    _check_still_there(fs, plan)
     if _recorded(fs, key, size, sha, _listing(fs, f"{target.bucket}/{plan.prefix}"), MANIFEST_NAME):
         done = [*done, "skipped"]
     else:
