@@ -384,6 +384,19 @@ def test_bytes_that_are_not_the_manifests_are_never_committed(s3, bucket, tmp_pa
     assert fs.cat_file(f"{bucket}/v/shard.bin") == local.read_bytes() and fs.metadata(f"{bucket}/v/shard.bin")["sha256"] == right
 
 
+def test_a_version_listed_by_one_catalog_is_refused_to_another_over_the_same_data_root(built, s3, bucket, tmp_path):
+    staging = {"data_root_url": f"s3://{bucket}/data", "catalog_url": f"s3://{bucket}/catalog-staging"}
+    push_version("rv@v1", catalog=built.catalog, **staging)
+    with pytest.raises(CatalogError, match=rf"^s3://{bucket}/data/rv/v1 holds rv@v1 for the catalog s3://{bucket}/"
+                                           r"catalog-staging: one data root serves one catalog"):
+        push_version("rv@v1", catalog=built.catalog, data_root_url=f"s3://{bucket}/data",
+                     catalog_url=f"s3://{bucket}/catalog-prod")
+    assert bucket_catalog(s3, bucket) is None and not s3.fs().exists(f"{bucket}/catalog-prod/rv.yaml")
+    # Another data root: its own objects, which an rm in the first catalog leaves alone.
+    assert push_version("rv@v1", catalog=built.catalog, data_root_url=f"s3://{bucket}/data-prod",
+                        catalog_url=f"s3://{bucket}/catalog-prod").uploaded > 0
+
+
 def test_a_version_claimed_by_another_build_is_refused(built, s3, bucket):
     s3.fs().pipe_file(f"{bucket}/data/rv/v1/{CLAIM_NAME}", b'{"ref": "rv@v1", "build_key": "0123456789abcdef0123"}')
     with pytest.raises(CatalogError, match=r"claimed by another build of rv@v1 \(build key 0123456789abcdef\.\.\.\).*If none "

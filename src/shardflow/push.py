@@ -196,15 +196,18 @@ def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, Ver
     return directory, manifest, found[1]
 
 
-def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str) -> None:
-    """Reserve the version's prefix for this build; refuse one another build holds.
+def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str, catalog_url: str) -> None:
+    """Reserve the version's prefix for this build and catalog; refuse one another build, or catalog, holds.
+
+    One data root serves one catalog: a prefix listed by two catalogs would be deleted by one's ``rm`` (or ``gc``)
+    under the other's entry. A claim written before the catalog was recorded in it is taken as this catalog's.
 
     A claim this build holds already (a rerun resuming, or the same build pushed from another machine) is written
     again, with the time: its age is what ``shardflow gc`` reads as the push's last sign of life, and a rerun a day
     after an interrupted push must not look abandoned while it skips the files that are there.
     """
     url = target.url(f"{prefix}/{CLAIM_NAME}")
-    record = {"ref": ref, "build_key": build_key}
+    record = {"ref": ref, "build_key": build_key, "catalog": catalog_url}
     for _ in range(_COMMIT_ATTEMPTS):
         if put_if_absent(url, json.dumps(record).encode()):
             return
@@ -212,9 +215,15 @@ def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str) -> None:
         if got is None:
             continue  # removed between the two requests: claim again
         try:
-            held = json.loads(got[0]).get("build_key")
+            held, held_catalog = (json.loads(got[0]).get(k) for k in ("build_key", "catalog"))
         except (ValueError, AttributeError):
-            held = None
+            held = held_catalog = None
+        if held == build_key and held_catalog not in (None, catalog_url):
+            raise CatalogError(
+                f"{target.url(prefix)} holds {ref} for the catalog {held_catalog}: one data root serves one catalog "
+                f"(an rm in either would delete what the other lists); publish under another data root, or read it "
+                f"from {held_catalog}"
+            )
         if held != build_key:
             raise CatalogError(
                 f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in "
@@ -404,7 +413,7 @@ def prepare_push(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
                 return dataclasses.replace(result, already=True)
         except ShardflowError as exc:
             raise mirror.renamed(exc, cat) from None
-        _claim(target, prefix, result.ref, local.build_key)
+        _claim(target, prefix, result.ref, local.build_key, catalog_url)
         parent, by_sha = _parent_files(fs, mirror, cat, name, manifest)
     return PushPlan(
         result=result, target=target, catalog_url=catalog_url, directory=str(directory), prefix=prefix,
