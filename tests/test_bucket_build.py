@@ -210,6 +210,27 @@ def test_a_build_killed_between_its_shard_uploads_and_its_manifest_shows_nothing
 
 
 @pytest.mark.slow
+def test_one_build_on_two_machines_publishes_once_and_both_scratches_reuse_it(s3, bucket, halves, tmp_path):
+    # Machine B builds bk@v1 and is killed while pushing it (its files sent, not its manifest); machine A builds
+    # the same inputs and publishes bk@v1 with its own manifest (another creation time).
+    b = [str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "b")]
+    assert shardflow(b, tmp_path, SHARDFLOW_FAULT="push-files").returncode == -9
+    a = shardflow([str(halves[0]), *OPTIONS, *to_bucket(bucket, tmp_path / "a")], tmp_path)
+    assert a.returncode == 0 and a.stdout.splitlines()[0] == f"published bk@v1 to s3://{bucket}/data/bk/v1", a.stderr
+    published = s3.fs().cat_file(f"{bucket}/data/bk/v1/metadata.yaml")
+    [b_v1] = (tmp_path / "b").rglob("bk/v1/metadata.yaml")
+    assert b_v1.read_bytes() != published
+    # B again: the bucket lists its build; its copy takes the bucket's manifest, and B's next build reuses it.
+    again = shardflow(b, tmp_path)
+    assert again.returncode == 0 and again.stdout.startswith("nothing new: bk@v1"), again.stderr
+    assert b_v1.read_bytes() == published
+    third = shardflow([*map(str, halves), *OPTIONS, *to_bucket(bucket, tmp_path / "b")], tmp_path)
+    assert third.returncode == 0 and third.stderr == "", third.stderr
+    v2 = yaml.safe_load(s3.fs().cat_file(f"{bucket}/data/bk/v2/metadata.yaml"))
+    assert v2["reuse"]["parent"] == "bk@v1" and v2["reuse"]["tokenized_inputs"] == ["b.parquet"]
+
+
+@pytest.mark.slow
 def test_of_two_builds_that_took_one_version_name_the_bucket_lists_one_and_the_other_publishes_the_next(
         s3, bucket, halves, tmp_path):
     # Build A is killed after its uploads, before its catalog entry; build B (other inputs, another machine's

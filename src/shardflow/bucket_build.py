@@ -45,7 +45,7 @@ from ._io import atomic_write_bytes
 from .catalog import Catalog
 from .config import BuildConfig
 from .errors import ConfigError, ShardflowError
-from .manifest import MANIFEST_NAME
+from .manifest import MANIFEST_NAME, read_manifest
 from .manifest_files import named_files
 from .objstore import is_remote, read_with_etag
 from .push import PushPlan, PushResult, bucket_target, prepare_push, push_version
@@ -120,6 +120,7 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
             (Path(tmp) / f"{name}.yaml").write_bytes(got[0])
         try:
             listed = {v.version: v.build_key for v in theirs.versions(name)} if got else {}
+            their_sha = {v.version: v.manifest_sha256 for v in theirs.versions(name)} if got else {}
             removed = {r.version for r in theirs.removed(name)} if got else set()
         except ShardflowError as exc:
             raise type(exc)(str(exc).replace(str(theirs.path), places.catalog_url)) from None
@@ -137,6 +138,8 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
                             "another build, or removed it; discarding the local copy", name, entry.version)
                 shutil.rmtree(local.version_dir(entry), ignore_errors=True)
                 local.files_record(name, entry.version).unlink(missing_ok=True)
+            elif entry not in kept and their_sha.get(entry.version) not in ("", entry.manifest_sha256):
+                _take_their_manifest(places, local, name, entry)
         if got is not None:
             atomic_write_bytes(local.path / f"{name}.yaml", got[0])
         else:
@@ -144,6 +147,30 @@ def sync_catalog(places: BucketPlaces, name: str) -> set[str]:
         for entry in kept:  # built here, not yet in the bucket: pushed by this run
             local.add(name, replace(entry, path=str(local.version_dir(entry))))
     return set(listed)
+
+
+def _take_their_manifest(places: BucketPlaces, local: Catalog, name: str, entry: Any) -> None:
+    """The local version ``entry`` is the build the bucket lists, published from another machine first: the same
+    files, but its own manifest (another creation time), which the bucket's entry does not record. The bucket's
+    manifest (checked against that entry) replaces it, so that later builds here reuse the version as their parent;
+    where that fails, the local copy is discarded (a later build fetches the bucket's)."""
+    from .runtime.remote import remote_version
+
+    ref, directory = f"{name}@{entry.version}", local.version_dir(entry)
+    with tempfile.TemporaryDirectory(prefix="shardflow-sync-") as tmp:
+        try:
+            cache, theirs = remote_version(ref, catalog=places.catalog_url, cache_dir=tmp)
+            if set(named_files(theirs)) != set(named_files(read_manifest(directory))):
+                raise ShardflowError("the bucket's manifest names other files")
+            staged = directory / f".{MANIFEST_NAME}.tmp"
+            shutil.copyfile(cache.directory / MANIFEST_NAME, staged)
+            os.chmod(staged, 0o444)  # read-only, as publishing leaves every file of a version
+            os.replace(staged, directory / MANIFEST_NAME)
+        except (ShardflowError, OSError, TypeError, ValueError, KeyError) as exc:
+            log.warning("%s built here was published from another machine first, and the bucket's manifest could not "
+                        "replace this copy's (%s); discarding the local copy", ref, exc)
+            shutil.rmtree(directory, ignore_errors=True)
+            local.files_record(name, entry.version).unlink(missing_ok=True)
 
 
 def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
