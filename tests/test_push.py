@@ -179,6 +179,28 @@ def test_an_older_version_pushed_after_a_newer_one_is_listed_but_not_made_latest
 _opened: list[tuple[str, bool]] | None = None  # (path, opened by push's _upload), while a test records
 
 
+@pytest.mark.slow
+def test_a_parent_object_deleted_while_its_child_is_pushed_is_sent_instead(built, s3, bucket, tmp_path, monkeypatch):
+    import shardflow.push as push
+
+    push_version("rv@v1", catalog=built.catalog, **urls(bucket))
+    real, gone = push._recorded, []
+
+    def recorded(fs, key, *args):  # the first parent object checked is deleted right after (an rm elsewhere)
+        found = real(fs, key, *args)
+        if found and "/rv/v1/" in key and not gone:
+            s3.fs().rm(key)
+            gone.append(key)
+        return found
+
+    monkeypatch.setattr(push, "_recorded", recorded)
+    result = push_version("rv@v2", catalog=built.catalog, **urls(bucket))
+    assert gone and result.copied > 0 and result.uploaded > 0
+    assert s3.fs().cat_file(gone[0].replace("/v1/", "/v2/")) == (built.version("v1") / gone[0].split("/v1/")[1]).read_bytes()
+    remote = TokenDataset("rv@v2", catalog=f"s3://{bucket}/catalog", seq_len=SEQ, cache_dir=tmp_path)
+    assert np.array_equal(windows(remote), windows(TokenDataset(built.version("v2"), seq_len=SEQ)))
+
+
 def _audit(event: str, args: tuple) -> None:
     if _opened is not None and event == "open" and isinstance(args[0], str) and args[0].endswith((".bin", ".idx", ".yaml")):
         by_upload = any(f.name == "_upload" and f.filename == PUSH_PY for f in traceback.extract_stack())

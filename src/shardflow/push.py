@@ -442,8 +442,11 @@ def push_files(plan: PushPlan, files: Sequence[tuple[str, int, str]]) -> list[st
             if base not in parent_listings:
                 parent_listings[base] = _listing(fs, base)
             if _recorded(fs, src_key, size, sha, parent_listings[base], rel):
-                fs.copy(src_key, key)  # server-side; the object's metadata (its SHA-256) comes with it
-                return "copied"
+                try:
+                    fs.copy(src_key, key)  # server-side; the object's metadata (its SHA-256) comes with it
+                    return "copied"
+                except FileNotFoundError:
+                    pass  # deleted since it was checked (an rm of the parent): sent instead
         _upload(fs, version_file(directory, file, "the manifest"), key, size, sha)
         return "uploaded"
 
