@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -441,3 +441,35 @@ def test_a_dataloader_with_workers_under_a_limit_gives_the_local_batches(publish
     want = [b["input_ids"].numpy() for b in StreamingLoader(local, batch_size=4, num_workers=0)]
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
     assert cached_bytes(tmp_path) == 0
+
+
+FAILING_CACHE = r"""
+import resource, signal, sys
+from shardflow.errors import ShardflowError
+from shardflow.runtime import TokenDataset
+if sys.argv[2] == "small-files":  # a cache that cannot hold a shard: writes past 20 kB fail (as on a full disk)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    TokenDataset(sys.argv[1], seq_len=256, cache_dir=sys.argv[3])
+except ShardflowError as exc:
+    sys.exit(f"{type(exc).__name__}: {exc}")
+"""
+
+
+@pytest.mark.parametrize("case", ["small-files", "endpoint-down"])
+def test_a_cache_that_cannot_take_a_file_and_an_unreachable_store_are_one_line(published, s3, tmp_path, case):
+    env = {**os.environ, **s3.env, "AWS_MAX_ATTEMPTS": "1"}
+    if case == "endpoint-down":
+        env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"  # nothing listens there
+    out = subprocess.run([sys.executable, "-c", FAILING_CACHE, published.version_url, case, str(tmp_path / "cache")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    if case == "small-files":
+        assert re.fullmatch(rf"ConfigError: {published.version_url}/train/\S+\.bin: cannot be cached in "
+                            rf"{tmp_path}/cache/\S+ \(File too large\); free space there, set cache_limit_bytes "
+                            r"\(streaming\), or give another cache_dir \(or \$SHARDFLOW_CACHE\)\n", out.stderr), out.stderr
+    else:
+        assert re.fullmatch(rf"InputError: {published.version_url}/metadata.yaml: the object store could not be "
+                            r"reached \(Could not connect to the endpoint URL: .*\), 3 tries; check AWS_ENDPOINT_URL "
+                            r"and the network, then run again\n", out.stderr), out.stderr

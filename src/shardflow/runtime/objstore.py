@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from .._io import atomic_write_bytes
 from ..catalog import Catalog, VersionEntry
 from ..config import check_name
-from ..errors import CatalogError, InputError, ShardflowError, is_transient, missing_credentials
+from ..errors import CatalogError, InputError, ShardflowError, is_transient, missing_credentials, network_unreachable
 from ..objstore import filesystem, is_remote
 
 __all__ = [
@@ -60,6 +60,10 @@ def retrying(url: str, action: Any) -> Any:
             if error is not None:
                 raise error from None
             if attempt + 1 == _ATTEMPTS or not is_transient(exc):
+                if network_unreachable(exc):
+                    detail = " ".join(str(exc).split()) or type(exc).__name__
+                    raise InputError(f"{url}: the object store could not be reached ({detail}), {_ATTEMPTS} tries; "
+                                     "check AWS_ENDPOINT_URL and the network, then run again") from None
                 raise
             time.sleep(0.5 * 2**attempt)
 

@@ -35,6 +35,7 @@ endpoints come the usual way (``AWS_*``, ``AWS_ENDPOINT_URL``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -73,6 +74,24 @@ def is_remote_ref(ref: Any, catalog: Any) -> bool:
     if is_remote(os.fspath(ref)):
         return True
     return isinstance(catalog, (str, os.PathLike)) and is_remote(os.fspath(catalog)) and not Path(os.fspath(ref)).exists()
+
+
+# A cache that cannot take a file: a person must free space or point the cache elsewhere (not retried).
+_CACHE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+@contextlib.contextmanager
+def _cache_writes(url: str, directory: Path) -> Iterator[None]:
+    """A full, read-only or forbidden cache directory as one message naming it and what to do, not an OSError."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, ShardflowError) or exc.errno not in _CACHE_ERRNOS:
+            raise
+        raise ConfigError(
+            f"{url}: cannot be cached in {directory} ({exc.strerror or exc}); free space there, set "
+            "cache_limit_bytes (streaming), or give another cache_dir (or $SHARDFLOW_CACHE)"
+        ) from None
 
 
 def default_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -131,8 +150,9 @@ class VersionCache:
         url = self.object_url(MANIFEST_NAME)
         data = retrying(url, lambda: fs.cat_file(f"{root}/{MANIFEST_NAME}"))
         path = self.directory / MANIFEST_NAME
-        self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
+        with _cache_writes(url, self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, data)
         try:
             manifest = read_manifest(path)  # also refuses file names with '..', or absolute ones
         except ShardflowError as exc:
@@ -174,6 +194,10 @@ class VersionCache:
         path = self.directory / name
         if self._trusted(path, size, sha):
             return path
+        with _cache_writes(self.object_url(name), self.directory):
+            return self._ensure(name, path, size, sha)
+
+    def _ensure(self, name: str, path: Path, size: int, sha: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(_hidden(path, "lock"), timeout=None, what=f"the cached file {path}", remove=True):
             if self._trusted(path, size, sha):  # another process fetched it while this one waited
