@@ -14,6 +14,7 @@ states are exact; a manifest naming a path outside the version is refused.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -473,3 +474,21 @@ def test_a_cache_that_cannot_take_a_file_and_an_unreachable_store_are_one_line(p
         assert re.fullmatch(rf"InputError: {published.version_url}/metadata.yaml: the object store could not be "
                             r"reached \(Could not connect to the endpoint URL: .*\), 3 tries; check AWS_ENDPOINT_URL "
                             r"and the network, then run again\n", out.stderr), out.stderr
+
+
+def test_two_worker_slices_merged_in_one_process_under_a_cache_limit(published, tmp_path):
+    """Two passes at once over one stream (a process merging worker slices itself): the second is fetched on use,
+    and the first's fetch-ahead plan and cache limit count only its own samples (they counted both: a false
+    'cache_limit_bytes is too small' mid-epoch)."""
+    def merged(ds: StreamingTokenDataset) -> list[list[int]]:
+        slices = [ds.iter_range(0, ds.epoch_samples, worker_id=w, num_workers=2, block_size=4) for w in (0, 1)]
+        out: list[list[int]] = []
+        while len(out) < ds.epoch_samples:
+            for s in slices:
+                out += [x["input_ids"].tolist() for x in itertools.islice(s, 4)]
+        return out
+
+    opts = dict(seq_len=SEQ, seed=3, shuffle_group=2)
+    local = merged(StreamingTokenDataset(published.version_dir, **opts))
+    remote = StreamingTokenDataset(published.version_url, cache_dir=tmp_path, cache_limit_bytes=340_000, **opts)
+    assert merged(remote) == local

@@ -447,7 +447,7 @@ class StreamingTokenDataset(SampleStream):
         if start is None:
             start, stop = self.pass_bounds()
         if self._feeder is not None:  # a second pass at once over this object: fetched on use, not evicted
-            yield from samples()
+            yield from self._unfed(samples())
             return
         segments = epoch_segments(self, start, stop, worker_id=worker_id, num_workers=num_workers, block_size=block_size)
         self._feeder = feeder = ShardFeeder(self.dataset.shards, segments, limit=self.cache_limit_bytes)
@@ -456,6 +456,19 @@ class StreamingTokenDataset(SampleStream):
         finally:
             self._feeder = None
             feeder.close()
+
+    def _unfed(self, samples: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+        """``samples``, each made with no feeder: the running pass's plans and counts only its own samples (one
+        thread interleaves the passes, so the feeder is put back before the other pass resumes)."""
+        while True:
+            feeder, self._feeder = self._feeder, None
+            try:
+                item = next(samples)
+            except StopIteration:
+                return
+            finally:
+                self._feeder = feeder
+            yield item
 
     def indices(
         self,
