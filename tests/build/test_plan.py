@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -9,7 +11,7 @@ from core_support import SAMPLE, TINY_TEXTS, write_parquet
 
 from shardflow.build import build, plan_build, tokenize_unit
 from shardflow.config import BuildConfig
-from shardflow.errors import ConfigError
+from shardflow.errors import ConfigError, InputError
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
 
@@ -120,3 +122,50 @@ def test_two_sources_with_the_same_file_names_build_together(built, tmp_path):
     manifest = read_manifest(result.directory)
     assert [i["relname"] for i in manifest.inputs] == ["a/part-00000.parquet", "b/part-00000.parquet"]
     assert manifest.totals["input_rows"] == len(TINY_TEXTS)
+
+
+def test_an_input_changed_during_the_build_is_refused_and_nothing_is_published(tmp_path):
+    """Planning hashes a local file; a rewrite before (or while) a worker reads it would put other tokens under the
+    planned SHA-256, and a later build of the planned bytes would find that version 'identical'."""
+    src = tmp_path / "corpus"
+    src.mkdir()
+    table = pq.read_table(SAMPLE)
+    pq.write_table(table.slice(0, 30), src / "a.parquet")
+    changed = table.slice(30, 30)
+
+    def rewrite(plan):  # another program rewrites the file once the build has planned (hashed) it
+        pq.write_table(changed, src / "a.parquet")
+
+    config = BuildConfig(name="moving", sources=(str(src),), val_fraction=0.1)
+    where = {"data_root": tmp_path / "data", "catalog": tmp_path / "cat"}
+    with pytest.raises(InputError, match=rf"^{src}/a\.parquet: the file changed during the build \(\d+ bytes, mtime "
+                                         r"\d+ ns when it was hashed, now \d+ bytes, mtime \d+ ns\); build again"):
+        build(config, on_plan=rewrite, **where)
+    assert not (tmp_path / "cat" / "moving.yaml").exists()
+    again = build(config, **where)  # the new bytes, hashed and tokenized
+    manifest = read_manifest(open_version(again.ref, catalog=tmp_path / "cat").directory)
+    assert manifest.inputs[0]["sha256"] == hashlib.sha256((src / "a.parquet").read_bytes()).hexdigest()
+    assert manifest.totals["documents"] == changed.num_rows and "stat" not in manifest.inputs[0]
+
+
+def test_a_file_rewritten_while_it_is_hashed_is_hashed_again_never_cached_under_its_new_stat(tmp_path, monkeypatch):
+    import shardflow.sources.fingerprint as fingerprint
+    from shardflow.sources import discover_inputs, fingerprint_inputs
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pq.read_table(SAMPLE).slice(0, 30), path)
+    real, writes = fingerprint.sha256_file, []
+
+    def hash_then_rewrite(p):  # the bytes are read, then another program rewrites the file
+        digest = real(p)
+        if not writes:
+            pq.write_table(pq.read_table(SAMPLE).slice(30, 31), path)
+            writes.append(p)
+        return digest
+
+    monkeypatch.setattr(fingerprint, "sha256_file", hash_then_rewrite)
+    [inp] = fingerprint_inputs(discover_inputs((str(path),)), cache_dir=tmp_path / "cache")
+    assert writes and inp.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setattr(fingerprint, "sha256_file", real)
+    [again] = fingerprint_inputs(discover_inputs((str(path),)), cache_dir=tmp_path / "cache")
+    assert again.sha256 == inp.sha256 and again.stat == inp.stat == fingerprint.local_stat(str(path))

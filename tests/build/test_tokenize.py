@@ -14,6 +14,7 @@ from core_support import SAMPLE, TINY_TEXTS, files_of, write_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardflow.sources.fingerprint import local_stat
 from shardflow.build import plan_build, tokenize_unit
 from shardflow.build.tokenize import with_boundaries as _with_boundaries
 from shardflow.config import BuildConfig
@@ -46,14 +47,15 @@ def test_id_overflow_is_refused(tmp_path, small_vocab):
     config = BuildConfig(name="ovf", sources=(str(write_parquet(tmp_path / "o.parquet", ["hello world"])),), tokenizer=str(small_vocab))
     plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
     assert plan.dtype == "uint16"
+    # "hello world" is [15339, 1917] in cl100k; the boundary 100257 does not fit either.
+    write_parquet(tmp_path / "o.parquet", ["hello world, \u4e2d\u6587\u5b57 \U0001f642 " * 20])
     plan_file = Path(plan.staging) / "plan.json"
     raw = json.loads(plan_file.read_text())
     raw["config"]["tokenizer"] = "cl100k_base"
+    raw["inputs"][0]["stat"] = local_stat(str(tmp_path / "o.parquet"))  # (the file the plan names, as rewritten)
     before = plan_file.stat().st_mtime_ns
     plan_file.write_text(json.dumps(raw))
     os.utime(plan_file, ns=(before + 10**9, before + 10**9))  # plans are cached by mtime: make the edit visible
-    # "hello world" is [15339, 1917] in cl100k; the boundary 100257 does not fit either.
-    write_parquet(tmp_path / "o.parquet", ["hello world, \u4e2d\u6587\u5b57 \U0001f642 " * 20])
     with pytest.raises(InputError, match=r"o\.parquet row 0: token id \d+ does not fit uint16; refusing to truncate it"):
         tokenize_unit(plan.staging, 0)
     assert not list((Path(plan.staging) / "parts").glob("*.json"))

@@ -216,7 +216,8 @@ class ParentVersion:
         except (OSError, ShardflowError) as exc:
             raise ValidationError(
                 f"{self.directory}: the parent version {self.ref} this build reuses cannot be read ({exc}); "
-                f"rebuild without reusing it: {NO_REUSE_ENV}=1"
+                f"removed meanwhile: run the build again (it plans from the catalog's latest); damaged: rebuild "
+                f"without reusing it, {NO_REUSE_ENV}=1"
             ) from None
         if self.manifest.build_key != reuse.build_key:
             raise ValidationError(

@@ -229,7 +229,7 @@ def assemble_manifest(
         totals=totals,
         inputs=[
             {
-                **inp.to_dict(),
+                **{k: v for k, v in inp.to_dict().items() if k != "stat"},  # (the plan's, this machine's)
                 **entries[n],
                 "splits": {s: r.to_dict() for s, r in layout.inputs[n].items()},
                 # The placed splits' shards that hold this input's documents and no other's (schema 3):

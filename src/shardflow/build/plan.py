@@ -236,8 +236,10 @@ def _prepare_staging(plan: BuildPlan, cat: Catalog) -> BuildPlan:
     if old is not None and _same_work(old, plan):
         # Resume: everything a previous run committed here is reused, the parent it chose included.
         resumed = BuildPlan.from_dict(old)
-        plan = dataclasses.replace(resumed, existing=None, boundaries=resumed.boundaries or plan.boundaries)
-        if resumed.boundaries is None:  # a plan.json from before boundaries were recorded in it
+        # Today's inputs (the same bytes: the build key says so), with the stats the workers check them against.
+        plan = dataclasses.replace(resumed, existing=None, boundaries=resumed.boundaries or plan.boundaries,
+                                   inputs=plan.inputs)
+        if resumed.boundaries is None or resumed.inputs != plan.inputs:
             write_plan(plan)
         adopt_orphan(cat, plan, dataset_dir)
         sweep_stale_tmp(staging)

@@ -36,6 +36,7 @@ from ..faults import fault
 from ..formats import get_format
 from ..formats.unit_writer import UnitShardWriter
 from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
+from ..sources.fingerprint import local_stat
 from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .model import BuildPlan, Piece, UnitResult
@@ -48,7 +49,20 @@ log = logging.getLogger("shardflow.build")
 
 
 def check_unchanged(inp: InputFile) -> None:
-    """Refuse an object on object storage whose version is no longer the one planned (one HEAD request)."""
+    """Refuse an input that is no longer the one planned: a local file whose size or mtime changed since planning
+    hashed it (not its ctime or inode, which differ between the machines of a cluster on some network
+    filesystems), an object whose storage identity did (one HEAD request)."""
+    if inp.stat:
+        try:
+            now = local_stat(inp.path)
+        except FileNotFoundError:
+            now = "gone"
+        if now.split(":")[:2] != inp.stat.split(":")[:2]:
+            was, is_ = ("{} bytes, mtime {} ns".format(*key.split(":")[:2]) if ":" in key else key for key in (inp.stat, now))
+            raise InputError(
+                f"{inp.path}: the file changed during the build ({was} when it was hashed, now {is_}); build again "
+                "to include the new version"
+            )
     if not inp.identity:
         return
     size, ident = current_identity(inp.path)

@@ -75,11 +75,16 @@ class InputFile:
     (``"ETag=..."``, ``"VersionId=..."``, see ``storage.identity``), which the build key and incremental
     reuse compare instead of a content hash; ``sha256`` is then filled in by the worker that reads it.
     Empty for local files, and then left out of ``to_dict``, so local plans and manifests keep their bytes."""
+    stat: str = ""
+    """For a local file: its size, mtime, ctime and inode when planning hashed it (``fingerprint.local_stat``);
+    the worker that reads it refuses it if they changed, as an object's identity. Recorded in the plan, not in
+    the manifest; empty for objects (and in plans written before it was recorded)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if not self.identity:
-            del d["identity"]
+        for optional in ("identity", "stat"):
+            if not d[optional]:
+                del d[optional]
         return d
 
     @property
