@@ -308,17 +308,21 @@ def test_a_push_resumed_after_the_gc_threshold_is_not_taken_for_abandoned(s3, lo
 
     from shardflow.push import finish_push, prepare_push, push_files
 
+    import shardflow.bucket_lifecycle as lifecycle
+
     bucket = _interrupted_push(s3, local, monkeypatch)
-    time.sleep(5)  # its objects now older than gc's threshold below (S3 dates objects to the second)
-    # The rerun renews its claim as it starts: gc, right after, sees a push at work and keeps the prefix.
+    written = max(i["LastModified"] for i in s3.fs().find(f"{bucket}/data/bk/v2/", detail=True).values())
+    time.sleep(1.1)  # S3 dates objects to the second: the rerun's renewal is dated after every object of the push
+    # The rerun renews its claim as it starts: gc, with its threshold just after the push's objects (so before
+    # the renewal), sees a push at work and keeps the prefix.
     plan = prepare_push("bk@v2", catalog=local / "catalog", **urls(bucket))
-    assert collect_bucket_garbage(**urls(bucket), older_than_hours=3 / 3600) == []
+    with monkeypatch.context() as m:
+        m.setattr(lifecycle, "_now", lambda: written + lifecycle._dt.timedelta(seconds=0.5))
+        assert collect_bucket_garbage(**urls(bucket), older_than_hours=0) == []
     done = push_files(plan, plan.files)
     assert set(done) == {"skipped"}
     # gc a day later (its clock moved), between the rerun's files and its commit: it deletes them, and the rerun
     # then refuses to list a version whose objects are gone; its next run sends them again.
-    import shardflow.bucket_lifecycle as lifecycle
-
     real_now = lifecycle._now
     monkeypatch.setattr(lifecycle, "_now", lambda: real_now() + lifecycle._dt.timedelta(hours=48))
     assert [g.url for g in collect_bucket_garbage(**urls(bucket))] == [f"s3://{bucket}/data/bk/v2/"]

@@ -176,8 +176,9 @@ def _take_their_manifest(places: BucketPlaces, local: Catalog, name: str, entry:
 def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     """Fetch the bucket's latest version of ``config.name`` into the scratch when this machine has no copy of it
     and it can be this build's incremental parent: built with the same output options, from other inputs (an
-    input added, removed or changed: compared by SHA-256, an object by its storage identity). Its ``NAME@vN`` if the scratch has it (built here, or fetched):
-    without it, plan with ``reuse=False`` (there is no parent to reuse, and nothing more to say about it).
+    input added, removed or changed: compared by SHA-256, an object by its storage identity). Its ``NAME@vN`` if
+    the scratch has it (built here, or fetched): without it, plan with ``reuse=False`` (there is no parent to
+    reuse, and nothing more to say about it).
 
     Every file its manifest names is downloaded, verified against the manifest's SHA-256 as it arrives (the
     manifest against the bucket catalog's entry), into ``.fetch-vN/`` beside it (a rerun after an interruption

@@ -239,10 +239,10 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _check_still_there(fs: Any, plan: "PushPlan") -> None:
+def _check_still_there(plan: "PushPlan", listing: dict[str, int]) -> None:
     """Refuse to send the manifest, and so to list the version, when its files are not all under its prefix
-    (deleted during the push: a ``shardflow gc`` or ``rm`` that took it for abandoned); a rerun sends them again."""
-    listing = _listing(fs, f"{plan.target.bucket}/{plan.prefix}")
+    (``listing``: deleted during the push, by a ``shardflow gc`` or ``rm`` that took it for abandoned); a rerun
+    sends them again."""
     missing = [name for name, size, _ in plan.files if listing.get(name) != size]
     if missing:
         raise CatalogError(
@@ -460,9 +460,9 @@ def finish_push(plan: PushPlan, done: Sequence[str]) -> PushResult:
     target, (size, sha) = plan.target, plan.manifest
     fs, _ = filesystem(target.url(plan.prefix))
     key = f"{target.bucket}/{plan.prefix}/{MANIFEST_NAME}"
-    entry = plan.entry
-    _check_still_there(fs, plan)
-    if _recorded(fs, key, size, sha, _listing(fs, f"{target.bucket}/{plan.prefix}"), MANIFEST_NAME):
+    entry, listing = plan.entry, _listing(fs, f"{target.bucket}/{plan.prefix}")
+    _check_still_there(plan, listing)
+    if _recorded(fs, key, size, sha, listing, MANIFEST_NAME):
         done = [*done, "skipped"]
     else:
         path = Path(plan.directory) / MANIFEST_NAME

@@ -58,10 +58,9 @@ def check_unchanged(inp: InputFile) -> None:
         except FileNotFoundError:
             now = "gone"
         if now.split(":")[:2] != inp.stat.split(":")[:2]:
-            was, is_ = ("{} bytes, mtime {} ns".format(*key.split(":")[:2]) if ":" in key else key for key in (inp.stat, now))
             raise InputError(
-                f"{inp.path}: the file changed during the build ({was} when it was hashed, now {is_}); build again "
-                "to include the new version"
+                f"{inp.path}: the file changed during the build ({_size_and_mtime(inp.stat)} when it was hashed, now "
+                f"{_size_and_mtime(now)}); build again to include the new version"
             )
     if not inp.identity:
         return
@@ -71,6 +70,11 @@ def check_unchanged(inp: InputFile) -> None:
             f"{inp.path}: the object changed during the build (planned as {inp.identity}, {inp.size} bytes; "
             f"now {ident or 'unknown'}, {size} bytes); build again to include the new version"
         )
+
+
+def _size_and_mtime(stat: str) -> str:
+    """``local_stat``'s first two fields in words (or ``gone``)."""
+    return "{} bytes, mtime {} ns".format(*stat.split(":")[:2]) if ":" in stat else stat
 
 
 def _rows_per_batch(cfg: BuildConfig, unit: WorkUnit) -> int:
