@@ -44,7 +44,7 @@ from .faults import fault
 from .lifecycle import dependents
 from .manifest import MANIFEST_NAME
 from .objstore import _code, _refused, filesystem, put_if_match, read_with_etag
-from .push import _VERSION_RE, CLAIM_NAME, BucketTarget, _Mirror, bucket_target
+from .bucket_layout import CLAIM_NAME, VERSION_RE, BucketTarget, Mirror, bucket_target
 
 __all__ = ["BucketRemoval", "BucketGarbage", "remove_bucket_version", "collect_bucket_garbage"]
 
@@ -140,7 +140,7 @@ def _parse(ref: str) -> tuple[str, str]:
     name, _, version = ref.partition("@")
     check_name(name)
     version = f"v{version}" if version.isdigit() else version
-    if not _VERSION_RE.match(version):
+    if not VERSION_RE.match(version):
         raise ConfigError(f"{ref}: name the version to remove, NAME@vN (NAME@latest is refused: name it)")
     return name, version
 
@@ -169,7 +169,7 @@ def remove_bucket_version(ref: str, *, catalog_url: str, force: bool = False, op
             known = ", ".join(_catalog_datasets(fs, target)) or "none"
             raise CatalogError(f"no dataset {name!r} in the catalog {catalog_url} (datasets: {known})")
         with tempfile.TemporaryDirectory(prefix="shardflow-rm-") as scratch:
-            mirror = _Mirror(scratch, target, catalog_url)
+            mirror = Mirror(scratch, target, catalog_url)
             cat = mirror.catalog(name, got[0])
             try:
                 data, key, orphaned, resumed = _take_out(cat, name, version, force, target, file_url)
@@ -266,7 +266,7 @@ def _catalog_state(fs: Any, target: BucketTarget, catalog_url: str) -> tuple[dic
     listed: dict[str, str] = {}
     removed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="shardflow-gc-") as scratch:
-        mirror = _Mirror(scratch, target, catalog_url)
+        mirror = Mirror(scratch, target, catalog_url)
         for name in datasets:
             try:
                 check_name(name)
@@ -320,7 +320,7 @@ def _version_prefixes(objects: dict[str, tuple[int, Any]]) -> dict[tuple[str, st
     groups: dict[tuple[str, str], dict[str, tuple[int, Any]]] = {}
     for rel, info in objects.items():
         parts = rel.split("/")
-        if len(parts) < 3 or not _VERSION_RE.match(parts[1]):
+        if len(parts) < 3 or not VERSION_RE.match(parts[1]):
             continue
         try:
             check_name(parts[0])
@@ -387,6 +387,6 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
 
 def _resumed(fs: Any, target: BucketTarget, catalog_url: str, key: str, cutoff: _dt.datetime) -> bool:
     """Whether the abandoned-looking push at ``key`` came back to life since the listing, looked at again just
-    before its objects are deleted: a rerun renews its claim (``push._claim``) and may commit its catalog entry."""
+    before its objects are deleted: a rerun renews its claim (``bucket_layout.claim``) and may commit its catalog entry."""
     newest = max((t for _, t in _objects(fs, f"{target.bucket}/{key}").values() if t is not None), default=None)
     return (newest is not None and newest > cutoff) or key in _catalog_state(fs, target, catalog_url)[0]

@@ -34,39 +34,33 @@ writes of ``shardflow.objstore``); credentials and endpoint come from the enviro
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
-import json
 import posixpath
-import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import urlparse
 
 from ._io import sha256_file
+from .bucket_layout import CLAIM_NAME, VERSION_RE, BucketTarget, Mirror, bucket_target, claim
 from .card import CARD_DIR
 from .catalog import Catalog, VersionEntry, resolve_ref
 from .config import check_name
-from .errors import CatalogError, ConfigError, ShardflowError, ValidationError
+from .errors import CatalogError, ShardflowError, ValidationError
 from .faults import fault
 from .manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
 from .manifest_files import named_files
-from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag, redacted
+from .objstore import filesystem, put_if_absent, put_if_match, read_with_etag
 from .validation import validate_dir
 
 __all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
 
-CLAIM_NAME = ".shardflow-push.json"
-"""The object that reserves a version's prefix for one build (its build key), created before any upload."""
 SHA256_METADATA = "sha256"
 """The user metadata key holding an uploaded object's SHA-256, checked on the way up."""
 
 _CHUNK = 8 << 20
 _COMMIT_ATTEMPTS = 20  # conditional catalog writes lost to other pushes before giving up
-_VERSION_RE = re.compile(r"^v[0-9]+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,47 +82,6 @@ class PushResult:
     """The version in the bucket that files were copied from (None: none was used)."""
     already: bool = False
     """The bucket catalog already listed this build as this version: nothing was sent."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class BucketTarget:
-    """The bucket, and the keys of the data root and the catalog (no leading or trailing '/')."""
-
-    scheme: str
-    bucket: str
-    data_key: str
-    catalog_key: str
-
-    def url(self, key: str) -> str:
-        return f"{self.scheme}://{self.bucket}/{key}"
-
-    def version_key(self, name: str, version: str) -> str:
-        return "/".join(p for p in (self.data_key, name, version) if p)
-
-    def catalog_file_key(self, name: str) -> str:
-        return "/".join(p for p in (self.catalog_key, f"{name}.yaml") if p)
-
-
-def bucket_target(data_root_url: str, catalog_url: str, *,
-                  options: tuple[str, str] = ("--data-root-url", "--catalog-url")) -> BucketTarget:
-    """Both URLs checked: ``s3://``, one bucket, no ``.``/``..``/empty parts (``options``: their names in messages)."""
-    parsed = []
-    for option, url in zip(options, (data_root_url, catalog_url)):
-        p = urlparse(url)
-        if p.scheme.lower() != "s3" or not p.netloc:
-            raise ConfigError(f"{option} {redacted(url)}: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no "
-                              "conditional writes to commit a version with)")
-        filesystem(url)  # refuses credentials in the URL; names the pip line when s3fs is missing
-        key = p.path.strip("/")
-        if key and any(part in ("", ".", "..") for part in key.split("/")):
-            raise ConfigError(f"{option} {redacted(url)}: the prefix {key!r} has an empty, '.' or '..' part; give a plain "
-                              "prefix such as s3://BUCKET/data")
-        parsed.append((p.netloc, key))
-    (bucket, data_key), (cat_bucket, catalog_key) = parsed
-    if bucket != cat_bucket:
-        raise ConfigError(f"{options[0]} and {options[1]} are in different buckets ({bucket}, {cat_bucket}); a catalog "
-                          "entry's path is relative to the catalog, so both must be in one bucket")
-    return BucketTarget(scheme="s3", bucket=bucket, data_key=data_key, catalog_key=catalog_key)
 
 
 def _manifest_files(directory: Path, manifest: Manifest) -> dict[str, tuple[int, str]]:
@@ -155,28 +108,6 @@ def _card_files(directory: Path) -> dict[str, tuple[int, str]]:
             for p in sorted(card.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
-class _Mirror:
-    """A scratch directory laid out like the bucket's keys, where ``Catalog`` reads and writes the bucket's catalog
-    file and its relative paths come out as they are in the bucket."""
-
-    def __init__(self, root: str, target: BucketTarget, catalog_url: str) -> None:
-        self.root, self.target, self.catalog_url = Path(root) / target.bucket, target, catalog_url.rstrip("/")
-
-    def path(self, key: str) -> Path:
-        return self.root / key if key else self.root
-
-    def catalog(self, name: str, data: bytes | None) -> Catalog:
-        cat = Catalog(self.path(self.target.catalog_key))
-        cat.path.mkdir(parents=True, exist_ok=True)
-        if data is not None:
-            (cat.path / f"{name}.yaml").write_bytes(data)
-        return cat
-
-    def renamed(self, exc: ShardflowError, cat: Catalog) -> ShardflowError:
-        """``exc`` naming the bucket's URL, not the scratch copy."""
-        return type(exc)(str(exc).replace(str(cat.path), self.catalog_url))
-
-
 def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, VersionEntry]:
     """The local version ``ref`` names, validated (with ``checksums``), and its local catalog entry."""
     name = ref.partition("@")[0] if "@" in ref else None
@@ -186,7 +117,7 @@ def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, Ver
     directory = resolve_ref(ref, cat)
     manifest = read_manifest(directory)
     check_name(manifest.name)
-    if not isinstance(manifest.version, str) or not _VERSION_RE.match(manifest.version):
+    if not isinstance(manifest.version, str) or not VERSION_RE.match(manifest.version):
         raise ValidationError(f"{directory / MANIFEST_NAME}: version {manifest.version!r} is not vN; rebuild the version")
     validate_dir(directory, manifest, checksums=checksums, published=True, catalog=cat.path)
     found = cat.entry_for_dir(directory, name=manifest.name)
@@ -194,49 +125,6 @@ def _local(ref: str, catalog: Any, checksums: bool) -> tuple[Path, Manifest, Ver
         raise CatalogError(f"{directory}: not a version published in the catalog {cat.path}; push NAME@vN of that "
                            "catalog (--catalog), or build it first")
     return directory, manifest, found[1]
-
-
-def _claim(target: BucketTarget, prefix: str, ref: str, build_key: str, catalog_url: str) -> None:
-    """Reserve the version's prefix for this build and catalog; refuse one another build, or catalog, holds.
-
-    One data root serves one catalog: a prefix listed by two catalogs would be deleted by one's ``rm`` (or ``gc``)
-    under the other's entry. A claim written before the catalog was recorded in it is taken as this catalog's.
-
-    A claim this build holds already (a rerun resuming, or the same build pushed from another machine) is written
-    again, with the time: its age is what ``shardflow gc`` reads as the push's last sign of life, and a rerun a day
-    after an interrupted push must not look abandoned while it skips the files that are there.
-    """
-    url = target.url(f"{prefix}/{CLAIM_NAME}")
-    record = {"ref": ref, "build_key": build_key, "catalog": catalog_url}
-    for _ in range(_COMMIT_ATTEMPTS):
-        if put_if_absent(url, json.dumps(record).encode()):
-            return
-        got = read_with_etag(url)
-        if got is None:
-            continue  # removed between the two requests: claim again
-        try:
-            held, held_catalog = (json.loads(got[0]).get(k) for k in ("build_key", "catalog"))
-        except (ValueError, AttributeError):
-            held = held_catalog = None
-        if held == build_key and held_catalog not in (None, catalog_url):
-            raise CatalogError(
-                f"{target.url(prefix)} holds {ref} for the catalog {held_catalog}: one data root serves one catalog "
-                f"(an rm in either would delete what the other lists); publish under another data root, or read it "
-                f"from {held_catalog}"
-            )
-        if held != build_key:
-            raise CatalogError(
-                f"{target.url(prefix)} is claimed by another build of {ref} (build key {str(held)[:16]}...), not yet in "
-                "the bucket catalog: another push is running, or one was interrupted. If none is running, delete "
-                f"everything under it (aws s3 rm --recursive {target.url(prefix)}/) and push again"
-            )
-        if put_if_match(url, json.dumps({**record, "renewed": _utc_now()}).encode(), got[1]):
-            return
-    raise CatalogError(f"{url}: changed by other pushes {_COMMIT_ATTEMPTS} times in a row; push again")
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _check_still_there(plan: "PushPlan", listing: dict[str, int]) -> None:
@@ -301,7 +189,7 @@ def _upload(fs: Any, path: Path, key: str, size: int, sha: str) -> None:
     out.close()
 
 
-def _parent_files(fs: Any, mirror: _Mirror, cat: Catalog, name: str, manifest: Manifest) -> tuple[str | None, dict[str, tuple[str, int]]]:
+def _parent_files(fs: Any, mirror: Mirror, cat: Catalog, name: str, manifest: Manifest) -> tuple[str | None, dict[str, tuple[str, int]]]:
     """The bucket's parent version (the manifest's parent if the bucket lists it, else the bucket's latest) and
     ``{sha256: (its key, size)}`` of its files, from its manifest checked against its catalog entry."""
     listed = {v.version: v for v in cat.versions(name)}
@@ -342,7 +230,7 @@ def _listed(cat: Catalog, name: str, version: str, build_key: str, file_url: str
 
 def _number(version: str) -> int:
     """``vN``'s N (-1 for any other name)."""
-    return int(version[1:]) if _VERSION_RE.match(version) else -1
+    return int(version[1:]) if VERSION_RE.match(version) else -1
 
 
 def _commit(target: BucketTarget, catalog_url: str, name: str, version: str, local: VersionEntry) -> bool:
@@ -351,7 +239,7 @@ def _commit(target: BucketTarget, catalog_url: str, name: str, version: str, loc
     for _ in range(_COMMIT_ATTEMPTS):
         got = read_with_etag(file_url)
         with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
-            mirror = _Mirror(scratch, target, catalog_url)
+            mirror = Mirror(scratch, target, catalog_url)
             cat = mirror.catalog(name, got[0] if got else None)
             try:
                 if _listed(cat, name, version, local.build_key, file_url):
@@ -405,7 +293,7 @@ def prepare_push(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
     result = PushResult(ref=f"{name}@{version}", url=target.url(prefix), catalog_file=target.url(target.catalog_file_key(name)))
     fs, _ = filesystem(target.url(prefix))
     with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
-        mirror = _Mirror(scratch, target, catalog_url)
+        mirror = Mirror(scratch, target, catalog_url)
         got = read_with_etag(result.catalog_file)
         cat = mirror.catalog(name, got[0] if got else None)
         try:
@@ -413,7 +301,7 @@ def prepare_push(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
                 return dataclasses.replace(result, already=True)
         except ShardflowError as exc:
             raise mirror.renamed(exc, cat) from None
-        _claim(target, prefix, result.ref, local.build_key, catalog_url)
+        claim(target, prefix, result.ref, local.build_key, catalog_url)
         parent, by_sha = _parent_files(fs, mirror, cat, name, manifest)
     return PushPlan(
         result=result, target=target, catalog_url=catalog_url, directory=str(directory), prefix=prefix,
