@@ -36,7 +36,7 @@ from shardflow.flows.terminal import (
 )
 from shardflow.flows.options import (
     _add_build_options, _add_catalog, _add_embed_options, _config, _embed_options, bucket_places_of, check_local_paths,
-    is_url,
+    count, is_url,
 )
 from shardflow.flows.progress import BuildProgress, Progress
 
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print a version's manifest summary")
     s.add_argument("ref")
     s.add_argument("--split", default=None, help="split to sample from (default: train)")
-    s.add_argument("--samples", type=int, default=2, help="decoded samples to print")
+    s.add_argument("--samples", type=count, default=2, help="decoded samples to print")
     s.add_argument("--card", action="store_true", help="print the path of the version's dataset card (card/README.md)")
     _add_catalog(s)
 

@@ -23,6 +23,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from shardflow.errors import ConfigError
@@ -55,6 +56,10 @@ def check_local_paths(args: argparse.Namespace) -> None:
                 f"ls, validate, show and diff read one; so does shardflow.runtime)"
                 f"{'; unset ' + env + ' or give ' + option + ' DIR' if given.startswith(env) else ''}"
             )
+        path = Path(value).expanduser().absolute() if value else None
+        blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None) if path else None
+        if blocked is not None:
+            raise ConfigError(f"{given}: {blocked} is a file, not a directory; give {option} a directory")
 
 
 def bucket_places_of(args: argparse.Namespace) -> Any:
@@ -92,6 +97,14 @@ class Flag:
 def mib(text: str) -> int:
     """An option's value in MiB, as bytes (argparse names this function in its message on a bad value)."""
     return int(text) << 20
+
+
+def count(text: str) -> int:
+    """A non-negative integer option (argparse names this function in its message on a bad value)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 @functools.cache

@@ -114,6 +114,28 @@ def test_ls_and_show(cli, tmp_path):
     assert "train: 2 documents" in out
 
 
+@pytest.mark.parametrize("option", ["--data-root", "--catalog"])
+def test_a_data_root_or_catalog_that_is_a_file_is_refused_before_the_build(cli, tmp_path, option):
+    (tmp_path / "notes.txt").write_text("not a directory")
+    where = tmp_path / "notes.txt" / "sub"
+    args = {"--data-root": str(tmp_path / "data"), "--catalog": str(tmp_path / "cat"), option: str(where)}
+    status, out, err = cli("build", str(SAMPLE), "--name", "x", "--no-prefect", "--data-root", args["--data-root"],
+                           "--catalog", args["--catalog"])
+    assert status == 2 and out == "" and err.count("shardflow: error:") == 1
+    assert err.strip().endswith(f"{option} {where}: {tmp_path / 'notes.txt'} is a file, not a directory; give {option} a directory")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "cat").exists()
+
+
+def test_a_negative_sample_count_is_argparses_one_message_before_any_output(capsys):
+    from shardflow.flows.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["show", "ghost@v1", "--samples", "-3"])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == "shardflow show: error: argument --samples: invalid count value: '-3'"
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -415,3 +437,13 @@ def test_without_the_pipeline_extra_build_says_what_to_install_and_the_read_comm
     assert listed.returncode == 0 and listed.stdout.startswith("demo\t1 version"), listed.stderr
     shown = runtime_only("show", "demo@v1", "--catalog", "cat")
     assert shown.returncode == 0 and "Document lengths in tokens" in shown.stdout, shown.stderr
+
+
+def test_an_error_a_rerun_cannot_fix_does_not_say_to_rerun():
+    from shardflow.errors import describe_os_error
+
+    for exc in (NotADirectoryError(20, "Not a directory", "/d/x/f"), FileExistsError(17, "File exists", "/d/x")):
+        text = describe_os_error(exc)
+        assert text.startswith(f"{exc.filename}: {exc.strerror}: a file is where a directory belongs; move it away")
+        assert "run the same command again" not in text
+    assert "run the same command again" in describe_os_error(OSError(5, "Input/output error", "/d/x"))

@@ -57,6 +57,22 @@ def test_store_rows_keep_order_and_repeats_and_refuse_out_of_range(ten):
     assert np.array_equal(rows[1], store.get_rows([1])[0])
     with pytest.raises(IndexError, match=r"document ids must be in \[0, 8\)"):
         store.get_rows([8])
+    for wrong in ([1.7], [True], np.ones(2, dtype=bool)):  # never taken for row 1
+        with pytest.raises(TypeError, match="document ids must be integers, got (float64|bool) ids"):
+            store.get_rows(wrong)
+    assert store.get_rows([]).shape == (0, store.dim)
+
+
+def test_a_token_window_outside_the_split_or_empty_is_refused_not_given_an_edge_document(ten):
+    ref, catalog = ten
+    store = EmbeddingStore(ref, catalog=str(catalog))
+    n = store.version.split("train").num_tokens
+    whole, _ = store.for_tokens(0, n)
+    assert whole.tolist() == list(range(len(store)))
+    assert store.documents_in(n - 1, n).tolist() == [len(store) - 1]
+    for start, stop in ((n, n + 10), (5, 5), (10, 3), (-5, 3), (0, n + 1)):
+        with pytest.raises(IndexError, match=rf"token window \[{start}, {stop}\) is not a window of the train split's {n} tokens"):
+            store.documents_in(start, stop)
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -185,6 +187,36 @@ def test_input_errors_name_the_problem(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(InputError, match=r"the directory has no Parquet, Arrow or JSON Lines files"):
         discover_inputs([str(tmp_path / "d")])
+
+
+def test_a_broken_link_or_an_unreadable_directory_is_refused_never_skipped(tmp_path, table):
+    """Skipping either would publish a version without those inputs (a rebuild after a chmod drops them)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "c" / "a.parquet")
+    pq.write_table(table, tmp_path / "c" / "sub" / "s.parquet")
+    (tmp_path / "c" / "notes.txt").symlink_to(tmp_path / "gone.txt")  # not an input: ignored, as before
+    assert [i.relname for i in discover_inputs([str(tmp_path / "c")])] == ["a.parquet", "sub/s.parquet"]
+    (tmp_path / "c" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
+    for spec in ("c", "c/*.parquet", "c/**/*.parquet"):
+        with pytest.raises(InputError, match=r"b\.parquet: a broken symbolic link \(to .*gone\.parquet\); fix its target or remove it"):
+            discover_inputs([str(tmp_path / spec)])
+    (tmp_path / "c" / "b.parquet").unlink()
+    (tmp_path / "c" / "sub").chmod(0)
+    # As root (CI), drop the capabilities that read any directory.
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    code = "import sys; from shardflow.sources import discover_inputs; discover_inputs(sys.argv[1:])"
+    try:
+        for spec in ("c", "c/**/*.parquet"):
+            run = subprocess.run([*(drop if os.geteuid() == 0 else []), sys.executable, "-c", code, str(tmp_path / spec)],
+                                 capture_output=True, text=True)
+            assert run.returncode != 0 and re.search(
+                rf"{re.escape(spec)}: cannot list the directory .*sub \(Permission denied\); make it readable, or move "
+                "it out of the input directory", run.stderr), run.stderr
+    finally:
+        (tmp_path / "c" / "sub").chmod(0o755)
 
 
 def test_truncated_parquet_is_an_input_error(tmp_path):

@@ -172,6 +172,9 @@ def describe_os_error(exc: OSError, *, places: Mapping[str, Path] | None = None)
         return f"{where}{what}; write to a writable --data-root and --catalog"
     if exc.errno in (_errno.EACCES, _errno.EPERM):
         return f"{where}{what}; check the permissions of this path"
+    if exc.errno in (_errno.ENOTDIR, _errno.EEXIST):  # a rerun meets the same file where a directory belongs
+        return (f"{where}{what}: a file is where a directory belongs; move it away (a rerun meets it again). "
+                "Nothing partial was published")
     return (
         f"{where}{what} (an I/O error). Nothing partial was published; run the same command again: "
         "finished work is reused"

@@ -326,6 +326,7 @@ RANK_CASES = {
     "huge_rank": (lambda ls: ls + [_extra(b"zqzq", str(2**40))], r"line 301: rank '1099511627776' is not an integer from 0 to"),
     "negative_rank": (lambda ls: ls + [_extra(b"zqzq", "-5")], r"line 301: rank '-5' is not an integer from 0 to"),
     "empty": (lambda ls: [], r"it holds no ranks"),
+    "missing_byte": (lambda ls: ls[:97] + ls[98:], r"1 of the 256 single bytes have no rank, the first b'\\xa4'; byte-level BPE needs a rank for each"),
     "not_base64": (lambda ls: ls + [b"@@@@ 300"], r"line 301: b'@@@@' is not base64"),
 }
 

@@ -6,7 +6,10 @@ glob it runs, how it finds documents), and fails the way that code would.
 
 * modded-nanogpt / llm.c ``_load_data_shard``: int32 header of 256 words,
   word 0 = 20240520, word 1 = 1, word 2 = token count; uint16 tokens after
-  1024 bytes; documents begin at the hard-coded BOS 50256.
+  1024 bytes; documents begin at the hard-coded BOS 50256. Its
+  ``distributed_data_generator`` (``modded_batches``): train batches of whole
+  documents from the BOS positions, the next file loaded ahead; val batches
+  read straight on.
 * NeMo Automodel ``NanogptDataset``: the same header with magic 278895051
   (word 3 = bytes per token) or 20240520 (uint16); ``P.bos.idx`` beside
   ``P.bin``: int32 positions of the BOS tokens; a BOS-aligned sample starts at
@@ -54,6 +57,69 @@ def modded_shard(path: Path) -> np.ndarray:
 
 def modded_files(pattern: str) -> list[Path]:
     return [Path(p) for p in sorted(glob.glob(pattern))]
+
+
+class _ModdedShard:
+    """modded-nanogpt's ``Shard`` on one rank: BOS positions, and the next batch's documents from them."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens, self.size, self.i = tokens, len(tokens), 0
+        self.bos_idx = np.flatnonzero(tokens == MODDED_BOS)
+
+    def next_batch(self, num_tokens: int, max_seq_len: int) -> tuple[list[int], list[int]]:
+        n, idx, cur_len, starts, ends = len(self.bos_idx), self.i, 0, [], []
+        while cur_len <= num_tokens:
+            if idx >= n:
+                raise StopIteration("Insufficient BOS ahead; hit tail of shard.")
+            cur = int(self.bos_idx[idx])
+            starts.append(cur)
+            idx += 1
+            end = min(int(self.bos_idx[idx]) if idx < n else self.size, cur + max_seq_len, cur + num_tokens - cur_len + 1)
+            ends.append(end)
+            cur_len += end - cur
+        assert cur_len == num_tokens + 1
+        self.i = idx
+        return starts, ends
+
+
+def modded_batches(pattern: str, num_tokens: int, max_seq_len: int, *, align_to_bos: bool):
+    """modded-nanogpt's ``distributed_data_generator`` on one rank: each batch's ``num_tokens`` input tokens.
+
+    As there, the BOS-aligned (train) loader loads the second file before the first batch
+    (``Shard.load_async(next(file_iter))``, so one file ends the generator with ``RuntimeError``), and the
+    unaligned (val) loader moves to the next file unless a batch and one more token fit in this one.
+    """
+    files = modded_files(pattern)
+    if not files:
+        raise FileNotFoundError(f"No files found for pattern: {pattern}")
+    file_iter = iter(files)
+    tokens = modded_shard(next(file_iter))
+    if align_to_bos:
+        shard = _ModdedShard(tokens)
+        ahead: np.ndarray | None = modded_shard(next(file_iter))
+    else:
+        pos = 0
+    while True:
+        if align_to_bos:
+            try:
+                starts, ends = shard.next_batch(num_tokens, max_seq_len)
+            except StopIteration:
+                if ahead is None:
+                    raise TypeError("'NoneType' object is not callable") from None  # next_shard_getter is None
+                shard = _ModdedShard(ahead)
+                tokens = shard.tokens
+                try:
+                    ahead = modded_shard(next(file_iter))
+                except StopIteration:
+                    ahead = None
+                continue
+            buf = np.concatenate([tokens[i:j] for i, j in zip(starts, ends)])
+        else:
+            if pos + num_tokens + 1 >= len(tokens):
+                tokens, pos = modded_shard(next(file_iter)), 0
+            buf = tokens[pos : pos + num_tokens + 1]
+            pos += num_tokens
+        yield buf[:-1]
 
 
 def split_at_bos(tokens: np.ndarray, bos: int) -> list[list[int]]:

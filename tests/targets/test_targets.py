@@ -261,7 +261,7 @@ def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, 
     directory = tmp_path / "data" / "shared" / "v1"
     assert rc == 0
     assert f'train_files = "{directory}/train/*.bin"' in out and f'val_files = "{directory}/val/*.bin"' in out
-    assert "WARNING: the val split holds" in out and "fewer than the default val_tokens 10,485,760" in out
+    assert "WARNING: the val split holds" in out and "one evaluation of the default val_tokens 10,485,760 reads 10,485,762" in out
     assert "tokens: uint16, vocab_size 50257, BOS id 50256" in out
     # The settings come first: the last line stays the manifest's path, as for any build.
     assert out.splitlines()[-2:] == ["published shared@v1", str(directory / "metadata.yaml")]

@@ -12,6 +12,9 @@ ours; every shard prefix on the command line).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +158,38 @@ def test_modded_nanogpt_hyperparameters_glob_the_splits(built, gpt2_sized):
     for field, split in (("train_files", "train"), ("val_files", "val")):
         files = spec.modded_files(hp[field])
         assert np.concatenate([spec.modded_shard(f) for f in files]).tolist() == _tokens(v, split)
+
+
+def test_modded_nanogpt_loaders_take_the_printed_files(built, gpt2_sized):
+    """train_gpt.py's loaders on the printed globs: its first train batch (which loads a second train file
+    ahead), and one evaluation of the largest val_tokens the settings allow, which one more token breaks."""
+    block, v = built("modded-nanogpt", str(gpt2_sized))
+    hp = cr.modded_hyperparameters(block)
+    assert len(v.manifest.splits["train"].shards) >= 2 and "train_files matches one file" not in block
+    first = next(spec.modded_batches(hp["train_files"], 256, 128, align_to_bos=True))
+    assert len(first) == 256 and first[0] == spec.MODDED_BOS
+    most = int(re.search(r"val_tokens to a multiple .* of at most ([\d,]+)", block)[1].replace(",", ""))
+    assert most == v.manifest.splits["val"].tokens - 2
+    for val_tokens, fits in ((most, True), (most + 1, False)):
+        val = spec.modded_batches(hp["val_files"], 1, 1, align_to_bos=False)
+        with contextlib.nullcontext() if fits else pytest.raises(RuntimeError, match="generator raised StopIteration"):
+            for _ in range(val_tokens):
+                next(val)
+
+
+def test_nanogpt_settings_flag_a_split_shorter_than_a_block(tmp_path, gpt2_sized, capsys):
+    """get_batch draws from len(data) - block_size: a val.bin of 1024 tokens or fewer cannot give a batch."""
+    corpus = tmp_path / "short.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i}:" + " word" * 300}) + "\n" for i in range(8)))
+    assert main(["build", "--name", "short", str(corpus), "--tokenizer", str(gpt2_sized), "--target", "nanogpt",
+                 "--val-count", "1", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat"),
+                 "--no-prefect"]) == 0
+    block = cr.printed_block(capsys.readouterr().out)
+    v = open_version("short@v1", catalog=str(tmp_path / "cat"))
+    val, train = v.manifest.splits["val"].tokens, v.manifest.splits["train"].tokens
+    assert val <= 1024 < train
+    assert f"# WARNING: val.bin holds {val:,} tokens, and get_batch reads block_size + 1" in block
+    assert "train.bin holds" not in block
 
 
 # -- what was printed before: the readers refuse it ----------------------------------------------------------

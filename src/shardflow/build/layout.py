@@ -184,8 +184,9 @@ class _Streams:
         for t in self.starts_tmp.values():
             remove_quietly(t)
 
-    def commit(self, bound: int) -> dict[str, SplitLayout]:
-        """Write the segment files, move the start files into place, and cut each split at whole documents."""
+    def commit(self, bound: int, at_least: dict[str, int]) -> dict[str, SplitLayout]:
+        """Write the segment files, move the start files into place, and cut each split at whole documents
+        (into ``at_least[split]`` shards or more where its documents allow)."""
         for f in self.starts_files.values():
             f.flush()
             os.fsync(f.fileno())
@@ -207,7 +208,10 @@ class _Streams:
             os.replace(tmp, self.staging.segments(split))
             os.replace(self.starts_tmp[split], self.staging.starts(split))
             tokens = self.tokens[split]
-            sizes = cut_at_documents(np.fromfile(self.staging.starts(split), dtype="<i8"), tokens, bound)
+            starts = np.fromfile(self.staging.starts(split), dtype="<i8")
+            sizes = cut_at_documents(starts, tokens, bound)
+            if tokens and len(sizes) < (want := at_least.get(split, 1)):
+                sizes = cut_at_documents(starts, tokens, -(-tokens // want))
             splits[split] = SplitLayout(tokens=tokens, documents=self.documents[split], shards=len(sizes), sizes=sizes)
         return splits
 
@@ -298,7 +302,8 @@ def make_layout(plan: BuildPlan | str | os.PathLike[str]) -> Layout:
             per_input.append({s: ranges[s] for s in splits_all})  # in split order, however each is laid out
             input_shards.append(placed.shards_since(shard_mark))
         assert cfg.shard_tokens is not None
-        splits = {**streams.commit(cfg.shard_tokens), **placed.splits()}
+        at_least = {"train": get_target(cfg.target).train_files_at_least} if cfg.target is not None else {}
+        splits = {**streams.commit(cfg.shard_tokens, at_least), **placed.splits()}
     except BaseException:
         streams.abort()
         raise

@@ -127,7 +127,11 @@ class EmbeddingStore:
 
     def get_rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Float32 ``(len(ids), dim)``: the decoded embeddings of documents ``ids`` (any order, repeats ok)."""
-        idx = np.asarray(ids, dtype=np.int64)
+        given = np.asarray(ids)
+        if given.size and not np.issubdtype(given.dtype, np.integer):
+            # Converting would take 1.7 or True for row 1: another document's embedding, silently.
+            raise TypeError(f"document ids must be integers, got {given.dtype} ids")
+        idx = given.astype(np.int64)
         if idx.ndim != 1:
             raise ValueError(f"ids must be 1-D, got shape {idx.shape}")
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
@@ -145,7 +149,11 @@ class EmbeddingStore:
 
     def documents_in(self, start: int, stop: int) -> np.ndarray:
         """Ids of the documents that split-wide tokens ``[start, stop)`` belong to, ascending."""
-        starts = self.version.split(self.split).doc_starts
+        shards = self.version.split(self.split)
+        if not 0 <= start < stop <= shards.num_tokens:
+            raise IndexError(f"token window [{start}, {stop}) is not a window of the {self.split} split's "
+                             f"{shards.num_tokens} tokens: it needs 0 <= start < stop <= {shards.num_tokens}")
+        starts = shards.doc_starts
         first = max(int(np.searchsorted(starts, start, side="right")) - 1, 0)
         last = max(int(np.searchsorted(starts, stop - 1, side="right")) - 1, first)
         return np.arange(first, last + 1, dtype=np.int64)

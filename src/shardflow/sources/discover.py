@@ -108,11 +108,13 @@ def discover(
             continue
         if _is_glob(spec):
             matches = sorted(globmod.glob(spec, recursive=True))
-            matches = [m for m in matches if Path(m).is_file()]
-            if not matches:
-                raise InputError(f"{spec}: the pattern matches no files; check the path and the pattern")
             base = Path(spec.split("*")[0].split("?")[0].split("[")[0])
             base = base if spec.endswith(os.sep) or base.is_dir() else base.parent
+            if "**" in spec:  # glob skips a directory it cannot read without a word
+                _files_under(base, spec)
+            matches = [m for m in matches if _is_input_file(Path(m))]
+            if not matches:
+                raise InputError(f"{spec}: the pattern matches no files; check the path and the pattern")
             found.extend(_input(Path(m), os.path.relpath(m, base), kinds) for m in matches)
             labels.extend([Path(os.path.abspath(base)).name] * (len(found) - before))
             continue
@@ -126,9 +128,8 @@ def discover(
                 labels.extend([path.resolve().name] * (len(found) - before))
                 continue
             suffixes = input_suffixes(kinds)
-            files = sorted(
-                p for p in path.rglob("*") if p.is_file() and has_suffix(p.name, suffixes) and not p.name.startswith(".")
-            )
+            files = [p for p in _files_under(path, spec)
+                     if has_suffix(p.name, suffixes) and not p.name.startswith(".") and _is_input_file(p)]
             if not files:
                 raise InputError(
                     f"{spec}: the directory has no {_either(list(_families(kinds)))} files ({', '.join(suffixes)})"
@@ -140,6 +141,27 @@ def discover(
     return _distinct_relnames(found, labels)
 
 
+def _files_under(path: Path, spec: str) -> list[Path]:
+    """The paths of the files below ``path``, sorted (symlinked directories not followed). A directory that cannot be
+    listed is an error: skipping it would publish a version without its inputs (a rebuild after a
+    ``chmod`` would silently remove them); so is a broken link, in ``_is_input_file``."""
+
+    def refuse(err: OSError) -> None:
+        raise InputError(f"{spec}: cannot list the directory {err.filename} ({err.strerror}); make it readable, "
+                         "or move it out of the input directory")
+
+    return sorted(Path(root) / name for root, _, names in os.walk(path, onerror=refuse) for name in names)
+
+
+def _is_input_file(path: Path) -> bool:
+    """``path`` is a regular file (through any link); a broken link is an error, anything else is skipped."""
+    if path.is_file():
+        return True
+    if path.is_symlink() and not path.exists():
+        raise InputError(f"{path}: a broken symbolic link (to {os.readlink(path)}); fix its target or remove it")
+    return False
+
+
 def _distinct_relnames(found: list[InputFile], labels: list[str]) -> list[InputFile]:
     """Refuse a file given twice; qualify clashing names (``a/part-0.parquet``, ``b/part-0.parquet``).
 
@@ -149,7 +171,8 @@ def _distinct_relnames(found: list[InputFile], labels: list[str]) -> list[InputF
     by_path: dict[str, str] = {}
     for inp in found:
         if inp.path in by_path:
-            raise InputError(f"{inp.path}: the file is given twice (through two of the sources); give it once")
+            raise InputError(f"{inp.path}: the file is given twice, as {by_path[inp.path]} and as {inp.relname} (two "
+                             "sources, or a link to it); give it once")
         by_path[inp.path] = inp.relname
     names = [inp.relname for inp in found]
     if len(set(names)) == len(names):

@@ -54,6 +54,10 @@ class Target:
     """The reader drops up to a global batch at every shard's end, so shards of one work unit each (small
     inputs: small shards) would waste more than 1% of the tokens: every split is gathered into shards of
     ``shard_tokens`` instead (a second write of the tokens; ``build/layout.py``)."""
+    train_files_at_least: int = 1
+    """The reader opens this many train files before its first batch (modded-nanogpt's BOS-aligned loader
+    loads the next file ahead, and fails on a train split in one file): a gathered train split that
+    ``shard_tokens`` would leave in fewer files is cut at documents into about this many equal ones."""
     globs_split_dir: bool = True
     """The reader finds a split's shards by a glob over a directory (so that directory must hold only them);
     False where the settings list every shard (OLMo-core's paths, Megatron's prefixes)."""

@@ -5,7 +5,9 @@ and reads uint16 tokens; its BOS-aligned batching looks for the id 50256,
 hard-coded. So: format ``nanogpt-legacy``, BOS placement, uint16 only, and a
 boundary id of 50256 (GPT-2's ``<|endoftext|>``). Its evaluation reads
 ``val_tokens`` (10,485,760 by default) from the val files, and stops when they
-run out: a smaller val split is flagged.
+run out: a smaller val split is flagged. Its BOS-aligned train loader loads the
+second train file before its first batch, so the train split is cut into two
+files at least.
 """
 
 from __future__ import annotations
@@ -23,14 +25,22 @@ VAL_TOKENS = 10_485_760
 def _settings(manifest: Manifest, directory: Path) -> str:
     lines = header("modded-nanogpt (train_gpt.py Hyperparameters)", manifest)
     lines.append(f'train_files = "{split_dir(manifest, directory, "train")}/*.bin"')
+    if len(manifest.splits["train"].shards) < 2:
+        lines.append(
+            "# WARNING: train_files matches one file, and train_gpt.py's BOS-aligned loader loads the next one "
+            "before its first batch ('generator raised StopIteration'): build from two documents or more "
+            "(shardflow then cuts the train split into two files at least)"
+        )
     val = split_tokens(manifest, "val")
     if val:
         lines.append(f'val_files = "{split_dir(manifest, directory, "val")}/*.bin"')
-        if val < VAL_TOKENS:
+        # Its val loader moves to the next file unless a batch and one more token fit in this one:
+        # one evaluation of val_tokens from a single file needs val_tokens + 2 tokens.
+        if val - 2 < VAL_TOKENS:
             lines.append(
-                f"# WARNING: the val split holds {val:,} tokens, fewer than the default val_tokens {VAL_TOKENS:,} "
-                "one evaluation reads: set val_tokens to a multiple of your validation batch (world size x "
-                f"val_seq_len) of at most {val:,}, or build with a larger --val-count/--val-fraction"
+                f"# WARNING: the val split holds {val:,} tokens; one evaluation of the default val_tokens "
+                f"{VAL_TOKENS:,} reads {VAL_TOKENS + 2:,}: set val_tokens to a multiple of your validation batch "
+                f"(world size x val_seq_len) of at most {val - 2:,}, or build with a larger --val-count/--val-fraction"
             )
         else:
             lines.append(f"val_tokens = {VAL_TOKENS}  # the val split holds {val:,}")
@@ -52,5 +62,6 @@ TARGET = Target(
     # Its loader drops each shard's tail after the last full global batch (8 x 64 x 1024 tokens at its
     # defaults): small inputs' own shards would lose too much (measured in bench/bench_shard_loss.py).
     gathers=True,
+    train_files_at_least=2,
     settings_text=_settings,
 )

@@ -19,6 +19,10 @@ from .base import Target
 from .settings_support import header, split_tokens
 
 
+BLOCK_SIZE = 1024
+"""``block_size`` of train.py's defaults: the context length of each sampled sequence."""
+
+
 def _file_name(name: str, split: str, index: int, extension: str) -> str:
     # One shard per split: shard_tokens is "unlimited" for bin (a train.bin of more than 2**31 - 1
     # tokens gets an int64 .bos.idx), so there is never a shard 1.
@@ -34,6 +38,13 @@ def _settings(manifest: Manifest, directory: Path) -> str:
     lines.append(f"# reads {directory / 'train.bin'} and {directory / 'val.bin'} as np.uint16")
     if not split_tokens(manifest, "val"):
         lines.append("# WARNING: no val split; train.py's estimate_loss reads val.bin: build with --val-count or --val-fraction")
+    for split in ("train", "val"):
+        # get_batch draws torch.randint(len(data) - block_size, ...): a split needs more than block_size tokens.
+        if 0 < (n := split_tokens(manifest, split)) <= BLOCK_SIZE:
+            lines.append(
+                f"# WARNING: {split}.bin holds {n:,} tokens, and get_batch reads block_size + 1 of them "
+                f"(block_size {BLOCK_SIZE} by default): set block_size below {n:,}, or build a larger {split} split"
+            )
     lines.append(
         f"# no meta.pkl: train.py uses vocab_size 50304 (GPT-2's 50257 padded); the version has "
         f"{manifest.tokenized_info['vocab_size']} ids"

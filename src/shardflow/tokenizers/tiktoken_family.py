@@ -281,6 +281,12 @@ def read_rank_file(path: Path, specials: dict[str, int] | None = None) -> dict[b
         and not values & set((specials or {}).values())
         and all(rank.isdigit() for _, rank in pairs)
     ):
+        # Byte-level BPE starts every text from single bytes: one without a rank panics inside tiktoken's
+        # Rust core (or gigatoken's) on the first text that holds it, deep into a build.
+        missing = [b for b in range(256) if bytes([b]) not in ranks]
+        if missing:
+            raise refuse(f"{len(missing)} of the 256 single bytes have no rank, the first {bytes([missing[0]])!r}; "
+                         "byte-level BPE needs a rank for each")
         return ranks
     ranks = {}
     line_of_rank: dict[int, int] = {}
