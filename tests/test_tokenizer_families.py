@@ -330,6 +330,22 @@ def test_auto_falls_back_where_gigatoken_disagrees(tmp_path, caplog):
         load_tokenizer(str(model), backend="gigatoken")
 
 
+@pytest.mark.parametrize("rule", ["nmt_nfkc", "nfkc"])
+def test_an_nfkc_model_falls_back_where_gigatoken_dropped_combining_marks(tmp_path, rule):
+    """gigatoken dropped a combining mark after a character NFKC rewrites (and NEL under nmt_nfkc): silently
+    wrong tokens that no probe string caught, so auto used it."""
+    import sentencepiece as spm
+
+    model = tokenizer_support.train_sentencepiece(tmp_path / rule, vocab_size=2000, normalization_rule_name=rule,
+                                                  remove_extra_whitespaces=rule == "nmt_nfkc")
+    tok = load_tokenizer(str(model), backend="auto")
+    assert tok.backend == "sentencepiece"
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    texts = ["\x85", "e\u0301\u0301", "\uff21\u0301", "\ufb01\u0301", "x\u00a0\u0301", "na\u00efve\u0301\u0301 caf\u00e9"]
+    tokens, offsets = tok.encode_batch(texts)
+    assert [tokens[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == [sp.encode(t) for t in texts]
+
+
 # -- builds ---------------------------------------------------------------------------
 
 

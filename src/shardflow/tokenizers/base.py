@@ -60,6 +60,9 @@ PROBE_STRINGS: tuple[str, ...] = (
     "a" * 3000,
     "ab " * 1000,
     "\u00a0non\u00a0breaking\u3000ideographic space",
+    # Combining marks after characters NFKC rewrites, and NEL: gigatoken dropped them under a
+    # SentencePiece model's nfkc / nmt_nfkc normalizer (silently wrong tokens, no error).
+    "e\u0301\u0301 \uff21\u0301 \ufb01\u0301 x\u00a0\u0301 na\u00efve\u0301\u0301 \u00e9\u00a8\u0301 \x85 end",
 )
 
 # Special-token texts of well-known tokenizers. Families whose files define their
