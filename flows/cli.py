@@ -186,7 +186,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
         print_target_settings(config.target, directory)
     where = f" to {places.version_url(ref)}" if places is not None else ""
-    print(f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}" if ref in before else f"published {ref}{where}")
+    latest = f"{config.name}@{catalog.latest(config.name)}"
+    # Inputs back to an older version's: that version is theirs, but @latest stays the newer one.
+    older = f"; {config.name}@latest is {latest}, built from other inputs: read {ref} for these" if latest != ref else ""
+    print(f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}{older}" if ref in before
+          else f"published {ref}{where}")
     print(f"{places.version_url(ref)}/metadata.yaml" if places is not None else str(directory / "metadata.yaml"))
     return 0
 

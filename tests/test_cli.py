@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def test_build_prints_the_ref_and_last_the_absolute_manifest_path(cli, tmp_path)
     status, out, _ = cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)
     assert status == 0
     assert out.strip().splitlines() == ["nothing new: demo@v1 is identical", str(last)]
+
+
+def test_inputs_back_to_an_older_versions_say_that_latest_is_another(cli, tmp_path, tiny_parquet):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(tiny_parquet, src / "a.parquet")
+    assert cli("build", str(src), "--name", "back", *BUILD)[0] == 0
+    shutil.copy(SAMPLE, src / "b.parquet")
+    assert cli("build", str(src), "--name", "back", *BUILD)[0] == 0
+    (src / "b.parquet").unlink()  # back to v1's inputs: v1 is theirs, and @latest stays v2
+    status, out, _ = cli("build", str(src), "--name", "back", *BUILD)
+    assert status == 0 and out.splitlines()[0] == (
+        "nothing new: back@v1 is identical; back@latest is back@v2, built from other inputs: read back@v1 for these")
 
 
 @pytest.mark.slow
@@ -447,3 +461,12 @@ def test_an_error_a_rerun_cannot_fix_does_not_say_to_rerun():
         assert text.startswith(f"{exc.filename}: {exc.strerror}: a file is where a directory belongs; move it away")
         assert "run the same command again" not in text
     assert "run the same command again" in describe_os_error(OSError(5, "Input/output error", "/d/x"))
+
+
+def test_diff_shows_an_option_at_its_default_by_its_value(cli, tiny_parquet):
+    assert cli("build", str(tiny_parquet), "--name", "opt", "--no-card", "--no-stats", *BUILD)[0] == 0
+    assert cli("build", str(tiny_parquet), "--name", "opt", *BUILD)[0] == 0
+    status, out, _ = cli("diff", "opt@v1", "opt@v2", "--catalog", "cat")
+    changed = [line for line in out.splitlines() if "->" in line and ("card" in line or "stats" in line)]
+    assert status == 0 and len(changed) == 2 and all("False -> True" in line for line in changed), out
+    assert "None" not in out

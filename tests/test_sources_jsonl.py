@@ -161,6 +161,23 @@ def test_one_unit_or_many_give_identical_bytes_with_a_validation_split(tmp_path,
     assert read_manifest(many.directory).build_key != m.build_key  # the same bytes; the unit size is in the key
 
 
+def test_a_json_lines_input_in_several_units_is_reused_by_the_next_build_as_a_full_build_would(tmp_path, docs):
+    """Its splits were decided by the layout (cut in bytes); an added input must not make the next build take
+    its train split for placed: that build stopped, calling the parent damaged, every time after."""
+    src = tmp_path / "in"
+    write_jsonl(src / "big.jsonl", [{"text": t} for t in docs[:40]])
+    options = dict(name="cut", unit_bytes=20_000, val_fraction=0.2, seed=5, shard_tokens=50_000)
+    assert len(plan_units(discover_inputs([str(src)]), text_column="text", id_column=None, unit_bytes=20_000)) > 1
+    make = make_builder(tmp_path / "sched")
+    make(src, **options)
+    write_jsonl(src / "small.jsonl", [{"text": t[:3000]} for t in docs[40:45]])  # one unit: train is placed
+    child = make(src, **options)
+    m = read_manifest(child.directory)
+    assert child.result.ref == "cut@v2" and m.extra["reuse"]["reused_inputs"] == ["big.jsonl"]
+    full = make_builder(tmp_path / "full")(src, **options)
+    assert files_of(child.directory) == files_of(full.directory)
+
+
 @pytest.mark.parametrize("unit_bytes", [1, 5, 333, 4096, 50_000, 1 << 30])
 def test_units_are_byte_ranges_of_whole_lines_numbered_by_line(tmp_path, docs, unit_bytes):
     records = [{"text": t} for t in docs[:40]] + ["", {"text": None}, {"text": "last, no newline"}]

@@ -427,6 +427,13 @@ def test_an_incremental_version_of_a_parent_without_statistics_says_they_are_inc
     assert stats["inputs"][0]["vocabulary_used"] == 0 and stats["inputs"][1]["vocabulary_used"] > 0
     assert "Incomplete: the parent version" in (v2.directory / "card" / "README.md").read_text()
     validate_dir(v2.directory)
+    # Its child inherits the gap: corpus[0]'s counts are still unknown (it was called complete).
+    shutil.copy(corpus[2], src / corpus[2].name)
+    v3 = make(src, name="old", shard_tokens=60_000)
+    assert read_manifest(v3.directory).extra["reuse"]["reused_inputs"] == [corpus[0].name, corpus[1].name]
+    stats = _stats(v3.directory)
+    assert stats["complete"] is False and stats["inputs"][0]["vocabulary_used"] == 0
+    assert "Incomplete: the parent version" in (v3.directory / "card" / "README.md").read_text()
 
 
 def _runs_of_one_token(tokens: np.ndarray, starts: np.ndarray, min_run: int) -> list[tuple[int, int]]:

@@ -130,7 +130,8 @@ def _markdown(manifest: Manifest, stats: dict[str, Any], plots: dict[str, bool],
         f"- anything odd: {odd_line(stats)}",
     ]
     if not stats.get("complete", True):
-        lines += ["", "> Incomplete: the parent version this one reuses inputs from has no statistics."]
+        lines += ["", "> Incomplete: the parent version this one reuses inputs from has no statistics of some of them "
+                  "(it was built with --no-stats, or from such a version)."]
     if manifest.parent:
         lines += ["", f"## Against the parent, {manifest.parent}", ""]
         if parent is None:

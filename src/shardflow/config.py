@@ -17,7 +17,7 @@ from .formats.base import MAX_SHARD_TOKENS
 from .pca import check_reduction
 from .targets import get_target
 
-__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "TARGET_DEFAULTS", "NAME_RE", "check_name"]
+__all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "TARGET_DEFAULTS", "NAME_RE", "check_name", "recorded_options"]
 
 # Tokenizer backends; defined here (not in tokenizers.py) so that importing the
 # config does not import pyarrow and tiktoken: the training runtime needs neither.
@@ -48,6 +48,11 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {"on_bad_record": "fail", "stats": True, "
 # Key fields that change files beside the token shards, never the tokens: an incremental build may
 # reuse a parent's tokens whatever they were (``reuse_fields``).
 _NOT_IN_TOKENS = frozenset({"embed", "stats", "card"})
+
+
+def recorded_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's recorded ``config``, with the options ``to_dict`` leaves out at their defaults put back."""
+    return {**_OMITTED_AT_DEFAULT, **config}
 
 
 def check_name(name: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .config import recorded_options
 from .manifest import Manifest
 
 __all__ = ["InputChange", "SplitDelta", "VersionDiff", "diff_versions", "format_diff", "input_changes"]
@@ -110,8 +111,8 @@ def diff_versions(a: Manifest, b: Manifest) -> VersionDiff:
                 tokens_b=sb.tokens if sb else 0,
             )
         )
-    ca = _flatten({**a.config, "tokenizer": a.tokenized_info.get("tokenizer"), "dtype": a.dtype})
-    cb = _flatten({**b.config, "tokenizer": b.tokenized_info.get("tokenizer"), "dtype": b.dtype})
+    ca = _flatten({**recorded_options(a.config), "tokenizer": a.tokenized_info.get("tokenizer"), "dtype": a.dtype})
+    cb = _flatten({**recorded_options(b.config), "tokenizer": b.tokenized_info.get("tokenizer"), "dtype": b.dtype})
     config = [(k, ca.get(k), cb.get(k)) for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
     return VersionDiff(a=a.ref, b=b.ref, inputs=input_changes(a, b), splits=splits, config=config)
 

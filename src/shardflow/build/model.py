@@ -131,6 +131,9 @@ class Reuse:
     build_key: str
     """The parent's build key, checked when its files are read (versions are immutable)."""
     inputs: dict[int, ReusedInput]
+    split_late: bool = False
+    """A reused input is one a full build cuts so that the layout decides its documents' splits (a JSON Lines
+    file in several units: ``tokenize.split_decided_late``): so does this build, as a full build would."""
 
     def signature(self) -> tuple[str, list[int]]:
         """What must match for a resumed run to keep the staged work: the parent and the reused inputs."""
@@ -142,6 +145,7 @@ class Reuse:
             "directory": self.directory,
             "build_key": self.build_key,
             "inputs": {str(i): r.entry for i, r in sorted(self.inputs.items())},
+            **({"split_late": True} if self.split_late else {}),
         }
 
     @classmethod
@@ -153,6 +157,7 @@ class Reuse:
             directory=d["directory"],
             build_key=d["build_key"],
             inputs={int(i): ReusedInput.from_entry(e) for i, e in d["inputs"].items()},
+            split_late=bool(d.get("split_late", False)),
         )
 
 

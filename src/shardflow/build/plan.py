@@ -26,6 +26,7 @@ from ..tokenizers import Tokenizer, load_tokenizer
 from ..targets import get_target
 from .incremental import NO_REUSE_ENV, plan_reuse, recorded_hashes
 from .model import BUILD_FORMAT_VERSION, Boundaries, BuildPlan, Reuse
+from .tokenize import cut_in_bytes
 from .staging import (
     Staging,
     adopt_orphan,
@@ -205,6 +206,7 @@ def plan_build(
             config, inputs, tokenizer, dtype, cat, ((old or {}).get("reuse") or {}).get("parent"), boundaries=boundaries
         )
         if chosen is not None:
+            chosen = dataclasses.replace(chosen, split_late=bool(cut_in_bytes(inputs, units) & set(chosen.inputs)))
             kept = [u for u in units if u.input not in chosen.inputs]
             units = [dataclasses.replace(u, index=n) for n, u in enumerate(kept)]
             # The version whose tokens this build takes is the one it succeeds.

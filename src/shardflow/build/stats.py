@@ -331,9 +331,11 @@ def write_stats(
     reused = plan.reuse.inputs if plan.reuse else {}
     parent = _parent_stats(plan) if reused else None
     parent_inputs = {e["relname"]: (n, e) for n, e in enumerate(parent[0]["inputs"])} if parent else {}
-    complete = not reused or parent is not None
-    if reused and parent is None:
-        log.warning("the parent version has no statistics: the reused inputs' vocabulary and column counts are missing")
+    # A parent's own gaps (it reused a version without statistics) are this version's too.
+    complete = not reused or (parent is not None and parent[0].get("complete", True))
+    if reused and not complete:
+        log.warning("the parent version has %s statistics: the reused inputs' vocabulary and column counts are "
+                    "missing", "incomplete" if parent is not None else "no")
     lengths = InputLengths(plan, staging, manifest)
     units_of: dict[int, list[int]] = {}
     for u, wu in enumerate(plan.units):

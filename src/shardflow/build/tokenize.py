@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -116,10 +116,16 @@ def split_decided_late(plan: BuildPlan) -> bool:
     cfg = plan.config
     if cfg.val_count:
         return True
-    # A JSON Lines file in several units is cut in bytes: on object storage its later units learn their
-    # rows only then, so a local copy (whose lines planning counts) is treated alike: the same bytes.
-    units_of_jsonl = collections.Counter(u.input for u in plan.units if plan.inputs[u.input].kind == "jsonl")
-    return cfg.has_val and (any(n > 1 for n in units_of_jsonl.values()) or any(u.first_row < 0 for u in plan.units))
+    # An incremental build decides as a full build of its inputs would, the reused ones included.
+    return cfg.has_val and (bool(cut_in_bytes(plan.inputs, plan.units)) or (plan.reuse is not None and plan.reuse.split_late))
+
+
+def cut_in_bytes(inputs: Sequence[InputFile], units: Sequence[WorkUnit]) -> set[int]:
+    """The inputs whose units are cut blind in bytes: a JSON Lines file in several units, or any unit with
+    ``first_row`` -1. On object storage such a file's later units learn their rows only then, so a local
+    copy (whose lines planning counts) is treated alike: the same bytes."""
+    units_of_jsonl = collections.Counter(u.input for u in units if inputs[u.input].kind == "jsonl")
+    return {i for i, n in units_of_jsonl.items() if n > 1} | {u.input for u in units if u.first_row < 0}
 
 
 def streams_of(plan: BuildPlan) -> tuple[str, ...]:
