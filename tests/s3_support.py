@@ -53,6 +53,11 @@ class S3Server:
     def stop(self) -> None:
         self._server.stop()
 
+    def client_options(self) -> dict[str, str]:
+        """``boto3.client("s3", **options)`` on this server (for what s3fs does not do: bucket settings)."""
+        return dict(endpoint_url=self.endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                    region_name="us-east-1")
+
     def fs(self) -> Any:
         """An s3fs filesystem on this server (for putting, changing and deleting test objects)."""
         import s3fs

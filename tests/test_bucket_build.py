@@ -261,6 +261,10 @@ def test_of_two_builds_that_took_one_version_name_the_bucket_lists_one_and_the_o
     (["--data-root", "s3://b1/data", "--catalog", "s3://b2/catalog"], r"--data-root and --catalog are in different buckets"),
     (["--data-root", "s3://b1/a/../data", "--catalog", "s3://b1/catalog"], r"the prefix 'a/\.\./data' has an empty, '\.' or '\.\.' part"),
     (["--data-root", "gs://b1/data", "--catalog", "gs://b1/catalog"], r"--data-root gs://b1/data: give an s3:// URL"),
+    # Quoted by one client and not another: the manifest went to "d r/", the shards to "d%20r/".
+    (["--data-root", "s3://b1/d%20r", "--catalog", "s3://b1/catalog"], r"--data-root s3://b1/d%20r: '%' in a bucket URL"),
+    # A fragment to urlparse, a key to s3fs: the catalog was written to "cat/", and read from "cat#1/".
+    (["--data-root", "s3://b1/data", "--catalog", "s3://b1/cat#1?x"], r"--catalog s3://b1/cat#1\?x: '#' '\?' in a bucket"),
 ])
 def test_a_build_to_half_a_bucket_or_a_bad_prefix_is_refused_in_one_line(places, message, halves, tmp_path):
     res = shardflow([str(halves[0]), *OPTIONS, *places], tmp_path, SHARDFLOW_CATALOG="", SHARDFLOW_DATA_ROOT="")

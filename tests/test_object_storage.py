@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -307,6 +306,39 @@ def test_an_object_changed_mid_build_is_one_message(tmp_path, s3, bucket, docs):
     with pytest.raises(InputError, match=rf"^s3://{bucket}/chg/a\.jsonl: the object changed during the build"):
         build(config, data_root=root / "data", catalog=root / "catalog", on_plan=change_after_planning)
     assert not published(root, "chg")
+
+
+def test_prefixes_with_a_dot_name_their_objects_as_local_directories_do(tmp_path, s3, bucket):
+    """s3://B/wiki.v1/ was taken for one object: its objects were named after the bucket ("B/part-0.jsonl"),
+    and the names decide the splits, so the shards were not a local copy's; two such prefixes clashed."""
+    from shardflow.sources import discover_inputs
+
+    for prefix in ("wiki.v1", "wiki.v2", "news"):
+        (tmp_path / prefix).mkdir()
+        (tmp_path / prefix / "part-0.jsonl").write_text(json.dumps({"text": f"the {prefix} text"}) + "\n")
+        s3.fs().put_file(str(tmp_path / prefix / "part-0.jsonl"), f"{bucket}/{prefix}/part-0.jsonl")
+    for given in (("wiki.v1", "news"), ("wiki.v1/", "wiki.v2"), ("wiki.v1/part-0.jsonl", "news/part-0.jsonl")):
+        local = [i.relname for i in discover_inputs([str(tmp_path / g) for g in given])]
+        remote = [i.relname for i in discover_inputs([f"s3://{bucket}/{g}" for g in given])]
+        assert remote == local == ["wiki.v1/part-0.jsonl", f"{given[1].split('/')[0]}/part-0.jsonl"]
+
+
+def test_a_versioned_bucket_builds_and_an_overwritten_object_is_seen_by_the_rebuild(tmp_path, s3, bucket, docs):
+    """Its listing gives ETags and its HEAD a VersionId: compared across kinds, every object looked changed
+    mid-build, and no build from a versioned bucket could finish."""
+    import boto3
+
+    boto3.client("s3", **s3.client_options()).put_bucket_versioning(
+        Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    local = make_local("jsonl", tmp_path / "corpus", docs)
+    upload(s3, local, f"{bucket}/ver")
+    config = BuildConfig(name="ver", sources=(f"s3://{bucket}/ver/",), **OPTIONS)
+    root = tmp_path / "ver"
+    assert build(config, data_root=root / "data", catalog=root / "catalog").ref == "ver@v1"
+    s3.fs().pipe(f"{bucket}/ver/a.jsonl", b'{"text": "another version"}\n')
+    again = build(config, data_root=root / "data", catalog=root / "catalog")
+    m = read_manifest(Path(again.manifest_path).parent)
+    assert again.ref == "ver@v2" and m.extra["reuse"]["tokenized_inputs"] == ["a.jsonl"]
 
 
 def test_a_truncated_zst_object_is_one_message(tmp_path, s3, bucket, docs, capsys):

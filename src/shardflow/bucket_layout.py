@@ -52,6 +52,12 @@ def bucket_target(data_root_url: str, catalog_url: str, *,
     """Both URLs checked: ``s3://``, one bucket, no ``.``/``..``/empty parts (``options``: their names in messages)."""
     parsed = []
     for option, url in zip(options, (data_root_url, catalog_url)):
+        if odd := sorted(set("%#?") & set(url)):
+            # Clients disagree on them (quoted or not, a fragment, a query): the catalog, the manifest and the
+            # shards of one version would land under different keys, or the catalog elsewhere than asked.
+            raise ConfigError(f"{option} {redacted(url)}: {' '.join(repr(c) for c in odd)} in a bucket URL of a "
+                              "version or a catalog is refused (S3 clients read it in different ways); give a "
+                              "prefix without it")
         p = urlparse(url)
         if p.scheme.lower() != "s3" or not p.netloc:
             raise ConfigError(f"{option} {redacted(url)}: give an s3:// URL, s3://BUCKET/PREFIX (other stores have no "

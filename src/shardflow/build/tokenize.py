@@ -64,7 +64,7 @@ def check_unchanged(inp: InputFile) -> None:
             )
     if not inp.identity:
         return
-    size, ident = current_identity(inp.path)
+    size, ident = current_identity(inp.path, like=inp.identity)
     if (size, ident) != (inp.size, inp.identity):
         raise InputError(
             f"{inp.path}: the object changed during the build (planned as {inp.identity}, {inp.size} bytes; "

@@ -103,8 +103,11 @@ def discover(
         spec = local_path(spec)  # file:// is a local path
         if is_remote(spec):  # read in place: listed here, read by the workers
             found.extend(_remote(spec, kinds))
-            label = PurePosixPath(_glob_base(spec.split("://", 1)[1]) if _is_glob(spec) else spec.split("://", 1)[1])
-            labels.extend([label.name if not label.suffix else label.parent.name] * (len(found) - before))
+            key = PurePosixPath(_glob_base(spec.split("://", 1)[1]) if _is_glob(spec) else spec.split("://", 1)[1])
+            # As for a local path: a directory's (prefix's) own name, or a file's (object's) directory's.
+            # Whether the URL is one object, its listing says: a prefix may hold a dot (s3://b/wiki.v1/).
+            one_object = not _is_glob(spec) and len(found) - before == 1 and found[-1].path == spec
+            labels.extend([key.parent.name if one_object else key.name] * (len(found) - before))
             continue
         if _is_glob(spec):
             matches = sorted(globmod.glob(spec, recursive=True))

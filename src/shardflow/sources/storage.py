@@ -106,9 +106,15 @@ def _raise_storage_error(where: str, exc: Exception, *, listing: bool = False) -
     raise error from None
 
 
-def identity(info: dict[str, Any]) -> str:
-    """The storage's identity of one version of an object (``"ETag=..."``), or ``""`` if it reports none."""
-    for key in _IDENTITY_KEYS:
+def identity(info: dict[str, Any], like: str = "") -> str:
+    """The storage's identity of one version of an object (``"ETag=..."``), or ``""`` if it reports none.
+
+    ``like``: an identity recorded before; the same kind is given if ``info`` has it. A listing and a
+    HEAD of one object may report different kinds (S3's listing has no ``VersionId``, its HEAD has one
+    on a versioned bucket): compared across kinds, an unchanged object would look changed.
+    """
+    kind = like.partition("=")[0]
+    for key in ((kind,) if kind in _IDENTITY_KEYS and info.get(kind) not in (None, "") else _IDENTITY_KEYS):
         value = info.get(key)
         if value not in (None, ""):
             if hasattr(value, "timestamp"):  # a listing and a HEAD may give one time as a float and a datetime
@@ -268,15 +274,16 @@ def read_head(path: str, n: int) -> bytes:
         _raise_storage_error(path, exc)
 
 
-def current_identity(path: str) -> tuple[int, str]:
-    """``(size, identity)`` of the object as the storage reports it now (one HEAD request)."""
+def current_identity(path: str, like: str = "") -> tuple[int, str]:
+    """``(size, identity)`` of the object as the storage reports it now (one HEAD request); the identity of the
+    kind of ``like`` (see ``identity``)."""
     fs, root = filesystem(path)
     try:
         fs.invalidate_cache(root)
         info = fs.info(root)
     except Exception as exc:
         _raise_storage_error(path, exc)
-    return int(info.get("size") or 0), identity(info)
+    return int(info.get("size") or 0), identity(info, like)
 
 
 def _chunks(f: BinaryIO) -> Iterator[bytes]:
