@@ -279,7 +279,12 @@ def _checked_build_config(args: argparse.Namespace) -> Any:
     bucket_places_of(args)  # a bucket's URLs checked, or no URL where only a local directory works
     check_sources_exist(args.sources)
     check_pipeline_installed(args)
-    return _config(args)
+    config = _config(args)
+    if config.embed is not None and args.runner == "threads":  # the embedding jobs run on this machine
+        from shardflow.embedder import check_available
+
+        check_available(config.embed)
+    return config
 
 
 def _absolute(path: str | None) -> str | None:

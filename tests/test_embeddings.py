@@ -258,6 +258,36 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
     assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1", "v2"]
 
 
+@pytest.mark.slow
+def test_embed_keeps_the_tokenizer_a_targets_settings_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``shardflow embed`` left out hf_tokenizer/: the new version's Megatron settings fell back to NullTokenizer."""
+    from shardflow.flows.cli import main
+
+    cat = ["--catalog", str(tmp_path / "manifests")]
+    assert main(["build", str(SAMPLE), "--name", "mg", "--no-prefect", "--progress", "none", "--target", "megatron",
+                 "--data-root", str(tmp_path / "data"), *cat]) == 0
+    assert main(["embed", "mg@v1", "--codec", "int8", "--precision", FP32, *cat]) == 0
+    v1, v2 = tmp_path / "data" / "mg" / "v1", tmp_path / "data" / "mg" / "v2"
+    files = sorted(p.relative_to(v1).as_posix() for p in (v1 / "hf_tokenizer").rglob("*") if p.is_file())
+    assert files and all((v2 / f).read_bytes() == (v1 / f).read_bytes() for f in files)
+    capsys.readouterr()
+    assert main(["validate", "mg@v2", "--for", "megatron", *cat]) == 0
+    out = capsys.readouterr().out
+    assert f"--tokenizer-model {v2 / 'hf_tokenizer'}" in out and "NullTokenizer" not in out
+
+
+def test_an_embedding_device_torch_cannot_use_is_refused_before_the_tokens(tmp_path: Path, capsys) -> None:
+    """It was a traceback from the first embedding job, after every shard was written."""
+    from shardflow.flows.cli import main
+
+    code = main(["build", str(SAMPLE), "--name", "dev", "--no-prefect", "--progress", "none", "--embed",
+                 "--embed-device", "mps", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("shardflow: error:") == 1 and "Traceback" not in err
+    assert "embedding device 'mps': this machine's torch" in err and "use --embed-device auto or cpu" in err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "cat").exists()
+
+
 # ------------------------------------------------------------------ PCA (--embed-dim)
 # The sample corpus has 61 documents, too few to fit a 128-dimensional PCA (that needs 129);
 # these tests use the real 302-document corpus (conftest.real_corpus) instead.

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from numpy.typing import NDArray
 
 from shardflow.config import EmbedOptions
 from shardflow.embed_models import MODELS, ModelSpec
-from shardflow.errors import ShardflowError
+from shardflow.errors import ConfigError, ShardflowError
 
 if TYPE_CHECKING:  # only for annotations; never imported at run time here
     import torch
@@ -141,6 +142,22 @@ def _import_deps() -> tuple[Any, Any]:
             f"install them with: {INSTALL_HINT}"
         ) from exc
     return torch, SentenceTransformer
+
+
+def check_available(options: EmbedOptions) -> None:
+    """Refuse now what would stop the first embedding job on this machine, after the tokens: a missing torch,
+    sentence-transformers or model package, or a device torch here cannot use (call it where the jobs run)."""
+    torch, _ = _import_deps()
+    spec = MODELS[options.model]
+    if importlib.util.find_spec(spec.module) is None:
+        raise EmbedderUnavailableError(f"model {spec.name} needs the package {spec.package}; install it with: {INSTALL_HINT}")
+    head, _, index = options.device.partition(":")
+    mps = getattr(torch.backends, "mps", None)
+    usable = {"cuda": torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count(),
+              "mps": mps is not None and mps.is_available()}.get(head, True)
+    if not usable:
+        raise ConfigError(f"embedding device {options.device!r}: this machine's torch {torch.__version__} cannot use it "
+                          "(no such device, or a build without its support); use --embed-device auto or cpu")
 
 
 def _resolve_device(torch: Any, device: str) -> str:

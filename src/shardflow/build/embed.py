@@ -34,7 +34,7 @@ from .._io import atomic_write_text
 from ..card import card_wanted, write_card
 from ..catalog import Catalog, default_catalog, default_data_root
 from ..config import EmbedOptions
-from ..embedder import Embedder
+from ..embedder import Embedder, check_available
 from ..embedding_files import (
     embedding_key,
     embedding_parts,
@@ -58,6 +58,7 @@ from ..formats import get_format
 from ..manifest import SCHEMA_VERSION, SplitEntry, read_manifest, version_file, write_manifest
 from ..reader import Version
 from ..shardset import ShardInfo, ShardSet
+from ..targets.hf_tokenizer import HF_DIR
 from ..tokenizers import load_reference_tokenizer, load_tokenizer
 from .check import shard_context
 from .incremental import open_parent
@@ -307,6 +308,7 @@ def embed_version(
     src_dir = cat.resolve(ref)
     parent = read_manifest(src_dir)
     check_embed_options(parent, options)  # before anything is staged
+    check_available(options)
     key = embedding_key(parent.build_key, options)
     existing = cat.find_build(parent.name, key)
     if existing is not None:
@@ -329,6 +331,9 @@ def embed_version(
             names.append(parent.tokenized_info[field])
     # The statistics describe the same tokens: linked too, so the manifest's ``stats`` section stays true.
     names += [f["file"] for f in parent.extra.get("stats", {}).get("files", [])]
+    # So does the tokenizer a --target's settings name (hf_tokenizer/): without it they fall back to others.
+    hf = src_dir / HF_DIR
+    names += [p.relative_to(src_dir).as_posix() for p in sorted(hf.rglob("*")) if p.is_file()] if hf.is_dir() else []
     for name in names:
         (out / name).parent.mkdir(parents=True, exist_ok=True)  # a split directory (schema 2)
         try:

@@ -294,6 +294,10 @@ def build(
     number of units), ``on_unit`` with each tokenized unit's result; ``events``
     sees everything (and replaces both).
     """
+    if config.embed is not None:  # its jobs run here: what would stop them is refused before the tokens
+        from ..embedder import check_available
+
+        check_available(config.embed)
     with ThreadExecutor(workers) as executor:
         return drive(config, executor, data_root=data_root, catalog=catalog, lock_timeout=lock_timeout, reuse=reuse,
                      events=events or _UnitCallbacks(on_plan, on_unit))
