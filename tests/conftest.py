@@ -18,12 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokenizer_support
-from core_support import LONGEST_FIRST, MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
+from core_support import COLLECTED, LONGEST_FIRST, MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the files of ``core_support.LONGEST_FIRST`` first, in its order (see there); a stable sort keeps each
     file's tests together, and every other file follows in collection order."""
+    config.stash[COLLECTED] = {item.nodeid.partition("::")[0] for item in items}
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from shardflow.build import BuildResult, build
 from shardflow.config import BuildConfig
@@ -43,6 +44,10 @@ LONGEST_FIRST = (
     "tests/flows/test_build_flow.py",  # 23
     "tests/test_cli.py",  # 22
 )
+
+COLLECTED = pytest.StashKey[set]()
+"""The files the session collected tests from, before any -k/-m deselection (conftest records them;
+``test_collection.py`` reads them)."""
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -236,15 +236,23 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
     from shardflow.flows.cli import main
 
     args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
+    # A target whose settings name the version's hf_tokenizer/: `shardflow embed` once left it out, and the
+    # new version's Megatron settings fell back to NullTokenizer.
     assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",
-                 "--embed-codec", "e4m3", "--embed-precision", FP32, *args]) == 0
+                 "--embed-codec", "e4m3", "--embed-precision", FP32, "--target", "megatron", *args]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0] == "published cli@v1" and out[-1].endswith("cli/v1/metadata.yaml")
+    assert out[-2] == "published cli@v1" and out[-1].endswith("cli/v1/metadata.yaml")
     assert read_manifest(Path(out[-1])).extra["embeddings"]["codec"] == "e4m3"
 
     assert main(["embed", "cli@v1", "--codec", "int8", "--precision", FP32, "--catalog", str(tmp_path / "manifests")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0] == "published cli@v2 (embeddings of cli@v1)"
+    v1, v2 = tmp_path / "data" / "cli" / "v1", tmp_path / "data" / "cli" / "v2"
+    files = sorted(p.relative_to(v1).as_posix() for p in (v1 / "hf_tokenizer").rglob("*") if p.is_file())
+    assert files and all((v2 / f).read_bytes() == (v1 / f).read_bytes() for f in files)
+    assert main(["validate", "cli@v2", "--for", "megatron", "--catalog", str(tmp_path / "manifests")]) == 0
+    settings = capsys.readouterr().out
+    assert f"--tokenizer-model {v2 / 'hf_tokenizer'}" in settings and "NullTokenizer" not in settings
     assert main(["show", "cli@v2", "--catalog", str(tmp_path / "manifests")]) == 0
     shown = capsys.readouterr().out
     assert "codec int8" in shown and "recall@10" in shown and "mean cosine 0.9999" in shown
@@ -256,24 +264,6 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
     from shardflow.catalog import Catalog
 
     assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1", "v2"]
-
-
-@pytest.mark.slow
-def test_embed_keeps_the_tokenizer_a_targets_settings_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``shardflow embed`` left out hf_tokenizer/: the new version's Megatron settings fell back to NullTokenizer."""
-    from shardflow.flows.cli import main
-
-    cat = ["--catalog", str(tmp_path / "manifests")]
-    assert main(["build", str(SAMPLE), "--name", "mg", "--no-prefect", "--progress", "none", "--target", "megatron",
-                 "--data-root", str(tmp_path / "data"), *cat]) == 0
-    assert main(["embed", "mg@v1", "--codec", "int8", "--precision", FP32, *cat]) == 0
-    v1, v2 = tmp_path / "data" / "mg" / "v1", tmp_path / "data" / "mg" / "v2"
-    files = sorted(p.relative_to(v1).as_posix() for p in (v1 / "hf_tokenizer").rglob("*") if p.is_file())
-    assert files and all((v2 / f).read_bytes() == (v1 / f).read_bytes() for f in files)
-    capsys.readouterr()
-    assert main(["validate", "mg@v2", "--for", "megatron", *cat]) == 0
-    out = capsys.readouterr().out
-    assert f"--tokenizer-model {v2 / 'hf_tokenizer'}" in out and "NullTokenizer" not in out
 
 
 def test_an_embedding_device_torch_cannot_use_is_refused_before_the_tokens(tmp_path: Path, capsys) -> None:
