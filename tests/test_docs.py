@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from core_support import IDLE_SERVER_SERVICES
+
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SAMPLE = REPO / "tests" / "assets" / "sample.parquet"
@@ -237,7 +239,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("docs-prefect")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(PREFECT_HOME=str(base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", **IDLE_SERVER_SERVICES)
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

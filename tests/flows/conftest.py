@@ -25,6 +25,7 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
+from core_support import IDLE_SERVER_SERVICES
 from dask_cluster_support import DaskCluster, start_cluster
 from ops_support import PYTHON, SAMPLE, PrefectServer, client_env, free_port
 
@@ -41,6 +42,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
         PREFECT_HOME=str(home),
         PREFECT_UI_API_URL=f"{url}/api",  # else the UI shows "Can't connect to Server API" off port 4200
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        **IDLE_SERVER_SERVICES,
         PREFECT_SERVER_API_HOST="127.0.0.1",
         PREFECT_SERVER_API_PORT=str(port),
     )
