@@ -20,7 +20,7 @@ published to a prefix of the bucket once; each round copies that prefix
   a hard-linked copy of it), the floor.
 
 With ``--embed`` every build embeds its documents too; ``fetch`` and ``local``
-then link ``v1``'s embeddings of the shards they link (``build/embed.py``), and
+then link ``v1``'s embeddings of the shards they link (``pipeline/embed_stage.py``), and
 ``tokenize`` embeds every document again.
 
 It prints each round, the medians, and fetch ÷ tokenize and fetch ÷ local. The
@@ -48,7 +48,7 @@ ARMS = ("fetch", "tokenize", "local")
 
 
 def shardflow(args: list[str], cwd: Path, **env: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "build", *args, "--no-prefect", "--progress",
+    done = subprocess.run([sys.executable, "-m", "shardflow", "build", *args, "--no-prefect", "--progress",
                            "none"], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"shardflow build {' '.join(args)} failed:\n{done.stderr[-3000:]}")

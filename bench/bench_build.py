@@ -11,7 +11,7 @@ shared between measurements):
 
 * raw: the tokenizer alone encoding the corpus's texts already in memory
   (``encode_batch`` over 4096-document batches), in tokens/s;
-* end-to-end: ``shardflow.build.build`` (read Parquet, tokenize, write shards
+* end-to-end: ``shardflow.pipeline.build`` (read Parquet, tokenize, write shards
   and indexes, validate with checksums, publish), in tokens/s, and its peak RSS;
 * the ratio end-to-end / raw (target: >= 0.60 for the fast backend);
 * a ceiling on that ratio: the CPU work every build must do besides tokenizing
@@ -33,7 +33,7 @@ through ``PYTHONPATH``), the two alternating (A B, then B A, ...), on the
 ``bench/realistic_corpus.py`` makes (made in ``DIR`` if missing):
 
 * the raw rate of the fast backend (as above: the better of 4096-row batches and whole files);
-* the core build (``shardflow.build.build``, ``workers=2``, what ``--no-prefect`` runs) in tokens/s,
+* the core build (``shardflow.pipeline.build``, ``workers=2``, what ``--no-prefect`` runs) in tokens/s,
   and its ratio to the raw rate of the same round;
 * with ``--incremental``: a build of all inputs but the last (sorted by name), then, in the same
   data root and catalog, of all of them (the first build is its parent), against the round's
@@ -79,7 +79,7 @@ print(json.dumps({"tokens": n, "seconds": dt, "backend": tok.backend, "module": 
 
 E2E = r"""
 import json, sys, time, resource
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 from shardflow.reader import open_version
 corpus, backend, out = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -100,7 +100,7 @@ print(json.dumps({"tokens": m.totals["tokens"], "documents": m.totals["documents
 PHASES = r"""
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
-from shardflow import build as b
+from shardflow import pipeline as b
 from shardflow.config import BuildConfig
 corpus, out = sys.argv[1], sys.argv[2]
 t = {}
@@ -201,7 +201,7 @@ from shardflow.flows.build import build_dataset
 from shardflow.config import BuildConfig
 corpus, out = sys.argv[1], sys.argv[2]
 ref = build_dataset(config=BuildConfig(name="bench", sources=(corpus,)), workers=2, data_root=out + "/data", catalog=out + "/manifests")
-print(json.dumps({"seconds": time.perf_counter() - t0, "ref": ref}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "ref": getattr(ref, "ref", ref)}))  # a BuildResult (a str before)
 """
 
 

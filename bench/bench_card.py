@@ -43,7 +43,7 @@ SAMPLE = ROOT / "tests" / "assets" / "sample.parquet"
 TIMED_CLI = r"""
 import dataclasses, json, sys, time
 T0 = time.perf_counter()
-import shardflow.build as b, shardflow.build.run as r, shardflow.build.stages as s
+import shardflow.pipeline as b, shardflow.pipeline.run as r, shardflow.pipeline.stages as s
 spans = {}
 def timed(stage):
     def run(plan, *job):
@@ -59,7 +59,7 @@ def timed(stage):
     return dataclasses.replace(stage, run=run)
 table = tuple(timed(x) for x in s.STAGES)
 s.STAGES = r.STAGES = b.STAGES = table
-from shardflow.flows.cli import main
+from shardflow.cli.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 

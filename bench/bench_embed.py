@@ -9,7 +9,7 @@ window (the worst case, and what long corpus documents cost once truncated).
 The model is loaded and warmed up before timing. Prints documents/s per
 precision and the cosine between bf16 and fp32 embeddings of the same texts.
 
-``--shards`` measures what a build's embed-shard jobs do (``shardflow.embeddings``:
+``--shards`` measures what a build's embed-shard jobs do (``shardflow.embed.compute``:
 ``shard_texts`` then ``embed_part``: decode, embed in bf16, int8 codes, per-shard
 files): a real corpus (``../shared/tools/make_corpus.py --mb N``: real
 paragraphs, web-like document lengths) is built without embeddings, then every
@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shardflow.embedder import EmbedConfig, Embedder
+from shardflow.embed.embedder import EmbedConfig, Embedder
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 MAKE_CORPUS = CORPORA.parent / "tools" / "make_corpus.py"
@@ -54,10 +54,10 @@ def shard_jobs(args: argparse.Namespace) -> None:
     """Time the per-shard embedding jobs over a real corpus at each number of workers."""
     import torch
 
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig, EmbedOptions
-    from shardflow.embedding_files import part_file_names
-    from shardflow.embeddings import embed_part, shard_texts
+    from shardflow.embed.files import part_file_names
+    from shardflow.embed.compute import embed_part, shard_texts
     from shardflow.reader import open_version
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-embed-"))

@@ -10,7 +10,7 @@ With the real Llama 3 ``tokenizer.json`` (shipped by the test-only package
   core) over the corpus's texts already in memory as Python strings, 4096
   documents a call, special tokens off -- what a user's hand-written
   preprocessing script would do at best, before writing anything;
-* end-to-end: ``shardflow.build.build`` with the same tokenizer (read Parquet,
+* end-to-end: ``shardflow.pipeline.build`` with the same tokenizer (read Parquet,
   tokenize with the checked fast backend, BOS + ids + EOS, write shards and
   indexes, validate every byte, publish), ``--workers 2``.
 
@@ -64,7 +64,7 @@ print(json.dumps({"tokens": n, "documents": len(texts), "seconds": dt}))
 
 E2E = SETUP + r"""
 import time, resource
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 from shardflow.reader import open_version
 corpus, work = sys.argv[1], sys.argv[2]

@@ -76,7 +76,7 @@ def _server_answers(home: Path) -> float:
 
 
 def _build(sources: Path, name: str, env: dict[str, str], work: Path, *extra: str) -> float:
-    return _wall([sys.executable, "-m", "shardflow.flows.cli", "build", str(sources), "--name", name, "--data-root",
+    return _wall([sys.executable, "-m", "shardflow", "build", str(sources), "--name", name, "--data-root",
                   str(work / "data"), "--catalog", str(work / "catalog"), "--progress", "none", *extra], env, work)
 
 

@@ -67,7 +67,7 @@ SAMPLE = ROOT / "tests" / "assets" / "sample.parquet"
 CORE_STAGES = r"""
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
-from shardflow import build as b
+from shardflow import pipeline as b
 from shardflow.config import BuildConfig
 corpus, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t = {}
@@ -151,7 +151,7 @@ class Run:
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
         cwd.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "shardflow.flows.cli", "build", *args, "--progress", "none"],
+        proc = subprocess.Popen([sys.executable, "-m", "shardflow", "build", *args, "--progress", "none"],
                                 env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = proc.communicate()
         self.wall = time.perf_counter() - t0

@@ -3,7 +3,7 @@
     python bench/bench_push.py                       # a 64 MB make_corpus build, 3 alternating rounds
     python bench/bench_push.py --mb 256 --rounds 5
 
-A version is built locally (``shardflow.build.build``, no Prefect) from a
+A version is built locally (``shardflow.pipeline.build``, no Prefect) from a
 ``make_corpus`` corpus; then, round after round, the same files are sent to
 fresh prefixes of a bucket on moto's S3 server (``moto[server]``, the test
 extra) two ways:
@@ -48,9 +48,9 @@ def main() -> None:
     server = start_moto()
     import s3fs
 
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
-    from shardflow.push import push_version
+    from shardflow.bucket.push import push_version
 
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp:
         root = Path(tmp)

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 MAKE_CORPUS = ROOT.parent / "shared" / "tools" / "make_corpus.py"
 
-from shardflow.build import build  # noqa: E402
+from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.formats import get_format  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402

@@ -8,7 +8,7 @@ The corpus (``make_corpus.py``) is put on a loopback S3 server (moto's
 ``ThreadedMotoServer``, reached through ``AWS_ENDPOINT_URL`` like any S3
 store). For each cluster size a fresh ``distributed.LocalCluster`` of N
 single-threaded worker processes runs the build's stage table
-(``shardflow.build.STAGES``) with ``run_stages``, one Dask task per job of a
+(``shardflow.pipeline.STAGES``) with ``run_stages``, one Dask task per job of a
 fanned-out stage (as ``DaskExecutor`` does: the plan travels as a
 ``PlanHandle``), without Prefect's overhead, so what is measured is the work
 itself. Reported, as JSON on stdout:
@@ -97,7 +97,7 @@ def _reset_peak() -> None:
 def central_child(name: str, staging: str) -> None:
     """In a fresh process: run the central stage ``name`` on the staged build, print its cost as one JSON line."""
     base = _memory_mb("VmRSS")
-    from shardflow.build import load_plan, stage
+    from shardflow.pipeline import load_plan, stage
     from shardflow.tokenizers import load_tokenizer
 
     imported = _memory_mb("VmRSS")
@@ -132,7 +132,7 @@ def run_central(name: str, staging: str) -> dict[str, Any]:
 
 
 def _timed(name: str, handle: Any, job: tuple) -> tuple[Any, float]:  # on a worker: the result and its seconds
-    from shardflow.build import stage
+    from shardflow.pipeline import stage
 
     t0 = time.perf_counter()
     result = stage(name)(handle.plan, *job)
@@ -141,8 +141,8 @@ def _timed(name: str, handle: Any, job: tuple) -> tuple[Any, float]:  # on a wor
 
 def _committed(name: str, plan: Any) -> Any:
     """A central stage's result, committed by its measuring process: read back, not redone."""
-    from shardflow.build import stage
-    from shardflow.build.staging import Staging
+    from shardflow.pipeline import stage
+    from shardflow.pipeline.staging import Staging
     from shardflow.manifest import read_manifest
 
     if name == "validate":
@@ -154,19 +154,19 @@ def _unit_vocab_rows(plan: Any) -> int:
     """The rows of every unit's token counts (``parts/unit-N.stats.npz``'s ``vocab``: one per id the unit uses)."""
     import numpy as np
 
-    from shardflow.build.staging import Staging
+    from shardflow.pipeline.staging import Staging
 
     staging = Staging(plan.staging)
     rows = 0
     for u in range(len(plan.units)):
-        with np.load(staging.unit_files(u)[0].with_suffix(".stats.npz")) as z:  # the name build/stats.py documents
+        with np.load(staging.unit_files(u)[0].with_suffix(".stats.npz")) as z:  # the name pipeline/collect_stats.py documents
             rows += len(z["vocab"])
     return rows
 
 
 def stage_runner(plan: Any, stages: dict[str, dict], map_jobs: Callable | None = None) -> Callable:
     """``run_jobs`` for ``run_stages``: fanned-out jobs by ``map_jobs`` (Dask) or here; central stages measured."""
-    from shardflow.build import PlanHandle
+    from shardflow.pipeline import PlanHandle
 
     handle = PlanHandle(plan)
 
@@ -219,9 +219,9 @@ def _plan_json_bytes(plan: Any) -> int:
 def run(n_workers: int, url: str, work: Path, s3_env: dict[str, str], options: dict) -> dict:
     import distributed
 
-    from shardflow.build import build_lock, plan_build, run_stages
+    from shardflow.pipeline import build_lock, plan_build, run_stages
     from shardflow.config import BuildConfig
-    from s3_support import CountingProxy, environment
+    from support.s3 import CountingProxy, environment
 
     config = BuildConfig(name=f"scale{n_workers}", sources=(url,), **options)
     proxy = CountingProxy(s3_env["AWS_ENDPOINT_URL"])
@@ -235,7 +235,7 @@ def run(n_workers: int, url: str, work: Path, s3_env: dict[str, str], options: d
     with distributed.LocalCluster(
         n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
     ) as cluster, distributed.Client(cluster) as client:
-        client.run(lambda: __import__("shardflow.build"))  # imports are not part of the work
+        client.run(lambda: __import__("shardflow.pipeline"))  # imports are not part of the work
 
         def map_jobs(name, handle, jobs):
             n = len(jobs)
@@ -271,7 +271,7 @@ def _vocab_rows(ref: str, catalog: Path) -> dict[str, int]:
 
 def sweep_point(corpus: Path, work: Path, name: str, unit_bytes: int, val_fraction: float) -> dict:
     """A local build of ``corpus`` in units of ``unit_bytes``, the fanned-out jobs here; the central costs."""
-    from shardflow.build import build_lock, plan_build, run_stages
+    from shardflow.pipeline import build_lock, plan_build, run_stages
     from shardflow.config import BuildConfig
 
     config = BuildConfig(name=name, sources=(str(corpus),), unit_bytes=unit_bytes, val_fraction=val_fraction)
@@ -442,7 +442,7 @@ def main() -> None:
                     help="object counts of the central sweep's wide-vocabulary text (random cl100k tokens) at the "
                          "smallest unit count, comma-separated ('' leaves it out)")
     args = ap.parse_args()
-    from s3_support import S3Server, environment
+    from support.s3 import S3Server, environment
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

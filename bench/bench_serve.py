@@ -66,7 +66,7 @@ def serve_incremental(server: Any, env: dict[str, str], corpus: Path, extra: Pat
     out: dict[str, list[dict[str, float]]] = {"first": [], "incremental": []}
     log = open(work / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.flows.cli", "serve", str(corpus), "--name", name, "--deployment", name,
+        [sys.executable, "-m", "shardflow", "serve", str(corpus), "--name", name, "--deployment", name,
          "--data-root", str(root / "data"), "--catalog", str(root / "manifests")],
         env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )

@@ -212,7 +212,7 @@ def gpt2_sized(work: Path) -> Path:
 
 def build_for(target: str, corpus: Path, work: Path, val_fraction: float) -> tuple[str, str]:
     """Build ``corpus`` with ``--target target`` (workers=2); ``(ref, catalog)``."""
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
 
     tokenizer = str(gpt2_sized(work)) if target in UINT16_TARGETS else "cl100k_base"

@@ -38,9 +38,9 @@ MAKE_CORPUS = ROOT.parent / "shared" / "tools" / "make_corpus.py"
 E2E = r"""
 import importlib, json, resource, sys, time
 from pathlib import Path
-publish = importlib.import_module("shardflow.build.publish")  # the package re-exports a function of that name
-card_stage = importlib.import_module("shardflow.build.card_stage")
-from shardflow.build import build
+publish = importlib.import_module("shardflow.pipeline.publish")  # the package re-exports a function of that name
+card_stage = importlib.import_module("shardflow.pipeline.card_stage")
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 corpus, out, column, options = sys.argv[1], sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
 spent = {"stats": 0.0, "card": 0.0}

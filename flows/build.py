@@ -1,6 +1,6 @@
 """The ``build_dataset`` Prefect flow: the core driver with Prefect as its executor, and what the UI shows.
 
-The flow is ``shardflow.build.drive`` with a ``PrefectExecutor``: every stage
+The flow is ``shardflow.pipeline.drive`` with a ``PrefectExecutor``: every stage
 job is a task run (``tasks/build.py``), so a rerun after a crash resumes where
 the last run stopped, as every core step is idempotent on disk. At most
 ``workers`` task runs are in flight (a sliding window), which bounds memory by
@@ -22,9 +22,10 @@ Where the work units run (``runner``):
 
 What the UI shows for a run is described in ``flows.report``: a progress
 artifact, a shard table, a markdown summary and a link to the manifest, keyed
-per dataset; the flow run is named ``build <dataset>``, it and its task runs are
-tagged ``shardflow`` and ``dataset:<name>``, task runs are named after their
-work unit or shard, and the core library's log lines go to the run logs.
+per dataset; the flow run is named ``build <dataset>`` and tagged ``shardflow``
+and ``dataset:<name>``; its task runs carry no tags (a tagged task run asks the
+server for a concurrency slot first) and are named after their work unit or
+shard; the core library's log lines go to the run logs.
 """
 
 # (no "from __future__ import annotations": Prefect builds the flow's parameter model from real annotations)
@@ -39,17 +40,16 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from shardflow.build import Stage, drive
-from shardflow.build.handle import PlanHandle
-from shardflow.build.model import BuildPlan
-from shardflow.build.stages import Job
-from shardflow.bucket_build import bucket_places, sync_catalog
+from shardflow.pipeline import BuildRequest, Stage, run_request
+from shardflow.pipeline.handle import PlanHandle
+from shardflow.pipeline.model import BuildPlan, BuildResult
+from shardflow.pipeline.stages import Job
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from shardflow.flows.progress import BuildProgress, Progress, emit
+from shardflow.cli.progress import BuildProgress, Progress, emit
 from shardflow.flows.report import (
     artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
 )
@@ -58,22 +58,21 @@ from shardflow.tasks.build import (
 )
 
 __all__ = [
-    "build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "RUNNERS", "require_real_api",
+    "build_dataset", "PrefectExecutor", "run_windowed", "make_task_runner", "dataset_tag", "require_real_api",
     "batches", "MAX_TASK_RUNS",
 ]
 
-RUNNERS = ("threads", "dask")
 log = logging.getLogger("shardflow.flows")
 
 MAX_TASK_RUNS = 500
 """Task runs of one fanned-out stage, at most, unless ``workers`` is more (then one per slot).
 
-Each task run costs the flow's process serial API work (creating it, its states,
-its logs): 6 ms on the thread pool, 26 ms under prefect-dask, on the loopback
-server of ``bench/bench_orchestration.py``. At 10 TB (35 k units, 35 k shards,
-each validated) one task run per job would be 45 minutes of it; past this many
-jobs, a task run runs several in order, and the orchestration no longer grows
-with the corpus (docs/SCALE.md)."""
+Each task run costs the flow's process and the server serial API work (creating
+it, its states, its logs; per task run, measured by ``bench/bench_orchestration.py``:
+docs/PERFORMANCE.md, docs/SCALE.md). At 10 TB (35 k units, 35 k shards, each
+validated) one task run per job would be about 10^5 task runs of it, one after
+another; past this many jobs, a task run runs several in order, and the
+orchestration no longer grows with the corpus (docs/SCALE.md)."""
 
 
 def batches(jobs: Sequence[Job], in_flight: int, most: int = MAX_TASK_RUNS) -> list[list[Job]]:
@@ -165,23 +164,25 @@ class PrefectExecutor:
         futures = [task.submit(plan=handle, job=job, label=stage.label(plan, job)) for job in jobs]
         return lambda: [f.result() for f in futures]
 
+    def fetch_parent(self, places: Any, config: BuildConfig) -> str | None:
+        return fetch_parent_task(places=places, config=config)
 
-def _push(task_runner: Any, in_flight: int, places: Any, ref: str, listed: set[str]) -> None:
-    """The version built in the scratch, to the bucket: claimed in the flow's process, its files sent by at most
-    ``in_flight`` task runs on the task runner (under Dask, by the workers, from the shared scratch), then the
-    manifest and the bucket catalog entry."""
-    plan = push_prepare_task(places=places, ref=ref, listed=listed)
-    if plan is None:
-        return
-    groups = batches(list(plan.files), in_flight, most=in_flight)
-    params = [dict(plan=plan, files=g, label=f"push {ref}: {g[0][0]}" + (f" (+{len(g) - 1} more)" if len(g) > 1 else ""))
-              for g in groups]
-    done = run_windowed(lambda p: task_runner.submit(push_files_task, parameters=p), params, workers=in_flight,
-                        on_error=_lost_worker)
-    pushed = push_finish_task(plan=plan, done=[how for hows in done for how in hows])
-    get_run_logger().info("%s: pushed to %s: %d file(s) sent (%d bytes), %d copied in the bucket, %d there already",
-                          ref, pushed["url"], pushed["uploaded"], pushed["uploaded_bytes"], pushed["copied"],
-                          pushed["skipped"])
+    def push(self, request: BuildRequest, ref: str, listed: set[str]) -> None:
+        """The version built in the scratch, to the bucket: claimed in the flow's process, its files sent by at
+        most ``in_flight`` task runs (under Dask, by the workers, from the shared scratch), then the manifest and
+        the bucket catalog entry."""
+        plan = push_prepare_task(places=request.places, ref=ref, listed=listed)
+        if plan is None:
+            return
+        groups = batches(list(plan.files), self.in_flight, most=self.in_flight)
+        params = [dict(plan=plan, files=g, label=f"push {ref}: {g[0][0]}" + (f" (+{len(g) - 1} more)" if len(g) > 1 else ""))
+                  for g in groups]
+        done = run_windowed(lambda p: self.task_runner.submit(push_files_task, parameters=p), params,
+                            workers=self.in_flight, on_error=_lost_worker)
+        pushed = push_finish_task(plan=plan, done=[how for hows in done for how in hows])
+        get_run_logger().info("%s: pushed to %s: %d file(s) sent (%d bytes), %d copied in the bucket, %d there already",
+                              ref, pushed["url"], pushed["uploaded"], pushed["uploaded_bytes"], pushed["copied"],
+                              pushed["skipped"])
 
 
 def _lost_worker(params: dict[str, Any], future: PrefectFuture[Any], exc: Exception) -> Exception | None:
@@ -189,7 +190,7 @@ def _lost_worker(params: dict[str, Any], future: PrefectFuture[Any], exc: Except
 
     No worker is left to end that task run, which the UI would show running forever. Any other error: None.
     """
-    from shardflow.build.dask_executor import lost_worker
+    from shardflow.pipeline.dask_executor import lost_worker
 
     error = lost_worker(exc, params["label"])
     if error is None:
@@ -228,24 +229,18 @@ def require_real_api(runner: str, address: str | None) -> None:
         )
 
 
-def make_task_runner(runner: str, address: str | None, workers: int) -> tuple[Any, int]:
+def make_task_runner(request: BuildRequest) -> tuple[Any, int]:
     """The task runner for the fanned-out jobs, and how many task runs to keep in flight on it."""
-    if runner not in RUNNERS:
-        raise ConfigError(f"unknown runner {runner!r}; use one of {', '.join(RUNNERS)}")
-    if runner == "threads":
-        if address:
-            raise ConfigError("--address is for --runner dask; the threads runner runs in this process")
+    if request.runner == "threads":
         # A pool of exactly `workers` threads bounds memory; twice as many tasks in flight keep
         # the next ones queued and ready, so no thread waits for the flow to submit after a result.
-        return ThreadPoolTaskRunner(max_workers=workers), 2 * workers
-    if not address:
-        raise ConfigError("--runner dask needs --address tcp://HOST:PORT, the address of a running Dask scheduler")
+        return ThreadPoolTaskRunner(max_workers=request.workers), 2 * request.workers
     try:
         from prefect_dask import DaskTaskRunner
     except ImportError:
         raise ConfigError("--runner dask needs prefect-dask and distributed: pip install 'shardflow[dask]'") from None
-    require_real_api(runner, address)
-    return DaskTaskRunner(address=address), workers
+    require_real_api(request.runner, request.address)
+    return DaskTaskRunner(address=request.address), request.workers
 
 
 def _tag_flow_run(wanted: list[str]) -> None:
@@ -404,39 +399,29 @@ def build_dataset(
     runner: str = "threads",
     address: str | None = None,
     scratch: str | None = None,
-) -> str:
-    """Build ``config`` into a published version; returns its ``NAME@VERSION``.
+) -> BuildResult:
+    """Build ``config`` into a published version; returns its ``BuildResult`` (``ref``, ``manifest_path``, ``created``).
 
     ``runner="dask"`` with ``address="tcp://HOST:PORT"`` runs the work units on
     an existing Dask cluster; sources may be local paths, ``file://`` URLs, or
     fsspec URLs (``s3://...``), which are read in place: planned from their listing, read by the workers.
     ``data_root`` and ``catalog`` may both be ``s3://`` URLs in one bucket: the build runs in ``scratch`` (a
-    mirror of the bucket) and a last task run pushes the version (``shardflow.bucket_build``).
+    mirror of the bucket) and the last task runs push the version (``shardflow.bucket.build``).
     """
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, not {workers}")
-    places = bucket_places(data_root, catalog, scratch)
-    listed: set[str] = set()
-    if places is not None:
-        listed = sync_catalog(places, config.name)
-        data_root, catalog = str(places.data_root), str(places.catalog)
-    task_runner, in_flight = make_task_runner(runner, address, workers)
+    request = BuildRequest(config=config, workers=workers, data_root=data_root, catalog=catalog, runner=runner,
+                           address=address, scratch=scratch)
+    task_runner, in_flight = make_task_runner(request)
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
     attach_core_logs()
-    # A bucket's parent this scratch lacks is fetched (reused, not tokenized again); without one, nothing to reuse.
-    reuse = None if places is None or fetch_parent_task(places=places, config=config) else False
     # Task runs carry no tags: Prefect asks the server for a concurrency slot before every tagged task run,
-    # a round trip that stalled work units on a busy server (1000 MB: 16.3-20.7 s against 12.0-15.3 s untagged).
+    # a round trip that stalled work units on a busy server (docs/PERFORMANCE.md).
     with task_runner as started:
-        result = drive(config, PrefectExecutor(started, in_flight), data_root=data_root, catalog=catalog, reuse=reuse,
-                       events=progress)
-        if places is not None:
-            _push(started, in_flight, places, result.ref, listed)
+        result = run_request(request, PrefectExecutor(started, in_flight), progress)
         if not result.created:
             get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
         progress.finished(result.ref, created=result.created,
                           runner=runner if address is None else f"{runner} ({address})")
     if result.created:
         get_run_logger().info("%s: published %s", config.name, result.ref)
-    return result.ref
+    return result

@@ -256,10 +256,4 @@ def summary_markdown(
 
 def _boundary_cell(section: dict) -> str:
     """``<|endoftext|>`` = 100257 (bos), or each placed token: BOS `<|x|>` = 1, EOS `<|y|>` = 2 (both)."""
-    bt = boundary_tokens(section)
-    if bt.placement != "both":
-        tok = bt.bos if bt.placement == "bos" else bt.eos
-        if tok is not None:
-            return f"`{_cell(tok[0])}` = {tok[1]} ({bt.placement})"
-    parts = [f"{kind} `{_cell(tok[0])}` = {tok[1]}" for kind, tok in (("BOS", bt.bos), ("EOS", bt.eos)) if tok is not None]
-    return f"{', '.join(parts)} ({bt.placement})"
+    return boundary_tokens(section).describe(lambda text: f"`{_cell(text)}`")

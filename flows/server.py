@@ -11,7 +11,7 @@ In this order:
    Prefect's API app in ephemeral mode (``create_app(ephemeral=True)``: no UI,
    no background services; ``flows/server_app.py``) under ``uvicorn``, on a free
    loopback port, stopped when the build ends. It is
-   launched before this process imports Prefect (about 2 s), so the two
+   launched before this process imports Prefect (docs/PERFORMANCE.md), so the two
    overlap, and until it answers the build runs without Prefect
    (:func:`build_until_answered`); the flow resumes it. It runs under a watcher (``flows/watcher.py``), so a build killed
    with ``kill -9`` takes it along. A server that exits while starting is
@@ -63,8 +63,8 @@ def _prefect_home() -> Path:
 def _configured_elsewhere() -> bool:
     """Whether Prefect's settings may name a server: the environment, the active profile, a settings file here.
 
-    Read without importing Prefect (its import takes about 2 s, the time the
-    server needs to start). When unsure, the answer is yes: Prefect decides.
+    Read without importing Prefect (its import takes about as long as the
+    server needs to start: docs/PERFORMANCE.md). When unsure, the answer is yes: Prefect decides.
     """
     import tomllib
 
@@ -168,7 +168,8 @@ class TemporaryServer:
                 log.info("Using the Prefect server already running at %s (set PREFECT_API_URL to use another)",
                          self.url.removesuffix("/api"))
             else:
-                # Prefect imports FastAPI's encoder to create the flow run (0.25 s): now, while the server starts.
+                # Prefect imports FastAPI's encoder to create the flow run (docs/PERFORMANCE.md): now, while the
+                # server starts.
                 import fastapi.encoders  # noqa: F401
 
                 self.wait_until_ready(get_current_settings().server.ephemeral.startup_timeout_seconds)
@@ -193,7 +194,7 @@ class TemporaryServer:
         if process.poll() is None:
             log.info("Stopping temporary server on %s", self.url.removesuffix("/api"))
         # The watcher stops the server (SIGTERM, SIGKILL after 4 s), then exits: not waited for here, the
-        # server's shutdown (0.3 s) would only delay the command's end.
+        # server's shutdown (docs/PERFORMANCE.md) would only delay the command's end.
         process.terminate()
         with contextlib.suppress(OSError):
             os.close(self._lifeline)
@@ -212,17 +213,22 @@ class Handover(Exception):
     """The temporary server answers: the flow takes the build over."""
 
 
-def build_until_answered(server: TemporaryServer, config: Any, *, workers: int, **where: Any) -> None:
-    """While ``server`` starts, the build runs without Prefect: planned, locked, and its stages' jobs run on
-    ``workers`` threads until the server answers (never the manifest and the publish: the flow's); then the
-    lock is released and the flow resumes the build.
+def build_until_answered(server: TemporaryServer, request: Any) -> None:
+    """While ``server`` starts, the build (a ``BuildRequest``) runs without Prefect: planned, locked, and its
+    stages' jobs run on its workers' threads until the server answers (never the manifest and the publish: the
+    flow's); then the lock is released and the flow resumes the build.
 
     The jobs finished here are committed, as those of a run that was stopped: the flow answers them from
     disk (``Stage.done``) without a task run, and their log lines stay out of the run's logs. A bad input
-    fails here, before any flow run. The driver is the same (``drive``); only the executor stops it.
+    fails here, before any flow run. The driver is the same (``drive``); only the executor stops it. A build
+    to a bucket waits for the flow: its catalog is synced once, there, before it is planned (``run_request``).
     """
-    from shardflow.build import ThreadExecutor, drive
-    from shardflow.build.run import retrying, stage_retries
+    from shardflow.pipeline import ThreadExecutor, drive
+    from shardflow.pipeline.run import retrying, stage_retries
+
+    if request.places is not None:
+        return
+    workers = request.workers
 
     class UntilAnswered(ThreadExecutor):
         def map(self, stage: Any, plan: Any, jobs: Any, on_done: Any) -> list[Any]:
@@ -242,7 +248,7 @@ def build_until_answered(server: TemporaryServer, config: Any, *, workers: int, 
             return [results[i] for i in range(len(jobs))]
 
     with contextlib.suppress(Handover), UntilAnswered(workers) as executor:
-        drive(config, executor, **where)
+        drive(request.config, executor, data_root=request.data_root, catalog=request.catalog)
 
 
 def start_server() -> TemporaryServer | None:

@@ -1,6 +1,6 @@
 """Thin Prefect tasks around shardflow's core build steps: ``plan_task``, and one task per stage (``STAGE_TASKS``).
 
-Each task calls one function of ``shardflow.build`` and returns small,
+Each task calls one function of ``shardflow.pipeline`` and returns small,
 serializable metadata (paths, counts, checksums), never token arrays.
 """
 

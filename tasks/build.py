@@ -1,10 +1,11 @@
-"""Prefect tasks for the build steps; the logic lives in ``shardflow.build``.
+"""Prefect tasks for the build steps; the logic lives in ``shardflow.pipeline``.
 
 Retries: only the tasks that move bytes to or from storage that may be remote
-or shared (staging sources, fingerprinting and reading the inputs, writing
-shards, publishing) retry, and only on a transient ``OSError`` (a flaky mount,
-a dropped connection). Bad input, bad config and failed validation are
-deterministic and never retried; the compute and check steps (``layout``,
+or shared (planning, reading the inputs, writing shards, publishing, pushing)
+retry, under the core's one policy (``errors.RETRY``: its count and delays) and
+only on what the core calls transient (``errors.is_transient``: a flaky mount, an
+object store's dropped connection). Bad input, bad config and failed validation
+are deterministic and never retried; the compute and check steps (``layout``,
 ``validate``) have no retries at all.
 
 Results: every task returns small JSON-able metadata (counts, a shard's
@@ -25,10 +26,10 @@ from typing import Any
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from shardflow import build as core
-from shardflow.build.handle import PlanHandle
+from shardflow import pipeline as core
+from shardflow.pipeline.handle import PlanHandle
 from shardflow.config import BuildConfig
-from shardflow.errors import ShardflowError
+from shardflow.errors import RETRY
 from shardflow.errors import is_transient as core_is_transient
 
 
@@ -39,20 +40,10 @@ __all__ = [
 
 TAGS = ("shardflow",)
 
-# Deterministic OSErrors: retrying cannot make a missing file appear or a permission change.
-_PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
-
-
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O failures (a flaky disk or network mount, an object store's endpoint down), never bad input or bad config."""
+    """Prefect's ``retry_condition_fn``: the core's ``errors.is_transient`` of the task's exception."""
     exc = state.data
-    # The same rule as the core's in-process retries (a full disk is not transient; an unreachable
-    # object store, whose botocore errors are not OSErrors, is).
-    return (
-        isinstance(exc, BaseException)
-        and not isinstance(exc, (ShardflowError, _PERMANENT_OS_ERRORS))
-        and core_is_transient(exc)
-    )
+    return isinstance(exc, BaseException) and core_is_transient(exc)
 
 
 def _api_handler(logger: logging.Logger) -> logging.Handler | None:
@@ -94,9 +85,11 @@ def _in_a_run(record: logging.LogRecord) -> bool:
 
 _COMMON: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False)
 # NO_CACHE: results are tiny and steps are idempotent on disk already; hashing
-# inputs for a cache key would only cost time. No tags on the tasks themselves:
-# the flow's tags (``prefect.tags``) reach its task runs.
-_IO: dict[str, Any] = dict(_COMMON, retries=2, retry_delay_seconds=2, retry_condition_fn=is_transient)
+# inputs for a cache key would only cost time. No tags on the tasks, and none reach
+# their runs (the flow run's tags are set on it alone): a tagged task run asks the
+# server for a concurrency slot first (flows/build.py).
+_IO: dict[str, Any] = dict(_COMMON, retries=RETRY.retries, retry_delay_seconds=RETRY.delays(),
+                           retry_condition_fn=is_transient)
 _NO_RETRY: dict[str, Any] = dict(_COMMON, retries=0)
 
 
@@ -114,8 +107,8 @@ def plan_task(
 
 @task(name="fetch-parent", task_run_name="fetch the parent of {config.name}", **_IO)
 def fetch_parent_task(places: Any, config: BuildConfig) -> str | None:
-    """``shardflow.bucket_build.fetch_parent``: the bucket's latest version, into the scratch if it lacks it."""
-    from shardflow.bucket_build import fetch_parent
+    """``shardflow.bucket.build.fetch_parent``: the bucket's latest version, into the scratch if it lacks it."""
+    from shardflow.bucket.build import fetch_parent
 
     attach_core_logs()
     return fetch_parent(places, config)
@@ -123,8 +116,8 @@ def fetch_parent_task(places: Any, config: BuildConfig) -> str | None:
 
 @task(name="push", task_run_name="push {ref}: claim", **_IO)
 def push_prepare_task(places: Any, ref: str, listed: set[str]) -> Any:
-    """``shardflow.bucket_build.prepare_publish``: the claimed push (a ``PushPlan``), or None if the bucket lists it."""
-    from shardflow.bucket_build import prepare_publish
+    """``shardflow.bucket.build.prepare_publish``: the claimed push (a ``PushPlan``), or None if the bucket lists it."""
+    from shardflow.bucket.build import prepare_publish
 
     attach_core_logs()
     return prepare_publish(places, ref, listed=listed)
@@ -132,8 +125,8 @@ def push_prepare_task(places: Any, ref: str, listed: set[str]) -> Any:
 
 @task(name="push-files", task_run_name="{label}", **_IO)
 def push_files_task(plan: Any, files: list[tuple[str, int, str]], label: str) -> list[str]:
-    """``shardflow.push.push_files``: send some of the version's files (on a worker, from the shared scratch)."""
-    from shardflow.push import push_files
+    """``shardflow.bucket.push.push_files``: send some of the version's files (on a worker, from the shared scratch)."""
+    from shardflow.bucket.push import push_files
 
     attach_core_logs()
     return push_files(plan, files)
@@ -141,8 +134,8 @@ def push_files_task(plan: Any, files: list[tuple[str, int, str]], label: str) ->
 
 @task(name="push-commit", task_run_name="push {plan.result.ref}: manifest and catalog entry", **_IO)
 def push_finish_task(plan: Any, done: list[str]) -> dict[str, Any]:
-    """``shardflow.push.finish_push``: the manifest, then the bucket catalog entry (the commit point)."""
-    from shardflow.push import finish_push
+    """``shardflow.bucket.push.finish_push``: the manifest, then the bucket catalog entry (the commit point)."""
+    from shardflow.bucket.push import finish_push
 
     attach_core_logs()
     return dataclasses.asdict(finish_push(plan, done))
@@ -183,7 +176,7 @@ def batch_task_for_stage(stage: core.Stage) -> Task[..., Any]:
 
 
 STAGE_TASKS: dict[str, Task[..., Any]] = {stage.name: task_for_stage(stage) for stage in core.STAGES}
-"""One Prefect task per core stage (``shardflow.build.STAGES``), by stage name."""
+"""One Prefect task per core stage (``shardflow.pipeline.STAGES``), by stage name."""
 STAGE_BATCH_TASKS: dict[str, Task[..., Any]] = {
     stage.name: batch_task_for_stage(stage) for stage in core.STAGES if stage.fan_out != "one"
 }

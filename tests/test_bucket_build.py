@@ -27,12 +27,12 @@ import yaml
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from core_support import SAMPLE  # noqa: E402
-from s3_support import S3Server, new_bucket, s3_fixture  # noqa: E402
+from support.paths import SAMPLE  # noqa: E402
+from support.s3 import S3Server, new_bucket, s3_fixture  # noqa: E402
 from shardflow.errors import ShardflowError  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402
 
-SHARDFLOW = [sys.executable, "-m", "shardflow.flows.cli", "build"]
+SHARDFLOW = [sys.executable, "-m", "shardflow", "build"]
 OPTIONS = ["--name", "bk", "--shard-tokens", "20000", "--val-fraction", "0.1", "--no-prefect", "--progress", "none"]
 
 s3 = s3_fixture("module")

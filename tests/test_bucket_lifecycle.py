@@ -1,4 +1,4 @@
-"""``shardflow rm`` and ``shardflow gc`` on a bucket (``shardflow.bucket_lifecycle``), against moto's S3 server on loopback.
+"""``shardflow rm`` and ``shardflow gc`` on a bucket (``shardflow.bucket.lifecycle``), against moto's S3 server on loopback.
 
 ``bk@v1`` (half of the sample) and its incremental child ``bk@v2`` (all of it) are
 built once locally, then pushed to a new bucket per test. What these show: ``rm``
@@ -29,16 +29,15 @@ import yaml
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from core_support import SAMPLE  # noqa: E402
-from s3_support import S3Server, new_bucket, s3_fixture  # noqa: E402
-from shardflow.bucket_lifecycle import collect_bucket_garbage, remove_bucket_version  # noqa: E402
-from shardflow.build import build  # noqa: E402
+from support.paths import SAMPLE  # noqa: E402
+from support.s3 import S3Server, new_bucket, s3_fixture  # noqa: E402
+from shardflow.bucket.lifecycle import collect_bucket_garbage, remove_bucket_version  # noqa: E402
+from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ShardflowError  # noqa: E402
-from shardflow.flows.catalog_cli import _size as size  # noqa: E402
-from shardflow.flows.cli import main  # noqa: E402
+from shardflow.cli.versions import _size as size  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402
-from shardflow.push import CLAIM_NAME, push_version  # noqa: E402
+from shardflow.bucket.push import CLAIM_NAME, push_version  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402
 
 s3 = s3_fixture("module")
@@ -71,19 +70,6 @@ def bucket(s3: S3Server, local: Path) -> str:
     push_version("bk@v1", catalog=local / "catalog", **urls(name))
     assert push_version("bk@v2", catalog=local / "catalog", **urls(name)).copied > 0
     return name
-
-
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """Run ``shardflow ARGS`` in-process; returns (status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
 
 
 def objects(s3: S3Server, bucket: str, prefix: str) -> dict[str, int]:
@@ -197,7 +183,7 @@ def test_rm_refuses_a_parent_without_force_and_its_child_reads_after_it_is_gone(
 @pytest.mark.slow
 def test_an_rm_killed_between_the_catalog_and_the_objects_is_finished_by_its_rerun(s3, bucket, cli, tmp_path):
     v2 = objects(s3, bucket, "data/bk/v2")
-    proc = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog"],
+    proc = subprocess.run([sys.executable, "-m", "shardflow", "rm", "bk@v2", "--catalog", f"s3://{bucket}/catalog"],
                           env={**os.environ, "SHARDFLOW_FAULT": "bucket-rm-cataloged"}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == -9, proc.stderr
@@ -296,7 +282,7 @@ def _interrupted_push(s3: S3Server, local: Path, monkeypatch: pytest.MonkeyPatch
     bucket = new_bucket(s3, "resume")
     push_version("bk@v1", catalog=local / "catalog", **urls(bucket))
     with monkeypatch.context() as m:
-        m.setattr("shardflow.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+        m.setattr("shardflow.bucket.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
         with pytest.raises(OSError, match="killed"):
             push_version("bk@v2", catalog=local / "catalog", **urls(bucket))
     return bucket
@@ -306,9 +292,9 @@ def _interrupted_push(s3: S3Server, local: Path, monkeypatch: pytest.MonkeyPatch
 def test_a_push_resumed_after_the_gc_threshold_is_not_taken_for_abandoned(s3, local, monkeypatch, tmp_path):
     import time
 
-    from shardflow.push import finish_push, prepare_push, push_files
+    from shardflow.bucket.push import finish_push, prepare_push, push_files
 
-    import shardflow.bucket_lifecycle as lifecycle
+    import shardflow.bucket.lifecycle as lifecycle
 
     bucket = _interrupted_push(s3, local, monkeypatch)
     written = max(i["LastModified"] for i in s3.fs().find(f"{bucket}/data/bk/v2/", detail=True).values())
@@ -337,8 +323,8 @@ def test_a_push_resumed_after_the_gc_threshold_is_not_taken_for_abandoned(s3, lo
 
 @pytest.mark.slow
 def test_gc_keeps_a_push_committed_after_it_read_the_catalog(s3, local, monkeypatch, tmp_path):
-    import shardflow.bucket_lifecycle as lifecycle
-    from shardflow.push import finish_push, prepare_push, push_files
+    import shardflow.bucket.lifecycle as lifecycle
+    from shardflow.bucket.push import finish_push, prepare_push, push_files
 
     bucket = _interrupted_push(s3, local, monkeypatch)
     plan = prepare_push("bk@v2", catalog=local / "catalog", **urls(bucket))

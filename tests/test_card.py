@@ -21,9 +21,9 @@ import pytest
 
 import shardflow.card as card_module
 import shardflow.card_plots as card_plots
-from core_support import make_builder
+from support.builds import make_builder
 from shardflow.card import redraw_card
-from shardflow.flows.cli import main
+from shardflow.cli.commands import main
 from shardflow.manifest import read_manifest
 from shardflow.validation import validate_dir
 
@@ -202,7 +202,7 @@ def test_card_command_without_matplotlib_names_the_extra_and_writes_nothing(tiny
     before = {p.name: p.read_bytes() for p in (built.directory / "card").iterdir()}
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"  # as if it were not installed
-        "from shardflow.flows.cli import main\n"
+        "from shardflow.cli.commands import main\n"
         f"sys.exit(main(['card', {built.ref!r}, '--catalog', {str(built.catalog)!r}]))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

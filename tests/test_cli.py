@@ -1,4 +1,4 @@
-"""The ``shardflow`` command line (``shardflow.flows.cli.main``), run in-process without Prefect."""
+"""The ``shardflow`` command line (``shardflow.cli.commands.main``), run in-process without Prefect."""
 
 from __future__ import annotations
 
@@ -9,22 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from core_support import SAMPLE, write_parquet
-from shardflow.flows.cli import main
+from support.cli import run_main
+from support.corpus import write_parquet
+from support.paths import SAMPLE
+from shardflow.cli.commands import main
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """Run ``shardflow ARGS`` in tmp_path with relative --data-root/--catalog; returns (status, stdout, stderr)."""
+def cli(cli, tmp_path, monkeypatch):
+    """conftest's ``cli`` (``shardflow ARGS`` in this process) in tmp_path, for relative --data-root/--catalog."""
     monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+    return cli
 
 
 BUILD = ("--data-root", "data", "--catalog", "cat", "--no-prefect")
@@ -141,7 +136,7 @@ def test_a_data_root_or_catalog_that_is_a_file_is_refused_before_the_build(cli, 
 
 
 def test_a_negative_sample_count_is_argparses_one_message_before_any_output(capsys):
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     with pytest.raises(SystemExit) as exit:
         main(["show", "ghost@v1", "--samples", "-3"])
@@ -193,38 +188,34 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
 
     No capsys here: Prefect's log handlers keep the stream they were created
     with, and a capsys stream is closed after the test (later tests would log
-    into a closed file). Standard output is redirected by hand instead.
+    into a closed file). ``run_main`` redirects to its own streams instead.
     """
-    import contextlib
-    import io
-
     from shardflow.flows.build import build_dataset
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.manifest import read_manifest
-    from stream_support import assert_whole_documents, split_streams
+    from support.streams import assert_whole_documents, split_streams
 
     def files(directory: Path) -> dict[str, bytes]:
         return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(Path(directory).rglob("*"))
                 if p.is_file() and p.name != "metadata.yaml" and p.relative_to(directory).parts[0] != "card"}
 
-    def run_main(*args: str) -> list[str]:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert main(list(args)) == 0
-        return out.getvalue().strip().splitlines()
+    def run(*args: str) -> list[str]:
+        status, out, err = run_main(*args)
+        assert status == 0, err
+        return out.strip().splitlines()
 
     monkeypatch.chdir(tmp_path)
     # The CLI sets this (setdefault) for the process; setting it here makes monkeypatch undo it.
     monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "shardflow")
     common = ["build", str(SAMPLE), "--name", "pf", "--shard-tokens", "40000", "--val-fraction", "0.1", "--eos"]
     # (one work unit: the sample's 600 kB of text are under the default unit size)
-    plain = Path(run_main(*common, "--data-root", "plain/data", "--catalog", "plain/cat", "--no-prefect")[-1]).parent
+    plain = Path(run(*common, "--data-root", "plain/data", "--catalog", "plain/cat", "--no-prefect")[-1]).parent
 
     # The flow itself, 4 work units (one per row group) two at a time, against the same configuration built
     # without Prefect (build(): the driver on threads, as --no-prefect runs it).
     config = BuildConfig(name="pf", sources=(str(SAMPLE),), shard_tokens=40_000, val_fraction=0.1, boundary="eos", unit_bytes=1)
-    ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
+    ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat")).ref
     assert ref == "pf@v1"
     flow_dir = tmp_path / "flow" / "data" / "pf" / "v1"
     bare = build(config, workers=2, data_root=tmp_path / "bare" / "data", catalog=tmp_path / "bare" / "cat")
@@ -239,11 +230,11 @@ def test_prefect_flow_output_is_byte_identical_to_no_prefect(prefect_harness, tm
         {k: v for k, v in files(plain).items() if k.startswith("val/")}
 
     # And through the command line without --no-prefect.
-    lines = run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat")
+    lines = run(*common, "--data-root", "cli/data", "--catalog", "cli/cat")
     assert lines[0] == "published pf@v1"
     cli_dir = Path(lines[-1]).parent
     # Again: the flow finds the identical version, and the command line says it published nothing.
-    assert run_main(*common, "--data-root", "cli/data", "--catalog", "cli/cat") == \
+    assert run(*common, "--data-root", "cli/data", "--catalog", "cli/cat") == \
         ["nothing new: pf@v1 is identical", lines[-1]]
     assert cli_dir == tmp_path / "cli" / "data" / "pf" / "v1"
     assert files(cli_dir) == files(plain)
@@ -271,7 +262,7 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["SHARDFLOW_REUSE_LOCAL_SERVER"] = "0"  # the temporary server even if `prefect server start` runs here
     proc = subprocess.run(
-        [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "sample"],
+        [sys.executable, "-m", "shardflow", "build", str(SAMPLE), "--name", "sample"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -295,14 +286,14 @@ def test_the_readme_first_command_runs_clean_on_the_temporary_server(tmp_path):
 
 @pytest.mark.slow
 def test_the_console_script_exits_with_the_status_and_all_its_output(tmp_path):
-    """``python -m shardflow.flows.cli`` (the ``shardflow`` script): the piped stdout is complete and the status
+    """``python -m shardflow`` (the ``shardflow`` script): the piped stdout is complete and the status
     is main's; a bad path is refused in one line before any server starts."""
     import subprocess
     import sys
     import time
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "shardflow.flows.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "shardflow", *args], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)
 
     ok = script("build", str(SAMPLE), "--name", "quick", *BUILD, "--progress", "none")
@@ -329,6 +320,33 @@ def test_version_is_the_package_version(capsys):
     assert re.fullmatch(r"\d+\.\d+\.\d+", shardflow.__version__)
 
 
+def test_help_lists_the_real_commands_only_in_plain_words(capsys):
+    from shardflow.cli.commands import COMMANDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    listed = re.findall(r"^    (\w+)\s", out, flags=re.M)
+    assert listed and sorted(listed) == sorted(COMMANDS)
+    for command in COMMANDS:  # each runs: its own --help parses
+        with pytest.raises(SystemExit, match="0"):
+            main([command, "--help"])
+    assert not re.search(r"`|\*\*|\.md\b|\.py\b|\.yaml\b|docs/", out), out
+
+
+def test_the_old_module_paths_keep_working_with_a_warning():
+    """``from shardflow.build import build`` (the README's form before shardflow.pipeline) still works."""
+    import importlib
+    import sys
+
+    import shardflow.pipeline
+
+    sys.modules.pop("shardflow.build", None)
+    with pytest.warns(DeprecationWarning, match="shardflow.pipeline"):
+        old = importlib.import_module("shardflow.build")
+    assert old.build is shardflow.pipeline.build and old.BuildResult is shardflow.pipeline.BuildResult
+
+
 def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(cli, tmp_path):
     """``shardflow show x@latest | head -3``: no message, status 141 (128 + SIGPIPE) as ``cat`` or ``seq`` give."""
     import os
@@ -339,7 +357,7 @@ def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(cli, tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first write (head -3 after its lines), every time
     try:
-        proc = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "show", "demo@latest", "--catalog", "cat"],
+        proc = subprocess.run([sys.executable, "-m", "shardflow", "show", "demo@latest", "--catalog", "cat"],
                               cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)
@@ -375,6 +393,9 @@ def test_reading_commands_on_a_bucket_catalog_without_credentials_say_what_to_se
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    # s3fs keeps its filesystems (and their credentials) per process: one an earlier test made in this worker
+    # would answer with that test's keys.
+    pytest.importorskip("s3fs").S3FileSystem.clear_instance_cache()
     status, out, err = cli(*args)
     assert (status, out) == (2, "") and err.count("\n") == 1
     assert err.startswith("shardflow: error: s3://bucket/cat") and "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in err
@@ -421,7 +442,7 @@ _WITHOUT_PIPELINE = (
     "for name in ('pyarrow', 'prefect', 'tiktoken', 'tokenizers', 'sentencepiece', 'gigatoken', 'ml_dtypes',\n"
     "             'datasets', 'fastapi', 'matplotlib', 'torch', 'rich'):\n"
     "    sys.modules[name] = None  # import fails as if not installed; find_spec returns None\n"
-    "from shardflow.flows.cli import main\n"
+    "from shardflow.cli.commands import main\n"
     "raise SystemExit(main(sys.argv[1:]))\n"
 )
 

@@ -4,7 +4,7 @@ Every field of the two dataclasses is either a flag whose default is the
 field's own, or listed with the reason it has none
 (``UNFLAGGED_BUILD_FIELDS``, ``UNFLAGGED_EMBED_FIELDS``). Parsing the options
 with none given makes the dataclasses' defaults; giving every flag changes
-every flagged field. The parsers here are made from ``flows/options.py``
+every flagged field. The parsers here are made from ``src/shardflow/cli/options.py``
 alone, as ``shardflow build``, ``serve`` and ``embed`` make theirs.
 """
 
@@ -17,13 +17,13 @@ import pytest
 
 from shardflow.config import BuildConfig, EmbedOptions
 from shardflow.errors import ConfigError
-from shardflow.flows.options import (
+from shardflow.cli.options import (
     UNFLAGGED_BUILD_FIELDS,
     UNFLAGGED_EMBED_FIELDS,
-    _add_build_options,
-    _add_embed_options,
-    _config,
-    _embed_options,
+    add_build_options,
+    add_embed_options,
+    build_config,
+    embed_options,
     embed_dest,
 )
 
@@ -42,18 +42,18 @@ class _Parser(argparse.ArgumentParser):
 def _build_parser(*, name_required: bool = True) -> argparse.ArgumentParser:
     p = _Parser(prog="shardflow build")
     p.add_argument("sources", nargs="+")
-    _add_build_options(p, name_required=name_required)
+    add_build_options(p, name_required=name_required)
     return p
 
 
 def _embed_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="shardflow embed")
-    _add_embed_options(p, prefix="")
+    add_embed_options(p, prefix="")
     return p
 
 
 def _config_of(*argv: str) -> BuildConfig:
-    return _config(_build_parser().parse_args(["corpus/", *NAME, *argv]))
+    return build_config(_build_parser().parse_args(["corpus/", *NAME, *argv]))
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -96,7 +96,7 @@ def test_no_options_make_the_dataclasses_defaults():
     assert _config_of() == BuildConfig(name="n", sources=("corpus/",))
     embedded = _config_of("--embed")
     assert embedded.embed == EmbedOptions() and embedded.replace(embed=None) == BuildConfig(name="n", sources=("corpus/",))
-    assert _embed_options(_embed_parser().parse_args([])) == EmbedOptions()
+    assert embed_options(_embed_parser().parse_args([])) == EmbedOptions()
 
 
 def test_every_build_flag_reaches_its_field():
@@ -130,7 +130,7 @@ def test_every_embed_flag_reaches_its_field(prefix):
     if prefix:
         options = _config_of("--embed", *flags).embed
     else:
-        options = _embed_options(_embed_parser().parse_args(flags))
+        options = embed_options(_embed_parser().parse_args(flags))
     changed = {f for f in _fields(EmbedOptions) if getattr(options, f) != getattr(EmbedOptions(), f)}
     assert changed == set(_fields(EmbedOptions)) - set(UNFLAGGED_EMBED_FIELDS)
 

@@ -1,7 +1,7 @@
 """CI's test collection: every ``test_*.py`` under ``tests/`` contributes tests to the README's ``python -m pytest -q``.
 
 pytest's default ``norecursedirs`` holds ``build``, which once dropped all of
-``tests/build/`` (golden bytes, resume) from CI without a sound. This runs the
+``tests/pipeline/`` (golden bytes, resume) from CI without a sound. This runs the
 collection exactly as CI does (repository root, no path arguments, so
 pyproject's ``testpaths`` and ``norecursedirs`` apply) and compares it with the
 files on disk, so a directory name can't silently drop tests again.
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from core_support import COLLECTED, LONGEST_FIRST, REPO
+from support.paths import REPO
+from support.suite import COLLECTED, LONGEST_FIRST
 
 TESTS = REPO / "tests"
 
@@ -51,7 +52,7 @@ def test_ci_collection_includes_every_test_file(request: pytest.FixtureRequest):
         "`python -m pytest -q` from the repository root collects no test from these files; "
         f"check norecursedirs/testpaths in pyproject.toml or the file's test names: {missing}\n{output[-2000:]}"
     )
-    assert any(p.parent.name == "build" for p in collected)
+    assert any(p.parent.name == "pipeline" for p in collected)
 
 
 def test_the_longest_first_files_exist():

@@ -23,23 +23,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from core_support import IDLE_SERVER_SERVICES
+from support.paths import REPO, SAMPLE
+from support.prefect import prefect_server
 
-REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SAMPLE = REPO / "tests" / "assets" / "sample.parquet"
 BIN = Path(sys.executable).parent
 SHELLS = {"bash", "sh", "shell", "console"}
 PYTHONS = {"python", "py", "pycon"}
@@ -227,44 +222,11 @@ def test_links_between_documents_resolve() -> None:
 # --- running the blocks (slow) ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``prefect server start`` on a free port: builds reuse it, as with PREFECT_API_URL set."""
-    base = tmp_path_factory.mktemp("docs-prefect")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(base / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", **IDLE_SERVER_SERVICES)
-    log = open(base / "server.log", "wb")
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (base / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=5) as r:
-                    if r.read().strip() == b"true":
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prefect server did not answer in 120 s"
-            time.sleep(0.25)
-        yield api
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    with prefect_server(tmp_path_factory.mktemp("docs-prefect"), command=[str(BIN / "prefect")]) as server:
+        yield server.api_url
 
 
 @dataclass(frozen=True, kw_only=True)

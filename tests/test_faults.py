@@ -11,7 +11,7 @@ import errno
 
 import pytest
 
-from core_support import TINY_TEXTS, write_parquet
+from support.corpus import TINY_TEXTS, write_parquet
 from shardflow import faults
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
@@ -76,7 +76,7 @@ def test_wait_blocks_until_released_and_marks_that_it_was_reached(fault_env, mon
 
 
 def test_a_full_disk_at_the_layout_stops_a_real_build_before_anything_is_published(fault_env, small_vocab, tmp_path):
-    from shardflow.build import build
+    from shardflow.pipeline import build
 
     source = write_parquet(tmp_path / "tiny.parquet", TINY_TEXTS)
     fault_env("enospc:layout")

@@ -1,4 +1,5 @@
-"""Layering: the core library never imports Prefect or the orchestration packages, and its modules form no import cycle."""
+"""Layering: only ``shardflow.flows`` and ``shardflow.tasks`` import Prefect; the library imports them only in the
+``build`` and ``serve`` commands; no import cycle (type-hint imports included); no stage imports a later stage."""
 
 from __future__ import annotations
 
@@ -13,37 +14,68 @@ from pathlib import Path
 import shardflow
 
 SRC = Path(shardflow.__file__).resolve().parent
-# The orchestration packages install inside shardflow (setup.py) but are not the core.
-FORBIDDEN = ("prefect", "shardflow.flows", "shardflow.tasks")
+REPO = SRC.parent.parent
+ORCHESTRATION = {"shardflow.flows": REPO / "flows", "shardflow.tasks": REPO / "tasks"}
+# The only places of the library that may import shardflow.flows, inside the function: the commands that run Prefect.
+COMMANDS_ON_PREFECT = {("cli/build.py", "cmd_build"), ("cli/build.py", "cmd_serve")}
 
 
-def _forbidden(module: str) -> bool:
-    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
+def _is(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+def _imported_modules(tree: ast.AST) -> list[tuple[ast.AST, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
+            found.append((node, node.module))
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__"):
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                found.append((node.lineno, node.args[0].value))
+                found.append((node, node.args[0].value))
     return found
 
 
-def test_no_source_file_imports_orchestration():
+def _enclosing_functions(tree: ast.AST) -> dict[ast.AST, str]:
+    """Each node inside a top-level function -> that function's name."""
+    return {node: top.name for top in getattr(tree, "body", []) if isinstance(top, ast.FunctionDef)
+            for node in ast.walk(top)}
+
+
+def test_only_flows_and_tasks_import_prefect_and_the_library_imports_them_only_in_two_commands():
     files = sorted(SRC.rglob("*.py"))
     assert len(files) > 15
     offenders = []
     for path in files:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for lineno, module in _imported_modules(tree):
-            if _forbidden(module):
-                offenders.append(f"{path.relative_to(SRC.parent)}:{lineno} imports {module}")
+        where = _enclosing_functions(tree)
+        for node, module in _imported_modules(tree):
+            place = f"src/shardflow/{path.relative_to(SRC)}:{node.lineno} imports {module}"
+            if _is(module, "prefect", "prefect_dask"):
+                offenders.append(place)
+            elif _is(module, "shardflow.flows", "shardflow.tasks") and \
+                    (path.relative_to(SRC).as_posix(), where.get(node)) not in COMMANDS_ON_PREFECT:
+                offenders.append(place)
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_module_of_flows_and_tasks_imports_prefect_or_serves_only_those_that_do():
+    """flows/ and tasks/ hold the Prefect layer and nothing else: a module there imports Prefect, or only modules
+    there that do import it (a helper of theirs)."""
+    modules = {f"{package}.{path.stem}".removesuffix(".__init__"): path
+               for package, root in ORCHESTRATION.items() for path in sorted(root.glob("*.py"))}
+    prefect_users = {m for m, path in modules.items()
+                     if any(_is(name, "prefect") for _, name in _imported_modules(ast.parse(path.read_text())))}
+    importers: dict[str, set[str]] = {m: set() for m in modules}
+    for m, path in modules.items():
+        for _, name in _imported_modules(ast.parse(path.read_text())):
+            if name in importers:
+                importers[name].add(m)
+    helpers = {m for m in modules if m not in prefect_users and not m.endswith(("flows", "tasks"))}
+    assert prefect_users >= {"shardflow.flows.build", "shardflow.flows.launch", "shardflow.tasks.build"}
+    stray = {m: sorted(importers[m]) for m in helpers if not importers[m] or not importers[m] <= prefect_users}
+    assert not stray, f"modules of flows/ or tasks/ that neither import Prefect nor serve only those that do: {stray}"
 
 
 _PROBE = r"""
@@ -53,7 +85,7 @@ skipped, imported = [], []
 for info in pkgutil.walk_packages(shardflow.__path__, "shardflow."):
     name = info.name
     # The orchestration packages (installed as shardflow.flows / shardflow.tasks) are not the core.
-    if name.startswith(("shardflow.flows", "shardflow.tasks")):
+    if name.startswith(("shardflow.flows", "shardflow.tasks")) or name == "shardflow.__main__":
         continue
     # Training-side torch adapters are optional extras; everything else must import.
     if name.startswith("shardflow.runtime.") and "torch" in name:
@@ -70,34 +102,11 @@ def test_importing_every_core_module_loads_no_prefect():
     proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"shardflow.build", "shardflow.sources", "shardflow.reader", "shardflow.formats.nanogpt"} <= set(result["imported"])
+    assert {"shardflow.pipeline", "shardflow.cli", "shardflow.bucket.build", "shardflow.reader"} <= set(result["imported"])
     assert result["bad"] == []
 
 
 # ---------------------------------------------------------------- no import cycles
-
-
-def _type_checking_block(node: ast.AST) -> bool:
-    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports there never run."""
-    if not isinstance(node, ast.If):
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _walk_run_time(tree: ast.AST):
-    """Every node of ``tree``, like ``ast.walk`` (function bodies included), except the bodies of
-    ``if TYPE_CHECKING:`` blocks (their ``else`` branch does run)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        if _type_checking_block(node):
-            todo.extend(node.orelse)
-        else:
-            todo.extend(ast.iter_child_nodes(node))
 
 
 def _module_names(root: Path, package: str) -> dict[str, Path]:
@@ -112,7 +121,8 @@ def _module_names(root: Path, package: str) -> dict[str, Path]:
 
 
 def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Who imports whom among the modules of ``package`` (rooted at ``root``), function-level imports included.
+    """Who imports whom among the modules of ``package`` (rooted at ``root``), function-level imports and those under
+    ``if TYPE_CHECKING:`` (type hints) included.
 
     ``from X import name`` is an edge to ``X.name`` when that is a module of the
     package, else to ``X`` (or the nearest enclosing module that exists). No
@@ -132,7 +142,7 @@ def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
         # The package a relative import starts from: the module's own for an __init__.
         own_package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         targets: list[str] = []
-        for node in _walk_run_time(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -267,7 +277,7 @@ def test_import_graph_resolves_relative_and_function_level_imports(tmp_path):
         "pkg.formats": {"pkg.formats.bosidx"},
         "pkg.formats.bosidx": {"pkg.catalog"},
         "pkg.runtime": set(),
-        "pkg.runtime.shards": {"pkg.codecs"},  # the TYPE_CHECKING import and the self-import are not edges
+        "pkg.runtime.shards": {"pkg.codecs", "pkg.reader"},  # the TYPE_CHECKING import is one; the self-import not
     }
 
 
@@ -276,16 +286,31 @@ def test_shardflow_modules_form_no_import_cycle():
     assert len(graph) > 15
     assert "shardflow.validation" in graph["shardflow.reader"]  # a function-level import (open_version) counts
     cycles = find_cycles(graph)
-    assert not cycles, "import cycles among shardflow modules (function-level imports count):\n" + "\n".join(
+    assert not cycles, "import cycles among shardflow modules (function-level and type-hint imports count):\n" + "\n".join(
         " -> ".join(chain) for chain in cycles
     )
+
+
+def test_no_stage_imports_a_later_stage():
+    """Data flows one way: a stage's module imports no module of a stage that runs after it."""
+    from shardflow.pipeline import STAGES
+
+    order: list[str] = []
+    for stage in STAGES:
+        module = stage.run.__module__
+        if module not in order:
+            order.append(module)
+    order.insert(0, "shardflow.pipeline.plan")
+    graph = _import_graph(SRC, "shardflow")
+    backwards = [f"{m} imports {later}" for i, m in enumerate(order) for later in order[i + 1:] if later in graph[m]]
+    assert not backwards, "\n".join(backwards)
 
 
 def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow():
     """``shardflow``'s names load on first use: the command line launches Prefect's temporary server
     (flows/server.py, which needs only ``shardflow.errors``) before numpy and pyarrow are imported."""
     code = (
-        "import sys, shardflow, shardflow.errors, shardflow.flows.cli, shardflow.flows.server\n"
+        "import sys, shardflow, shardflow.errors, shardflow.cli.commands, shardflow.flows.server\n"
         "heavy = sorted(m for m in ('numpy', 'pyarrow', 'prefect') if m in sys.modules)\n"
         "from shardflow import BuildConfig, open_version, Split, Version, ShardflowError\n"
         "assert BuildConfig.__module__ == 'shardflow.config' and ShardflowError is shardflow.errors.ShardflowError\n"
@@ -299,7 +324,7 @@ def test_importing_the_package_or_its_errors_imports_neither_numpy_nor_pyarrow()
 
 
 def test_a_build_without_prefect_and_the_catalog_commands_never_import_prefect(tmp_path):
-    """``build --no-prefect`` and the read-only commands (``flows/catalog_cli.py``) run where Prefect is
+    """``build --no-prefect`` and the read-only commands (``src/shardflow/cli/versions.py``) run where Prefect is
     slow to import or broken: none of them may import it, even through the command line's module."""
     sample = SRC.parent.parent / "tests" / "assets" / "sample.parquet"
     where = ["--catalog", str(tmp_path / "c")]
@@ -308,7 +333,7 @@ def test_a_build_without_prefect_and_the_catalog_commands_never_import_prefect(t
         ["ls", *where], ["ls", "s", *where], ["show", "s@v1", *where], ["validate", "s@v1", *where], ["diff", "s@v1", "s@v1", *where],
     ]
     code = (
-        "import json, sys\nfrom shardflow.flows.cli import main\n"
+        "import json, sys\nfrom shardflow.cli.commands import main\n"
         f"for argv in json.loads({json.dumps(json.dumps(commands))}):\n"
         "    assert main(argv) == 0, argv\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect')))\n"

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import yaml
 
-from core_support import MAKE_CORPUS, make_builder
-from shardflow.build.staging import Staging, staging_lock
+from support.builds import make_builder
+from support.cli import cli_env, run_cli
+from support.paths import MAKE_CORPUS
+from shardflow.pipeline.staging import Staging, staging_lock
 from shardflow.catalog import Catalog, resolve_ref
 from shardflow.errors import CatalogError, ConfigError
-from shardflow.flows.catalog_cli import _size as size
-from shardflow.flows.cli import main
+from shardflow.cli.versions import _size as size
 from shardflow.lifecycle import collect_garbage, disk_usage, remove_version, trash_path
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
@@ -52,20 +53,6 @@ def chain(chain_base: Path, tmp_path: Path) -> Path:
     root = tmp_path / "root"
     subprocess.run(["cp", "-a", str(chain_base), str(root)], check=True)
     return root
-
-
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """Run ``shardflow ARGS`` in-process; returns (status, stdout, stderr)."""
-
-    def run(*args: str, cwd: Path) -> tuple[int, str, str]:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
 
 
 def tokens(ref: str, catalog: Path) -> dict[str, np.ndarray]:
@@ -174,10 +161,8 @@ def test_rm_waits_for_a_running_build_that_reads_the_version(chain):
 
 def test_rm_killed_before_the_catalog_is_written_changes_nothing(chain):
     """The existing fault point ``catalog-write`` (before the catalog file is replaced): SIGKILL there."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
-    proc = subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "rm", "x@v2", "--catalog", "catalog"],
-                          cwd=chain, env={**env, "SHARDFLOW_FAULT": "kill:catalog-write"}, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_cli(["rm", "x@v2", "--catalog", "catalog"], cli_env({"SHARDFLOW_FAULT": "kill:catalog-write"}), chain,
+                   timeout=120)
     assert proc.returncode == -9, proc.stderr
     assert listed(chain) == (["v1", "v2"], "v2")
     v2 = chain / "data" / "x" / "v2"
@@ -262,11 +247,10 @@ def test_gc_removes_the_staging_directory_of_a_build_killed_after_its_publish(ch
     ``publish-cataloged``); gc --dry-run shows its staging directory and size, gc removes it, the version stays."""
     corpus = sorted((chain / "corpus").glob("*.parquet"))
     remove_version("x@v2", catalog=chain / "catalog")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "shardflow.flows.cli", "build", *map(str, corpus), "--name", "x", "--shard-tokens",
-         "20000", "--no-prefect", "--workers", "1", "--data-root", "data", "--catalog", "catalog", "--progress", "none"],
-        cwd=chain, env={**env, "SHARDFLOW_FAULT": "kill:publish-cataloged"}, capture_output=True, text=True, timeout=300,
+    proc = run_cli(
+        ["build", *corpus, "--name", "x", "--shard-tokens", "20000", "--no-prefect", "--workers", "1",
+         "--data-root", "data", "--catalog", "catalog", "--progress", "none"],
+        cli_env({"SHARDFLOW_FAULT": "kill:publish-cataloged"}), chain, timeout=300,
     )
     assert proc.returncode == -9, proc.stderr
     assert listed(chain) == (["v1", "v3"], "v3")  # v2's name is not given again

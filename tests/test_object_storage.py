@@ -27,9 +27,12 @@ import pytest
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from core_support import MAKE_CORPUS, SAMPLE, files_of, make_builder, stable_manifest, write_parquet
-from s3_support import CountingProxy, environment, new_bucket, s3_fixture, S3Server
-from shardflow.build import build, plan_build
+from support.builds import files_of, make_builder, stable_manifest
+from support.cli import run_main
+from support.corpus import text_records, write_jsonl, write_parquet
+from support.paths import MAKE_CORPUS, SAMPLE
+from support.s3 import CountingProxy, environment, new_bucket, s3_fixture, S3Server
+from shardflow.pipeline import build, plan_build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import InputError
@@ -52,20 +55,6 @@ def docs(real_texts) -> list[str]:
     return real_texts[::4]
 
 
-def write_jsonl(path: Path, texts: list[str], *, bad_line: int | None = None) -> Path:
-    lines = [json.dumps({"id": i, "text": t}) for i, t in enumerate(texts)]
-    if bad_line is not None:
-        lines[bad_line] = '{"id": 1, "text": "unterminated'
-    data = ("\n".join(lines) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".zst"):
-        with pa.CompressedOutputStream(str(path), "zstd") as out:
-            out.write(data)
-    else:
-        path.write_bytes(data)
-    return path
-
-
 def make_local(kind: str, root: Path, docs: list[str]) -> Path:
     """A small corpus tree of one kind: three files, one in a subdirectory."""
     thirds = [docs[: len(docs) // 3], docs[len(docs) // 3 : 2 * len(docs) // 3], docs[2 * len(docs) // 3 :]]
@@ -79,7 +68,7 @@ def make_local(kind: str, root: Path, docs: list[str]) -> Path:
             with pa.ipc.new_file(str(root / f"{name}.arrow"), table.schema) as w:
                 w.write_table(table, max_chunksize=16)
         else:
-            write_jsonl(root / f"{name}.{kind}", texts)
+            write_jsonl(root / f"{name}.{kind}", text_records(texts))
     return root
 
 
@@ -244,15 +233,10 @@ def test_an_incremental_rebuild_reads_only_the_changed_object(tmp_path, s3, buck
 # --- Failures: one message naming the object, nothing published ---
 
 
-def cli_refuses(tmp_path: Path, capsys, source: str, pattern: str, *extra: str) -> str:
-    from shardflow.flows.cli import main
-
+def cli_refuses(tmp_path: Path, source: str, pattern: str, *extra: str) -> str:
     root = tmp_path / "cli"
-    rc = main(
-        ["build", source, "--name", "bad", "--no-prefect", "--progress", "none", "--data-root", str(root / "data"),
-         "--catalog", str(root / "catalog"), *extra]
-    )
-    err = capsys.readouterr().err
+    rc, _, err = run_main("build", source, "--name", "bad", "--no-prefect", "--progress", "none",
+                          "--data-root", str(root / "data"), "--catalog", str(root / "catalog"), *extra)
     lines = err.strip().splitlines()
     assert rc == 2, err
     assert "Traceback" not in err
@@ -262,19 +246,19 @@ def cli_refuses(tmp_path: Path, capsys, source: str, pattern: str, *extra: str) 
     return lines[-1]
 
 
-def test_a_missing_bucket_is_one_message(tmp_path, s3, capsys):
-    line = cli_refuses(tmp_path, capsys, "s3://no-such-bucket-here/corpus/", r"^shardflow: error: s3://no-such-bucket-here/corpus/: no such bucket or object .*check the URL$")
+def test_a_missing_bucket_is_one_message(tmp_path, s3):
+    line = cli_refuses(tmp_path, "s3://no-such-bucket-here/corpus/", r"^shardflow: error: s3://no-such-bucket-here/corpus/: no such bucket or object .*check the URL$")
     assert "deleted" not in line
 
 
-def test_denied_access_is_one_message(tmp_path, s3, bucket, capsys, monkeypatch):
+def test_denied_access_is_one_message(tmp_path, s3, bucket, monkeypatch):
     from moto import settings
 
     s3.fs().put_file(str(SAMPLE), f"{bucket}/d/sample.parquet")
     # moto checks credentials from now on; these keys are unknown to it.
     monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
     with environment({"AWS_ACCESS_KEY_ID": "AKIAUNKNOWNKEY000000", "AWS_SECRET_ACCESS_KEY": "wrong"}):
-        cli_refuses(tmp_path, capsys, f"s3://{bucket}/d/", rf"s3://{bucket}/d/: access denied .*credentials")
+        cli_refuses(tmp_path, f"s3://{bucket}/d/", rf"s3://{bucket}/d/: access denied .*credentials")
 
 
 @pytest.mark.slow
@@ -341,27 +325,27 @@ def test_a_versioned_bucket_builds_and_an_overwritten_object_is_seen_by_the_rebu
     assert again.ref == "ver@v2" and m.extra["reuse"]["tokenized_inputs"] == ["a.jsonl"]
 
 
-def test_a_truncated_zst_object_is_one_message(tmp_path, s3, bucket, docs, capsys):
-    path = write_jsonl(tmp_path / "x.jsonl.zst", docs)
+def test_a_truncated_zst_object_is_one_message(tmp_path, s3, bucket, docs):
+    path = write_jsonl(tmp_path / "x.jsonl.zst", text_records(docs))
     s3.fs().pipe(f"{bucket}/t/x.jsonl.zst", path.read_bytes()[: path.stat().st_size // 2])
-    cli_refuses(tmp_path, capsys, f"s3://{bucket}/t/", rf"s3://{bucket}/t/x\.jsonl\.zst: reading failed near line \d+ .*corrupt or truncated")
+    cli_refuses(tmp_path, f"s3://{bucket}/t/", rf"s3://{bucket}/t/x\.jsonl\.zst: reading failed near line \d+ .*corrupt or truncated")
 
 
-def test_a_bad_json_line_names_the_object_and_line(tmp_path, s3, bucket, docs, capsys):
-    path = write_jsonl(tmp_path / "x.jsonl", docs[:20], bad_line=7)
+def test_a_bad_json_line_names_the_object_and_line(tmp_path, s3, bucket, docs):
+    path = write_jsonl(tmp_path / "x.jsonl", text_records(docs[:20]), bad_line=7)
     s3.fs().put_file(str(path), f"{bucket}/j/x.jsonl")
-    cli_refuses(tmp_path, capsys, f"s3://{bucket}/j/x.jsonl", rf"s3://{bucket}/j/x\.jsonl line 8: not valid JSON")
+    cli_refuses(tmp_path, f"s3://{bucket}/j/x.jsonl", rf"s3://{bucket}/j/x\.jsonl line 8: not valid JSON")
 
 
 @pytest.mark.slow
-def test_a_saved_datasets_directory_on_s3_is_refused_with_what_to_do(tmp_path, s3, bucket, capsys):
+def test_a_saved_datasets_directory_on_s3_is_refused_with_what_to_do(tmp_path, s3, bucket):
     s3.fs().pipe(f"{bucket}/hf/state.json", b'{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
     s3.fs().put_file(str(SAMPLE), f"{bucket}/hf/x.parquet")
-    cli_refuses(tmp_path, capsys, f"s3://{bucket}/hf/", r"saved datasets directory \(state\.json\) on object storage .*to_parquet")
+    cli_refuses(tmp_path, f"s3://{bucket}/hf/", r"saved datasets directory \(state\.json\) on object storage .*to_parquet")
 
 
-def test_credentials_in_the_url_are_refused_and_not_echoed(tmp_path, s3, bucket, capsys):
-    line = cli_refuses(tmp_path, capsys, f"s3://AKIAEXAMPLE:s3cr3t@{bucket}/x/", r"credentials in it.*AWS_ACCESS_KEY_ID")
+def test_credentials_in_the_url_are_refused_and_not_echoed(tmp_path, s3, bucket):
+    line = cli_refuses(tmp_path, f"s3://AKIAEXAMPLE:s3cr3t@{bucket}/x/", r"credentials in it.*AWS_ACCESS_KEY_ID")
     assert "s3cr3t" not in line and "AKIAEXAMPLE" not in line
 
 
@@ -396,7 +380,7 @@ def test_planning_reads_a_bounded_amount_per_object_whatever_the_object_sizes(tm
                 with pa.ipc.new_file(str(p.with_suffix(".arrow")), table.schema) as w:
                     w.write_table(table, max_chunksize=256)
             else:
-                write_jsonl(p.with_suffix(".jsonl.zst"), table.column("text").to_pylist())
+                write_jsonl(p.with_suffix(".jsonl.zst"), text_records(table.column("text").to_pylist()))
             p.unlink()
         upload(s3, out, f"{bucket}/mb{mb}")
         sizes[mb] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

@@ -1,6 +1,6 @@
 """Conditional writes (``objstore.put_if_absent``, ``put_if_match``, ``read_with_etag``) against a real S3 endpoint.
 
-The endpoint is moto's S3 server on loopback (``s3_support.S3Server``), which
+The endpoint is moto's S3 server on loopback (``support.s3.S3Server``), which
 answers ``If-None-Match: *`` and ``If-Match`` on PutObject with 412 like AWS;
 each test here fails on a server that ignores the header (the second writer
 would win). What these show: a create wins once and a second create leaves
@@ -19,23 +19,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 pytest.importorskip("botocore", reason="conditional writes need the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from s3_support import environment, new_bucket, s3_fixture, S3Server
+from support.s3 import LoopbackProxy, environment, new_bucket, s3_fixture, S3Server
 from shardflow.errors import ConfigError, InputError
-from shardflow.objstore import put_if_absent, put_if_match, read_with_etag
+from shardflow.bucket.fs import put_if_absent, put_if_match, read_with_etag
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -131,7 +130,7 @@ def test_local_writes_leave_no_temporary_files(tmp_path: Path) -> None:
 RACER = textwrap.dedent(
     """
     import json, sys, time
-    from shardflow.objstore import put_if_absent
+    from shardflow.bucket.fs import put_if_absent
     root, me, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
     time.sleep(max(0.0, start - time.time()))
     print(json.dumps([k for k in range(12) if put_if_absent(f"{root}/k{k}", f"{me}:{k}".encode())]))
@@ -155,7 +154,7 @@ def test_three_processes_racing_on_twelve_keys_each_key_has_one_winner(root: str
         assert read_with_etag(f"{root}/k{k}")[0] == f"{winners[0]}:{k}".encode()  # type: ignore[index]
 
 
-class DropFirstAnswer:
+class DropFirstAnswer(LoopbackProxy):
     """A loopback proxy to the S3 server that lets the first request through but never answers it.
 
     The server has stored the object when its answer comes, so the client sees
@@ -164,46 +163,26 @@ class DropFirstAnswer:
     """
 
     def __init__(self, target: str) -> None:
-        host, port = target.rsplit("//", 1)[1].split(":")
-        self._to = (host, int(port))
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self.requests: list[str] = []
         self.dropped = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target)
 
-    def _accept(self) -> None:
-        first = True
-        while True:
-            try:
-                client, _ = self._sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._to)
-            threading.Thread(target=self._pump, args=(client, upstream, False, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, first, False), daemon=True).start()
-            first = False
+    def sent(self, connection: int) -> Callable[[bytes], bool]:
+        def see(data: bytes) -> bool:
+            if data[:4] in (b"PUT ", b"GET "):
+                self.requests.append(data[:3].decode())
+            return True
 
-    def _pump(self, src: socket.socket, dst: socket.socket, drop: bool, from_client: bool) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if from_client and data[:4] in (b"PUT ", b"GET "):
-                    self.requests.append(data[:3].decode())
-                if drop and not (data.startswith(b"HTTP/1.1 100 ") and data.endswith(b"\r\n\r\n")):
-                    self.dropped += 1  # the final answer (an interim "100 Continue" to a PUT goes through)
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        return see
 
-    def close(self) -> None:
-        self._sock.close()
+    def answered(self, connection: int) -> Callable[[bytes], bool]:
+        def see(data: bytes) -> bool:
+            if connection == 0 and not (data.startswith(b"HTTP/1.1 100 ") and data.endswith(b"\r\n\r\n")):
+                self.dropped += 1  # the final answer (an interim "100 Continue" to a PUT goes through)
+                return False
+            return True
+
+        return see
 
 
 @pytest.mark.parametrize("before", [None, b"another writer's bytes"])

@@ -57,7 +57,7 @@ def test_the_wheel_has_one_version_and_the_script(wheel: zipfile.ZipFile):
     meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     assert f"\nVersion: {shardflow.__version__}\n" in wheel.read(meta).decode()
     entry = next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
-    assert "shardflow = shardflow.flows.cli:run" in wheel.read(entry).decode()
+    assert "shardflow = shardflow.cli:run" in wheel.read(entry).decode()
     requires = [line for line in wheel.read(meta).decode().splitlines() if line.startswith("Requires-Dist:")]
     runtime = sorted(r.split()[1].split(">")[0].split("=")[0] for r in requires if "extra ==" not in r)
     assert runtime == ["ml_dtypes", "numpy", "pyyaml"], "the runtime install stays free of Prefect, pyarrow and datasets"

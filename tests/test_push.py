@@ -31,17 +31,17 @@ import yaml
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from core_support import MAKE_CORPUS  # noqa: E402
-from s3_support import new_bucket, s3_fixture, S3Server  # noqa: E402
-from shardflow.build import build  # noqa: E402
+from support.paths import MAKE_CORPUS  # noqa: E402
+from support.s3 import new_bucket, s3_fixture, S3Server  # noqa: E402
+from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ValidationError  # noqa: E402
 from shardflow.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
-from shardflow.push import CLAIM_NAME, _upload, finish_push, prepare_push, push_files, push_version  # noqa: E402
+from shardflow.bucket.push import CLAIM_NAME, _upload, finish_push, prepare_push, push_files, push_version  # noqa: E402
 from shardflow.runtime import StreamingTokenDataset, TokenDataset  # noqa: E402
 
 SEQ = 256
-PUSH_PY = str(Path(sys.modules["shardflow.push"].__file__ or ""))
+PUSH_PY = str(Path(sys.modules["shardflow.bucket.push"].__file__ or ""))
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ _opened: list[tuple[str, bool]] | None = None  # (path, opened by push's _upload
 
 @pytest.mark.slow
 def test_a_parent_object_deleted_while_its_child_is_pushed_is_sent_instead(built, s3, bucket, tmp_path, monkeypatch):
-    import shardflow.push as push
+    import shardflow.bucket.push as push
 
     push_version("rv@v1", catalog=built.catalog, **urls(bucket))
     real, gone = push._recorded, []
@@ -317,7 +317,7 @@ def test_two_pushes_of_one_build_from_two_machines_publish_one_readable_version(
         push_version("tw@v1", catalog=twins[0] / "catalog", **urls(bucket))
     else:  # the first push dies between its manifest and its catalog entry
         with monkeypatch.context() as m:
-            m.setattr("shardflow.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+            m.setattr("shardflow.bucket.push._commit", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
             with pytest.raises(OSError, match="killed"):
                 push_version("tw@v1", catalog=twins[0] / "catalog", **urls(bucket))
     result = finish_push(second, push_files(second, second.files))
@@ -349,7 +349,7 @@ def test_a_manifest_of_other_files_under_the_same_claim_is_never_listed(twins, s
 
 @pytest.mark.slow
 def test_a_push_killed_before_the_catalog_commit_shows_nothing_and_its_rerun_resumes(built, s3, bucket, tmp_path):
-    script = (f"from shardflow.push import push_version; push_version('rv@v1', catalog={str(built.catalog)!r}, "
+    script = (f"from shardflow.bucket.push import push_version; push_version('rv@v1', catalog={str(built.catalog)!r}, "
               f"data_root_url='s3://{bucket}/data', catalog_url='s3://{bucket}/catalog')")
     env = {**os.environ, **s3.env, "SHARDFLOW_FAULT": "push-uploaded"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -433,7 +433,7 @@ def test_a_version_claimed_by_another_build_is_refused(built, s3, bucket):
 @pytest.mark.slow
 def test_the_push_command(built, s3, bucket):
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "shardflow.flows.cli", "push", *args, "--catalog", str(built.catalog)],
+        return subprocess.run([sys.executable, "-m", "shardflow", "push", *args, "--catalog", str(built.catalog)],
                               env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=120)
 
     where = ["--data-root-url", f"s3://{bucket}/data", "--catalog-url", f"s3://{bucket}/catalog"]

@@ -6,8 +6,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import ASSETS, SAMPLE, make_builder
-from recut_support import whole_document_cuts
+from support.builds import make_builder
+from support.paths import ASSETS, SAMPLE
+from support.recut import whole_document_cuts
 from shardflow import open_version as top_level_open_version
 from shardflow.reader import open_version
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from core_support import ASSETS, write_parquet
+from support.corpus import write_parquet
+from support.paths import ASSETS
 
-from shardflow.flows.cli import main
-from shardflow.build import build
+from shardflow.cli.commands import main
+from shardflow.pipeline import build
 from shardflow.catalog import Catalog, VersionEntry
 from shardflow.config import BuildConfig
 from shardflow.manifest import read_manifest

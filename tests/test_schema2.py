@@ -20,12 +20,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from core_support import ASSETS, write_parquet
+from support.corpus import write_parquet
+from support.paths import ASSETS
 
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
-from shardflow.flows.cli import main
+from shardflow.cli.commands import main
 from shardflow.formats import bosidx
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version

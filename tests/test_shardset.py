@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core_support import ASSETS, SAMPLE, Built, make_builder
-from recut_support import whole_document_cuts
-from shardflow.build import BuildResult
+from support.builds import Built, make_builder
+from support.paths import ASSETS, SAMPLE
+from support.recut import whole_document_cuts
+from shardflow.pipeline import BuildResult
 from shardflow.formats import NANOGPT
 from shardflow.manifest import read_manifest
 from shardflow.runtime import open_shards

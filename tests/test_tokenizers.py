@@ -11,8 +11,9 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_support import CORPORA, SMALL_VOCAB_RANKS
-from shardflow.build import token_dtype
+from support.corpus import SMALL_VOCAB_RANKS
+from support.paths import CORPORA
+from shardflow.pipeline import token_dtype
 from shardflow import tokenizers
 from shardflow.errors import ConfigError, InputError
 from shardflow.tokenizers import (
@@ -226,7 +227,7 @@ class _BytesTokenizer(Tokenizer):
 
     def encode_batch(self, texts):
         lists = [[t + self.off_by_one for t in self.encode_ordinary(x)] for x in texts]
-        return tokenizers.base._pack_lists(lists)
+        return tokenizers.base.pack_lists(lists)
 
     def decode(self, tokens) -> str:
         return self.decode_bytes(tokens).decode(errors="replace")

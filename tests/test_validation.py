@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from recut_support import cut_across_documents
+from support.recut import cut_across_documents
 from shardflow.errors import ValidationError
 from shardflow.manifest import MANIFEST_NAME, read_manifest
 from shardflow.reader import open_version

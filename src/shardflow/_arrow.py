@@ -2,8 +2,8 @@
 
 pyarrow's conversion of Python objects (``pa.array(list)``, ``pa.scalar``,
 ``pc.fill_null(x, 0)``) and a ``BooleanArray``'s ``to_numpy`` first import
-pandas to recognise its types: about 0.5 s on the GIL of a build process that
-never uses pandas, where Prefect's import and the tokenizer's load are waiting
+pandas to recognise its types: its import holds the GIL (docs/PERFORMANCE.md)
+in a build process that never uses pandas, where Prefect's import and the tokenizer's load are waiting
 for the same GIL. These helpers give the same arrays from their buffers.
 """
 

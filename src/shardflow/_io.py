@@ -19,8 +19,8 @@ from .faults import fault
 __all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES", "NPY_LOCK", "load_npy"]
 
 def safe_load_yaml(text: str) -> Any:
-    """Parse YAML with a *safe* loader only: libyaml's when available (about 7x faster
-    on a manifest of thousands of shards), else PyYAML's pure-Python one."""
+    """Parse YAML with a *safe* loader only: libyaml's when available (several times
+    faster on a manifest of thousands of shards: docs/PERFORMANCE.md), else PyYAML's pure-Python one."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -65,7 +65,7 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
 
     Every shard and part file is ``fsync``'ed before it is renamed into place.
     Left to the end, that ``fsync`` waits for the whole file to reach the disk
-    (0.33 s for a 244 MB shard here). Started block by block while the file is
+    (docs/PERFORMANCE.md). Started block by block while the file is
     still being written, the writeback overlaps the copying and hashing, and
     the ``fsync`` waits only for the last blocks. Durability is unchanged: the
     ``fsync`` still runs. Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``;
@@ -176,7 +176,7 @@ def sha256_file(path: Path) -> str:
 class BackgroundSha256:
     """SHA-256 of a stream of blocks, each hashed on a helper thread while the caller handles the next one.
 
-    At about 1.1 GB/s (SHA-NI) hashing is the slowest step of copying or
+    Hashing (docs/PERFORMANCE.md) is the slowest step of copying or
     checking a shard; hashlib releases the GIL on large buffers, so on another
     core it overlaps the caller's reads, writes and numpy checks instead of
     following them. Blocks are hashed in the order given. A block must stay

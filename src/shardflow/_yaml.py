@@ -47,8 +47,8 @@ MAX_ALIAS_NODES = 100_000
 MAX_COLLECTION_ITEMS = 10_000_000
 """Items in one YAML sequence or mapping."""
 MAX_NODES = 8_000_000
-"""Nodes in one document, as written. A manifest has about 19 per shard (1.9 million for 100,000 shards,
-read in about 1 GB and 35 s), so this admits about 400,000 shards and bounds what reading costs."""
+"""Nodes in one document, as written. A manifest has about 19 per shard (1.9 million for 100,000 shards;
+what reading that costs: docs/PERFORMANCE.md), so this admits about 400,000 shards and bounds what reading costs."""
 MAX_DEPTH = 200
 """Nesting levels; shardflow's files have fewer than ten."""
 
@@ -58,7 +58,7 @@ class YamlRefused(ValueError):
 
 
 def _loader_class() -> type:
-    # libyaml's parser when available: about 7x faster on a manifest of thousands of shards.
+    # libyaml's parser when available: several times faster on a manifest of thousands of shards (docs/PERFORMANCE.md).
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

@@ -43,8 +43,8 @@ def _figure(width: float, height: float, *, cols: int = 1, labels: list[str] | N
     """A figure and its axes, without pyplot: no global state, so a card can be drawn on any thread.
 
     The margins are fixed, in inches (tick labels, axis labels, title): matplotlib's
-    ``layout="constrained"`` measured every text several times per draw, half the
-    card's drawing time. ``labels``: the first axes' y tick labels (a bar chart's
+    ``layout="constrained"`` measures every text several times per draw, a large
+    share of the card's drawing time (docs/PERFORMANCE.md). ``labels``: the first axes' y tick labels (a bar chart's
     names), measured once, so the left margin fits the widest; ``gap``: inches
     between two axes side by side.
     """
@@ -107,8 +107,8 @@ def _log_axes(ax: Any) -> None:
 
 
 # Titles sit at the top of their axes, where matplotlib puts them anyway (no ticks or labels above):
-# naming the place skips its automatic placement, which measured every tick label of the axes again
-# at each draw (a tenth of the card's drawing time), and leaves the PNGs' bytes as they were.
+# naming the place skips its automatic placement, which measures every tick label of the axes again
+# at each draw (a share of the card's drawing time: docs/PERFORMANCE.md), and leaves the PNGs' bytes as they were.
 _TITLE_Y = 1.0
 # The bottom of a log axis of document counts: below 1 (a bin of one document shows), above 0.5 (no tick at 0.1 or 0.5 of a document).
 _FEWEST = 0.7

@@ -95,7 +95,7 @@ def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
 
     A URL (``s3://bucket/data``) is refused with a ``ConfigError``: ``Path()`` would make it the
     relative path ``s3:/bucket/data`` and a build would write a local directory named ``s3:``.
-    A build to a bucket runs in a local scratch mirror and pushes (``shardflow.bucket_build``).
+    A build to a bucket runs in a local scratch mirror and pushes (``shardflow.bucket.build``).
     """
     return _local_dir(data_root, "SHARDFLOW_DATA_ROOT", "data", "data root")
 

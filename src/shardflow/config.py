@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from .embed_models import MODELS
+from .embed.models import MODELS
 from .errors import ConfigError
 from .formats import FORMATS
 from .formats.base import MAX_SHARD_TOKENS
-from .pca import check_reduction
+from .embed.pca import check_reduction
 from .targets import get_target
 
 __all__ = ["BuildConfig", "EmbedOptions", "EMBED_CODECS", "BACKENDS", "BOUNDARY_PLACEMENTS", "TARGET_DEFAULTS", "NAME_RE", "check_name", "recorded_options"]
@@ -87,12 +87,12 @@ def _valid_device(device: str) -> bool:
 class EmbedOptions:
     """How the embedding stage embeds and stores one vector per document; validated on construction.
 
-    One object for the whole stage: ``shardflow.embedder.Embedder`` takes it as
+    One object for the whole stage: ``shardflow.embed.embedder.Embedder`` takes it as
     its config (``EmbedConfig`` there is this class), so a bad model, batch
     size or device is refused with a ``ConfigError`` (a ValueError) when the
     ``BuildConfig`` is made, before any tokenizing.
 
-    - ``model``: one of ``shardflow.embed_models.MODELS``.
+    - ``model``: one of ``shardflow.embed.models.MODELS``.
     - ``batch_size``: inputs per forward pass, 1..4096; at the default 32, scaled to the device
       (``embedder.DEVICE_BATCH_SIZES``).
     - ``max_tokens``: tokens per input including the two special tokens,
@@ -100,7 +100,8 @@ class EmbedOptions:
     - ``long_docs``: ``"truncate"`` keeps the first ``max_tokens`` tokens;
       ``"chunk"`` embeds every window-sized piece and averages them.
     - ``precision``: ``"bf16"`` (autocast, cosine ~0.99998 to fp32: faster on
-      a GPU or a CPU with native bf16, 6.7x slower on an AVX2-only CPU) or ``"fp32"``.
+      a GPU or a CPU with native bf16, several times slower on an AVX2-only CPU:
+      docs/PERFORMANCE.md) or ``"fp32"``.
     - ``device``: ``"auto"`` (CUDA, then MPS, then CPU), ``"cpu"``,
       ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
     """
@@ -124,7 +125,7 @@ class EmbedOptions:
     the codec; None: store the model's full dimension."""
     pca_sample: int = 10_000
     """Rows of the train split (evenly spaced) the PCA is fitted on: bounds the fit's memory,
-    about 3 x rows x model dim x 8 bytes (the fit of 10,000 x 768 raised the peak RSS by 207 MB here)."""
+    about 3 x rows x model dim x 8 bytes (the fit's measured peak: docs/PERFORMANCE.md)."""
     pca_min_mean_cosine: float = 0.90
     """Floor of the mean cosine of the reconstructed rows (PCA and codec) to the float32 originals."""
     pca_min_recall_at_10: float = 0.70

@@ -12,6 +12,7 @@ import contextlib
 import errno as _errno
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -23,6 +24,8 @@ __all__ = [
     "ManifestError",
     "CatalogError",
     "is_transient",
+    "RetryPolicy",
+    "RETRY",
     "describe_os_error",
     "network_unreachable",
     "missing_credentials",
@@ -59,6 +62,8 @@ class CatalogError(ShardflowError):
 
 # OSErrors that a retry a few seconds later cannot fix: the path is wrong, the
 # permissions are, or the disk is full or read-only (a person must act).
+# The same as classes: such an error raised by Python code carries no errno.
+_PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 _PERMANENT_ERRNOS = frozenset(
     {
         _errno.ENOENT,
@@ -85,7 +90,27 @@ def is_transient(exc: BaseException) -> bool:
     """
     if network_unreachable(exc):
         return True
-    return isinstance(exc, OSError) and not isinstance(exc, ShardflowError) and exc.errno not in _PERMANENT_ERRNOS
+    return (isinstance(exc, OSError) and not isinstance(exc, (ShardflowError, *_PERMANENT_OS_ERRORS))
+            and exc.errno not in _PERMANENT_ERRNOS)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a job that failed on a transient error (``is_transient``) is retried: the one policy of every executor.
+
+    Jobs are idempotent, so a retry redoes only what did not finish. Retry ``n``
+    (from 1) waits ``delay * n`` seconds; the Prefect tasks take the same numbers.
+    """
+
+    retries: int = 2
+    delay: float = 1.0
+
+    def delays(self) -> list[float]:
+        """The pause before each retry, in order."""
+        return [self.delay * (n + 1) for n in range(self.retries)]
+
+
+RETRY = RetryPolicy()
 
 
 def _botocore(*names: str) -> tuple[type, ...]:

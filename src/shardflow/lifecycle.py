@@ -4,26 +4,18 @@ Removing ``NAME@vN`` (``remove_version``), under the dataset's catalog lock:
 
 1. refuse a version that a remaining version names as its parent (unless
    ``force``), and one that a running build is reading (its plan's parent);
-2. take its entry out of the catalog (``Catalog.remove``): the commit point, after
-   which no reader resolves it, ``latest`` is the newest remaining version, and the
-   catalog keeps it under ``removed`` (its directory; its name is never given again);
+2. take its entry out of the catalog (``Catalog.remove``): the commit point;
 3. rename its directory to ``.vN.removed`` beside it (quick, atomic);
 
 then, without the lock, delete that directory and the version's record of
 published files (``<catalog>/.published/NAME@vN.json``). A run killed anywhere
-leaves either the version intact (before 2) or a removed version whose files a
-rerun of ``rm NAME@vN`` (or ``gc``) deletes: the catalog remembers where they were.
-
-Nothing a remaining version needs goes away with its parent: an incremental build
-and ``shardflow embed`` take the parent's shards as hard links (a copy across
-filesystems), never symlinks (``publish`` refuses them), and a manifest names its
-parent only as a reference (``parent``, the card's comparison, which says when
-the parent is gone). Deleting a parent frees only what no other version links.
+leaves either the version intact or a removed version whose files a rerun of
+``rm NAME@vN`` (or ``gc``) deletes. Children never lose files with their parent:
+they hold hard links, never symlinks (``publish`` refuses them).
 
 ``collect_garbage`` (``shardflow gc``) removes the staging directories that no
-rerun would resume (``build.staging.remove_abandoned``: their build is published,
-or an older shardflow staged them; never one whose build holds its lock) and what
-interrupted removals left. ``dry_run`` lists them without removing anything.
+rerun would resume (``build.staging.remove_abandoned``) and what interrupted
+removals left. See docs/OPERATIONS.md ("Remove versions and leftovers").
 """
 
 from __future__ import annotations
@@ -132,7 +124,7 @@ def _now() -> str:
 
 def _plan_parent(staging: Path) -> str | None:
     """The parent version the build staged in ``staging`` reads (its plan's), if any."""
-    from .build.staging import Staging
+    from .pipeline.staging import Staging
 
     try:
         plan = json.loads(Staging(staging).plan_file.read_text())
@@ -147,7 +139,7 @@ def _plan_parent(staging: Path) -> str | None:
 
 def _locked(staging: Path, name: str) -> bool:
     """Whether a live build holds the lock of ``staging`` (probed without waiting)."""
-    from .build.staging import Staging, staging_lock
+    from .pipeline.staging import Staging, staging_lock
 
     try:
         with staging_lock(Staging(staging), name, timeout=0):
@@ -279,7 +271,7 @@ def _removed_leftovers(cat: Catalog, name: str, dataset_dir: Path) -> list[tuple
 
 def _abandoned_staging(cat: Catalog, name: str, dataset_dir: Path) -> list[tuple[Path, str]]:
     """The staging directories ``remove_abandoned`` removes now (the same rules), without removing them."""
-    from .build.staging import Staging, never_resumed
+    from .pipeline.staging import Staging, never_resumed
 
     parent = dataset_dir / ".staging"
     if not parent.is_dir():
@@ -307,7 +299,7 @@ def collect_garbage(
     ``dry_run``: remove nothing, return what would be removed. Staging directories that a rerun
     of their build would resume are kept, and so is every one whose build holds its lock.
     """
-    from .build.staging import remove_abandoned  # the build package: only where there is staging to look at
+    from .pipeline.staging import remove_abandoned  # the build package: only where there is staging to look at
 
     # Incomplete multipart uploads are a bucket data root's leftovers: collected here once versions can be written to one.
     cat = Catalog(catalog)

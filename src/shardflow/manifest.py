@@ -27,7 +27,7 @@ import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import yaml
 
@@ -286,13 +286,14 @@ class BoundaryTokens(NamedTuple):
     eos: tuple[str, int] | None
     """``(text, id)`` of the token after each document, or None."""
 
-    def describe(self) -> str:
-        """``<|endoftext|> = 100257 (bos)`` for one token; ``BOS <|x|> = 1, EOS <|y|> = 2 (both)`` otherwise."""
+    def describe(self, text: Callable[[str], str] = str) -> str:
+        """``<|endoftext|> = 100257 (bos)`` for one token; ``BOS <|x|> = 1, EOS <|y|> = 2 (both)`` otherwise
+        (``text`` shows a token's text: a markdown cell quotes it)."""
         if self.placement != "both":
             tok = self.bos if self.placement == "bos" else self.eos
             if tok is not None:
-                return f"{tok[0]} = {tok[1]} ({self.placement})"
-        parts = [f"{kind} {tok[0]} = {tok[1]}" for kind, tok in (("BOS", self.bos), ("EOS", self.eos)) if tok is not None]
+                return f"{text(tok[0])} = {tok[1]} ({self.placement})"
+        parts = [f"{kind} {text(tok[0])} = {tok[1]}" for kind, tok in (("BOS", self.bos), ("EOS", self.eos)) if tok is not None]
         return f"{', '.join(parts)} ({self.placement})"
 
 

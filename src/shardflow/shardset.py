@@ -27,7 +27,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -35,10 +35,7 @@ from .errors import ConfigError, ValidationError
 from .formats import ShardFormat, bosidx, get_format
 from .manifest import Manifest, ShardEntry, version_file
 
-if TYPE_CHECKING:
-    from .reader import Version
-
-__all__ = ["ShardInfo", "ShardSet"]
+__all__ = ["ShardInfo", "ShardSet", "fingerprint"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +53,8 @@ class ShardInfo:
     entry: ShardEntry | None = None
 
 
-def _fingerprint(items: Any) -> str:
+def fingerprint(items: Any) -> str:
+    """A short hash of ``items`` (JSON, keys sorted): what identifies a set of shards in resume states."""
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -90,7 +88,7 @@ class ShardSet:
         vocab_size: int | None,
         fingerprint: str,
         directory: Path,
-        version: "Version | None" = None,
+        version: Any = None,
     ) -> None:
         self.name = name
         """The reference as given (``NAME@vN`` for versions), for messages."""
@@ -120,7 +118,7 @@ class ShardSet:
 
     @classmethod
     def from_manifest(
-        cls, directory: Path | str, manifest: Manifest, split: str, *, version: "Version | None" = None
+        cls, directory: Path | str, manifest: Manifest, split: str, *, version: Any = None
     ) -> "ShardSet":
         """Split ``split`` of the version in ``directory`` that ``manifest`` describes.
 
@@ -153,7 +151,7 @@ class ShardSet:
             tokenizer=str(info["tokenizer"]) if info.get("tokenizer") else None,
             vocab_size=int(info["vocab_size"]),
             # Saved in resume states: keep it stable across releases.
-            fingerprint=_fingerprint({"build_key": manifest.build_key, "ref": manifest.ref, "split": split}),
+            fingerprint=fingerprint({"build_key": manifest.build_key, "ref": manifest.ref, "split": split}),
             directory=directory,
             version=version,
         )

@@ -16,7 +16,7 @@ parent's per-input records to its own new ones:
 * tokens and documents per value of ``--stats-column`` are exact integer sums
   keyed by the value's text.
 
-This module is pure: no staging paths, no plan. ``build/stats.py`` collects
+This module is pure: no staging paths, no plan. ``pipeline/collect_stats.py`` collects
 and writes; ``card.py`` and the command line read.
 """
 

@@ -15,15 +15,19 @@ any published version (``shardflow validate REF``):
   right after EOS tokens with EOS placement (and every EOS is followed by one),
   at BOS tokens preceded by the EOS (inside the shard) with both;
 * per-split and overall totals add up;
-* the embeddings, if any (``shardflow.embedding_files.validate_embeddings``);
+* the embeddings, if any (``shardflow.embed.files.validate_embeddings``);
 * the statistics, if any: ``stats.json`` and ``stats.vocab.npy`` of the manifest's
   size and SHA-256, their counts those of the splits (``shardflow.stats.stats_problems``).
 
 Shards are scanned in bounded blocks, so memory does not grow with shard size.
 One shard's checks (``validate_shard_entry``) need its manifest entry and a
-``ShardContext`` (the version's facts, and lookups of the neighbouring shards'
-edge tokens), not the whole manifest: a build's validate-shard job builds that
-from its plan and a neighbour's record (``build/check.py``).
+``ShardContext`` (the version's facts), not the whole manifest. A shard of
+manifest schema 3 holds whole documents, so its boundaries are checked from its
+own files alone; only a version of schemas 1 and 2, whose shards were cut
+across documents, has a neighbouring shard's edge token read (the context's
+lookups, which ``validate_shard`` fills from the manifest). A build's
+validate-shard job builds the context from its plan alone and reads no other
+shard and no neighbour's record (``pipeline/check.py``).
 """
 
 from __future__ import annotations
@@ -105,14 +109,18 @@ def _nothing() -> int | None:
 
 @dataclass(frozen=True, kw_only=True)
 class ShardContext:
-    """What validating one shard needs besides its own manifest entry: the version's facts and two neighbours' tokens.
+    """What validating one shard needs besides its own manifest entry: the version's facts, and for shards cut
+    across documents (schemas 1 and 2) lookups of the two neighbours' edge tokens.
 
-    Built from a manifest (``of_manifest``, as ``validate_shard`` does) or, by a
-    build's validate-shard job, from its plan and the neighbouring shards' records
-    (``build/check.py``), so that validating one shard reads O(1) records, not the
-    whole manifest. The lookups are called only when a check needs them, and may
-    raise ``ValidationError``, ``OSError`` or ``ValueError`` when that shard cannot
-    be read (then reported on its own): the check then trusts the index.
+    Built from a manifest (``of_manifest``, as ``validate_shard`` does, with
+    lookups that read a neighbouring shard's edge token) or, by a build's
+    validate-shard job, from its plan alone (``pipeline/check.shard_context``:
+    ``whole_documents`` and no lookups), so that validating one shard reads its
+    own record, not the whole manifest nor a neighbour's. With
+    ``whole_documents`` (schema 3) no check calls the lookups. Otherwise they are
+    called only when a check needs them, and may raise ``ValidationError``,
+    ``OSError`` or ``ValueError`` when that shard cannot be read (then reported on
+    its own): the check then trusts the index.
     """
 
     format_name: str
@@ -193,7 +201,8 @@ def validate_shard_entry(
 ) -> list[str]:
     """Problems with shard ``k`` of ``split`` and its index (empty list when both are right).
 
-    Reads the shard's own files, and at most one page of a neighbouring shard (``ctx``'s lookups).
+    Reads the shard's own files; for a version of schema 1 or 2 (``ctx.whole_documents`` false), also at most
+    one page of a neighbouring shard (``ctx``'s lookups).
     """
     try:  # the one confinement check (relative, inside the version, no symlink out of it)
         path = version_file(directory, entry.file, f"shard {k} of split {split!r}")
@@ -443,7 +452,7 @@ def validate_dir(
     """Validate a version directory; raises ``ValidationError`` listing every problem.
 
     ``shards=False`` leaves out the per-shard checks (``validate_shard``), for a
-    build whose shards were each validated by a job of their own (``build/check.py``).
+    build whose shards were each validated by a job of their own (``pipeline/check.py``).
 
     ``published=True`` also checks the manifest against the SHA-256 that the
     catalog (``catalog``, default ``$SHARDFLOW_CATALOG`` or ``./manifests``)
@@ -479,7 +488,7 @@ def validate_dir(
     if manifest.extra.get("embeddings"):
         # Imported here: the embedding codecs need ml_dtypes, which the runtime-only install
         # (numpy and PyYAML) lacks, and a version without embeddings validates there too.
-        from .embedding_files import validate_embeddings
+        from .embed.files import validate_embeddings
 
         report.problems.extend(validate_embeddings(directory, manifest, checksums=checksums))
     report.problems.extend(stats_problems(directory, manifest, checksums=checksums))

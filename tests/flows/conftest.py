@@ -12,76 +12,27 @@ Dask workers and ``serve`` need anyway, so every test here shares it.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-
-import time
-import urllib.error
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
 
-from core_support import IDLE_SERVER_SERVICES
-from dask_cluster_support import DaskCluster, start_cluster
-from ops_support import PYTHON, SAMPLE, PrefectServer, client_env, free_port
+from support.dask import DaskCluster, start_cluster
+from support.paths import SAMPLE
+from support.prefect import PrefectServer, drain_prefect_workers, prefect_server as started_server
 
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """``prefect server start`` on a free localhost port, for the whole session."""
-    base = tmp_path_factory.mktemp("prefect-server")
-    home = base / "server-home"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_UI_API_URL=f"{url}/api",  # else the UI shows "Can't connect to Server API" off port 4200
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        **IDLE_SERVER_SERVICES,
-        PREFECT_SERVER_API_HOST="127.0.0.1",
-        PREFECT_SERVER_API_PORT=str(port),
-    )
-    log = base / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    server = PrefectServer(url=url, home=home, process=proc, log=log, env=client_env(f"{url}/api", base / "client-home"))
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if server.request("GET", "/health") is True:
-                    break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prefect server did not answer in 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield server
-    finally:
-        if "prefect" in sys.modules:
-            drain_prefect_workers()
+    with started_server(tmp_path_factory.mktemp("prefect-server")) as server:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            yield server
+        finally:
+            if "prefect" in sys.modules:
+                drain_prefect_workers()
 
 
 @pytest.fixture
@@ -99,15 +50,6 @@ def prefect_api(prefect_server: PrefectServer, tmp_path: Path) -> Iterator[Prefe
             drain_prefect_workers()
 
 
-def drain_prefect_workers() -> None:
-    """Send this process's queued logs and events while the server is up (else exit stalls retrying)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=10)
-    EventsWorker.drain_all(timeout=10)
-
-
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of 4 Parquet files (the sample corpus, 16-row row groups): 4 work units, ~594k cl100k tokens."""
@@ -123,7 +65,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dask_cluster(prefect_server: PrefectServer, tmp_path: Path) -> Iterator[DaskCluster]:
     """A real 2-worker Dask cluster, as docs/OPERATIONS.md runs it: ``dask scheduler`` and two ``dask worker``.
 
-    Separate processes on loopback (tests/flows/dask_cluster_support.py), each
+    Separate processes on loopback (tests/support/dask.py), each
     worker with one thread and its own process group, so a test can kill one;
     the workers report task runs to the session's Prefect server. Their logs
     are printed at teardown, so a failed test shows them.

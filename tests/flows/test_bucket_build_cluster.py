@@ -1,7 +1,7 @@
 """``s3://`` inputs to an ``s3://`` data root and catalog, on a real Dask cluster, read back in a fresh process.
 
 The cluster is ``dask scheduler`` and two ``dask worker`` processes
-(tests/flows/dask_cluster_support.py), reporting to the session's Prefect
+(tests/support/dask.py), reporting to the session's Prefect
 server; the bucket is moto's S3 server on loopback, which every process finds
 through ``AWS_ENDPOINT_URL``. The build is ``shardflow build`` as docs/OPERATIONS.md
 gives it (the workers tokenize into a shared scratch directory and send the
@@ -28,14 +28,16 @@ import numpy as np
 import pytest
 import yaml
 
-from dask_cluster_support import start_cluster
-from ops_support import PYTHON, PrefectServer, run_cli
+from support.dask import start_cluster
+from support.cli import run_cli
+from support.paths import PYTHON
+from support.prefect import PrefectServer
 
 pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional extra: pip install 'shardflow[dask]'")
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from s3_support import CountingProxy, S3Server  # noqa: E402
+from support.s3 import CountingProxy, S3Server  # noqa: E402
 
 COMMON = ["--name", "s3c", "--shard-tokens", "200000", "--val-fraction", "0.1"]
 

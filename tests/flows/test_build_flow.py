@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from core_support import SAMPLE, TINY_TEXTS, files_of, write_parquet
+from support.builds import files_of
+from support.corpus import TINY_TEXTS, write_parquet
+from support.paths import SAMPLE
 
 
 @pytest.mark.slow
 def test_the_flow_publishes_the_bytes_of_a_build_without_prefect(prefect_harness, small_vocab, tmp_path, monkeypatch):
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.flows.build import build_dataset
 
@@ -27,11 +29,15 @@ def test_the_flow_publishes_the_bytes_of_a_build_without_prefect(prefect_harness
     sources = tuple(str(write_parquet(tmp_path / f"part{i}.parquet", TINY_TEXTS[i:] + TINY_TEXTS[:i])) for i in range(2))
     config = BuildConfig(name="tinyflow", sources=sources, tokenizer=str(small_vocab), boundary="eos")
     plain = build(config, data_root=tmp_path / "plain" / "data", catalog=tmp_path / "plain" / "cat")
-    ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
-    assert ref == "tinyflow@v1"
+    result = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
+    # The flow returns the driver's BuildResult: the reference, the manifest's path, and whether it is new.
+    ref = result.ref
+    assert (ref, result.created) == ("tinyflow@v1", True)
+    assert result.manifest_path == str(tmp_path / "flow" / "data" / "tinyflow" / "v1" / "metadata.yaml")
     assert files_of(tmp_path / "flow" / "data" / "tinyflow" / "v1") == files_of(Path(plain.manifest_path).parent)
     # Built again, the flow finds the identical version and publishes nothing.
-    assert build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat")) == ref
+    again = build_dataset(config=config, workers=2, data_root=str(tmp_path / "flow" / "data"), catalog=str(tmp_path / "flow" / "cat"))
+    assert (again.ref, again.created) == (ref, False)
     assert sorted(p.name for p in (tmp_path / "flow" / "data" / "tinyflow").iterdir() if p.name.startswith("v")) == ["v1"]
 
 
@@ -45,7 +51,7 @@ def test_past_max_task_runs_a_task_run_takes_several_jobs_and_a_failed_batch_is_
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.flows import build as flows_build
     from shardflow.tasks import build as tasks_build

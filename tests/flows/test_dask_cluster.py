@@ -1,7 +1,7 @@
 """``shardflow build --runner dask`` on a real cluster (``dask scheduler``, ``dask worker`` processes); lost workers.
 
 The cluster is the one docs/OPERATIONS.md tells users to run (the
-``dask_cluster`` fixture: tests/flows/dask_cluster_support.py). A worker killed with SIGKILL while
+``dask_cluster`` fixture: tests/support/dask.py). A worker killed with SIGKILL while
 it tokenizes a work unit costs nothing but time: Dask runs the job again on a
 worker still there (or on the one its nanny starts in its place), the job
 rewrites its unit's pieces from scratch (``tokenize_unit`` removes what an
@@ -23,8 +23,11 @@ from typing import Any, Callable
 
 import pytest
 
-from dask_cluster_support import DaskCluster, start_cluster
-from ops_support import PYTHON, REPO, SHARDFLOW, PrefectServer, run_cli, version_files
+from support.dask import DaskCluster, start_cluster
+from support.builds import version_files
+from support.cli import run_cli
+from support.paths import PYTHON, REPO, SHARDFLOW
+from support.prefect import PrefectServer
 
 pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional extra: pip install 'shardflow[dask]'")
 pytest.importorskip("distributed")
@@ -198,7 +201,7 @@ def test_a_worker_lost_mid_unit_costs_a_rerun_not_the_build(
 def test_a_worker_process_killed_mid_unit_without_prefect(
     dask_cluster: DaskCluster, units_corpus: Path, local_bytes: dict[str, bytes], tmp_path: Path
 ) -> None:
-    # build/dask_executor.py: the driver's jobs submitted to the cluster directly. This time only the worker process
+    # pipeline/dask_executor.py: the driver's jobs submitted to the cluster directly. This time only the worker process
     # dies (the kernel's OOM killer would do that): its nanny starts a new one, under the same name.
     groups, pids = dask_cluster.worker_groups(), dask_cluster.worker_pids()
     build = start_build(units_corpus, dask_cluster, dict(os.environ), tmp_path, "--no-prefect")

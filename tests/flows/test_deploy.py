@@ -10,9 +10,7 @@ the installed-package deployment by hand, and lets one ``--run-once`` worker run
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ops_support import PYTHON, REPO, PrefectServer
+from support.paths import PYTHON, REPO
+from support.prefect import PrefectServer
+from support.processes import stop_group
 
 PREFECT_YAML = REPO / "prefect.yaml"
 POOL = "shardflow"
@@ -139,12 +139,7 @@ def test_prefect_deploy_then_a_process_worker_runs_the_scheduled_build(
             _assert_published(roots[name], run_id)
     finally:
         if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
+            stop_group(worker)
 
 
 def _assert_published(root: Path, flow_run_id: str) -> None:

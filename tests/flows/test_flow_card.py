@@ -19,12 +19,12 @@ import pytest
 
 from shardflow.flows.build import build_dataset
 from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, creation_order
-from shardflow.build.staging import Staging
+from shardflow.pipeline.staging import Staging
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.faults import RELEASE_ENV, reset
 
-from ops_support import PrefectServer
+from support.prefect import PrefectServer
 
 
 def _task_runs(server: PrefectServer, name: str, timeout: float = 20) -> dict[str, dict]:
@@ -52,7 +52,7 @@ def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own
     result: dict = {}
     # The flow on its own thread, in this context (the settings that point Prefect at the session's server).
     run = contextvars.copy_context().run
-    worker = threading.Thread(target=run, args=(lambda: result.update(ref=build_dataset(config=config, workers=1, **where)),))
+    worker = threading.Thread(target=run, args=(lambda: result.update(ref=build_dataset(config=config, workers=1, **where).ref),))
     worker.start()
     try:
         deadline = time.monotonic() + 90

@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
-import shardflow.build.check as check_mod
+import shardflow.pipeline.check as check_mod
 from shardflow.flows.build import build_dataset
-from shardflow.build import build_lock, plan_build, tokenize_unit
+from shardflow.pipeline import build_lock, plan_build, tokenize_unit
 from shardflow.config import BuildConfig
 from shardflow.manifest import read_manifest
 from shardflow.validation import validate_dir
 
-from ops_support import PrefectServer
+from support.prefect import PrefectServer
 
 
 def _task_names(server: PrefectServer, name: str, timeout: float = 20) -> list[str]:
@@ -52,7 +52,7 @@ def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
     name = "done-incr"
     config = BuildConfig(name=name, sources=(str(src),), shard_tokens=100_000, val_fraction=0.0)
     where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
-    assert build_dataset(config=config, workers=2, **where) == f"{name}@v1"
+    assert build_dataset(config=config, workers=2, **where).ref == f"{name}@v1"
 
     read: list[str] = []
     real = check_mod.validate_shard_entry
@@ -63,7 +63,7 @@ def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
 
     monkeypatch.setattr(check_mod, "validate_shard_entry", counting)
     shutil.copy(corpus / "part-3.parquet", src)
-    assert build_dataset(config=config, workers=2, **where) == f"{name}@v2"
+    assert build_dataset(config=config, workers=2, **where).ref == f"{name}@v2"
 
     v1 = read_manifest(tmp_path / "data" / name / "v1")
     v2 = read_manifest(tmp_path / "data" / name / "v2")
@@ -95,7 +95,7 @@ def test_a_resumed_flow_build_spends_no_task_run_on_units_already_tokenized(
     with build_lock(plan) as locked:
         tokenize_unit(locked, 0)
         tokenize_unit(locked, 2)
-    assert build_dataset(config=config, workers=2, **where) == f"{name}@v1"
+    assert build_dataset(config=config, workers=2, **where).ref == f"{name}@v1"
     names = _task_names(prefect_api, name)
     tokenized = [n for n in names if n.startswith(f"tokenize {name} unit ")]
     assert [n.split(" unit ")[1][:3] for n in tokenized] == ["2/4", "4/4"], names

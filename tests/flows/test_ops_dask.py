@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ops_support import PrefectServer, run_cli, version_files
+from support.builds import version_files
+from support.cli import run_cli
+from support.prefect import PrefectServer
 from shardflow.manifest import read_manifest
 
 pytest.importorskip("prefect_dask", reason="the Dask runner needs the optional extra: pip install 'shardflow[dask]'")
@@ -40,7 +42,7 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
             per_worker = client.run(
                 lambda dask_worker: sum(1 for entry in dask_worker.state.log if entry[2] == "memory")
             )
-        # The same driver on the same cluster without Prefect (build/dask_executor.py).
+        # The same driver on the same cluster without Prefect (pipeline/dask_executor.py).
         bare = run_cli(
             [*common, "--no-prefect", "--runner", "dask", "--address", cluster.scheduler_address,
              "--data-root", "bare/data", "--catalog", "bare/cat"],
@@ -73,7 +75,7 @@ def test_dask_runner_output_is_byte_identical_to_the_local_runner(
 def test_dask_runner_refuses_the_temporary_server_and_a_missing_address(tmp_path: Path, corpus: Path) -> None:
     import os
 
-    from ops_support import client_env
+    from support.prefect import client_env
 
     env = client_env("", tmp_path / "home")
     env.pop("PREFECT_API_URL")

@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-import shardflow.build as core
+import shardflow.pipeline as core
 from shardflow.flows.build import build_dataset
-from shardflow.flows.progress import listening
+from shardflow.cli.progress import listening
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
-from ops_support import SAMPLE, PrefectServer
+from support.paths import SAMPLE
+from support.prefect import PrefectServer
 
 
 def _flow_run(server: PrefectServer, name: str, timeout: float = 15) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     config = BuildConfig(name=name, sources=(str(corpus),), shard_tokens=200_000, val_fraction=0.1)
     events = []
     with listening(events.append):
-        ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+        ref = build_dataset(config=config, workers=2, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat")).ref
     assert ref == f"{name}@v1"
     version = tmp_path / "data" / name / "v1"
     m = read_manifest(version)
@@ -139,8 +140,8 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
     assert card["data"].count("](data:image/png;base64,") == 3
 
     # The core library's log lines are in the run logs.
-    logs = _logs(server, run["id"], "shardflow.build")
-    core_lines = [entry["message"] for entry in logs if entry["name"] == "shardflow.build"]
+    logs = _logs(server, run["id"], "shardflow.pipeline")
+    core_lines = [entry["message"] for entry in logs if entry["name"] == "shardflow.pipeline"]
     assert any("unit 0 of part-0.parquet" in line for line in core_lines), core_lines
     assert any(f"published {ref}" in line for line in core_lines), core_lines
 
@@ -154,10 +155,10 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
 
     # Same inputs again: no new version, and the summary says so; a changed option: v2.
     # Each run adds a version of the same keys, so the Artifacts page lists the dataset's builds.
-    assert build_dataset(config=config, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat")) == ref
+    assert build_dataset(config=config, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat")).ref == ref
     latest = server.request("GET", "/artifacts/ops-flow-demo-summary/latest")
     assert "No new version" in latest["data"] and ref in latest["data"]
-    ref2 = build_dataset(config=config.replace(seed=1), data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    ref2 = build_dataset(config=config.replace(seed=1), data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat")).ref
     assert ref2 == f"{name}@v2"
     versions = server.request("POST", "/artifacts/filter", {"artifacts": {"key": {"any_": ["ops-flow-demo-summary"]}}})
     assert len(versions) == 3
@@ -172,7 +173,7 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
     server = prefect_api
     import dataclasses
 
-    import shardflow.build.tokenize as tokenize_mod
+    import shardflow.pipeline.tokenize as tokenize_mod
     import shardflow.tasks.build as tb
 
     tokenized: Counter[int] = Counter()
@@ -238,12 +239,12 @@ def test_a_nightly_rebuild_of_a_grown_directory_tokenizes_only_the_new_file(
         shutil.copy(corpus / f"part-{i}.parquet", src)
     config = BuildConfig(name="ops-nightly", sources=(str(src),), shard_tokens=200_000)
     where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
-    assert build_dataset(config=config, **where) == "ops-nightly@v1"
-    assert build_dataset(config=config, **where) == "ops-nightly@v1"  # nothing changed: nothing new
+    assert build_dataset(config=config, **where).ref == "ops-nightly@v1"
+    assert build_dataset(config=config, **where).ref == "ops-nightly@v1"  # nothing changed: nothing new
     shutil.copy(corpus / "part-3.parquet", src)
     events = []
     with listening(events.append):
-        assert build_dataset(config=config, **where) == "ops-nightly@v2"
+        assert build_dataset(config=config, **where).ref == "ops-nightly@v2"
     tok = [e for e in events if e.phase == "tokenize"]
     assert tok[-1].total == 1 and tok[-1].done == 1  # only the new file's unit
     m = read_manifest(tmp_path / "data" / "ops-nightly" / "v2")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ops_support import PYTHON, SHARDFLOW, PrefectServer
+from support.paths import PYTHON, SHARDFLOW
+from support.prefect import PrefectServer
 
 
 @pytest.mark.slow

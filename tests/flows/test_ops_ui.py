@@ -2,7 +2,7 @@
 summary, its shard table and the dataset card's plots (image artifacts).
 
 Headless Chromium (Debian's ``chromium``) is driven over the DevTools protocol
-(``ops_browser.py``): it opens the flow run's page, waits for the app to render,
+(``support/browser.py``): it opens the flow run's page, waits for the app to render,
 clicks the Artifacts tab and then each artifact, and reads the rendered text.
 Screenshots go to the test's tmp directory, or to ``docs/`` with
 ``SHARDFLOW_UPDATE_SCREENSHOTS=1`` (how ``docs/ui-*.png`` are made).
@@ -17,8 +17,10 @@ import pytest
 
 from shardflow.manifest import read_manifest
 
-from ops_browser import Browser, find_chromium
-from ops_support import REPO, PrefectServer, run_cli
+from support.browser import Browser, find_chromium
+from support.cli import run_cli
+from support.paths import REPO
+from support.prefect import PrefectServer
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
@@ -50,7 +52,7 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
     with Browser(width=1400, height=1100) as b:
         b.open(f"{prefect_server.url}/runs/flow-run/{run['id']}")
         # The run's header (name, state, dataset tag) and, in the default Logs tab, the core's log lines.
-        text = b.wait_for_text(f"build {name}", "Completed", f"dataset:{name}", "shardflow.build", timeout=60)
+        text = b.wait_for_text(f"build {name}", "Completed", f"dataset:{name}", "shardflow.pipeline", timeout=60)
         assert "Can't connect to Server API" not in text
 
         b.click_text("Artifacts")

@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from shardflow.flows.cli import main
-from shardflow.flows.progress import Progress, ProgressDisplay, choose_mode, format_eta, format_rate
+from shardflow.cli.commands import main
+from shardflow.cli.progress import Progress, ProgressDisplay, choose_mode, format_eta, format_rate
 from shardflow.flows.report import artifact_key, dataset_slug, shard_rows, summary_description, summary_markdown
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError, InputError, ValidationError
 from shardflow.manifest import read_manifest
-from shardflow.flows.options import is_url
+from shardflow.cli.options import is_url
 from shardflow.sources.storage import local_path as file_url_to_path
 
-from ops_support import SAMPLE, version_files
+from support.builds import version_files
+from support.paths import SAMPLE
 
 KEY_RE = re.compile(r"^[a-z0-9-]+$")
 
@@ -336,7 +337,7 @@ def test_a_plan_handle_travels_as_its_staging_directory_not_as_the_whole_plan(tm
     import dataclasses
     import pickle
 
-    from shardflow.build import build_lock, plan_build
+    from shardflow.pipeline import build_lock, plan_build
     from shardflow.tasks.build import PlanHandle
 
     sizes = []

@@ -25,7 +25,7 @@ def test_a_temporary_server_that_fails_to_start_is_reported_at_once_with_its_own
     env = _env(tmp_path, PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/x.db",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")
     proc = subprocess.run(
-        [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "s", "--data-root",
+        [sys.executable, "-m", "shardflow", "build", str(SAMPLE), "--name", "s", "--data-root",
          str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
@@ -69,13 +69,13 @@ def test_the_build_started_while_the_server_starts_is_resumed_to_the_same_bytes(
     """Units tokenized before the server answers are committed and kept; the lock is released; the rest of
     the build (here the core's own) gives the bytes of a build that never waited."""
     from shardflow import BuildConfig
-    from shardflow.build import build, plan_build
-    from shardflow.build.tokenize import unit_done
+    from shardflow.pipeline import BuildRequest, build, plan_build
+    from shardflow.pipeline.tokenize import unit_done
     from shardflow.flows.server import build_until_answered
 
     config = BuildConfig(name="early", sources=(str(SAMPLE),), unit_bytes=20_000, shard_tokens=40_000)
     where = dict(data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
-    build_until_answered(_Server(answers_after), config, workers=2, **where)
+    build_until_answered(_Server(answers_after), BuildRequest(config=config, workers=2, **where))
     plan = plan_build(config, **where)
     done = [unit_done(plan, u) is not None for u in range(len(plan.units))]
     assert len(done) == 4 and done == [answers_after > 0] * 4  # all of them, or none if it answered at once

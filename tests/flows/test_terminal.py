@@ -1,4 +1,4 @@
-"""What the command line keeps off the terminal (``shardflow.flows.terminal``): fast checks of its pieces.
+"""What the command line keeps off the terminal (``shardflow.cli.terminal``): fast checks of its pieces.
 
 The end-to-end checks run the ``shardflow`` command itself: ``tests/test_cli.py`` (a broken pipe, the
 temporary server's note, ``--version``) and ``tests/reliability/test_bad_input.py`` (an error printed once).
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.errors import InputError, ShardflowError
-from shardflow.flows.terminal import ConsoleFilter, recorded_note
+from shardflow.flows.console import ConsoleFilter, recorded_note
 
 
 class _ElsewhereError(ShardflowError):
@@ -75,7 +75,7 @@ def test_the_note_names_the_database_and_the_command_that_shows_it(tmp_path):
 
 def test_stdout_closed_tells_a_gone_reader_from_a_live_one():
     """Only a pipe whose reader has gone: another pipe's BrokenPipeError stays an I/O error with its message."""
-    code = ("import sys\nfrom shardflow.flows.terminal import stdout_closed\n"
+    code = ("import sys\nfrom shardflow.cli.terminal import stdout_closed\n"
             "sys.stderr.write(str(stdout_closed()))\n")
     live = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert live.stderr == "False"
@@ -92,7 +92,7 @@ def test_stdout_closed_tells_a_gone_reader_from_a_live_one():
 def test_a_broken_pipe_that_is_not_stdout_stays_an_io_error(tmp_path):
     """A helper process or socket gone: the one-line I/O error and status 1, not the quiet ending of ``| head``."""
     code = (
-        "import errno, sys\nfrom shardflow.flows import cli\n"
+        "import errno, sys\nfrom shardflow.cli import commands as cli\n"
         "def ls(args):\n    raise BrokenPipeError(errno.EPIPE, 'Broken pipe')\n"
         "cli.COMMANDS['ls'] = ls\nraise SystemExit(cli.main(['ls', '--catalog', 'cat']))\n"
     )

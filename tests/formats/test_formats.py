@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core_support import SAMPLE, STATS_AND_CARD, TINY_IDS
+from support.builds import STATS_AND_CARD
+from support.corpus import TINY_IDS
+from support.paths import SAMPLE
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.formats import FORMATS, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, get_format
 

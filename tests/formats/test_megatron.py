@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
-from core_support import SAMPLE, STATS_AND_CARD, TINY_IDS, Built, make_builder
-from recut_support import cut_across_documents
+from support.builds import STATS_AND_CARD, Built, make_builder
+from support.corpus import TINY_IDS
+from support.paths import SAMPLE
+from support.recut import cut_across_documents
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.formats import FORMATS, MEGATRON
 from shardflow.formats.megatron import encode_idx, parse_idx
@@ -408,7 +410,8 @@ def test_registry_and_parse_errors(tmp_path):
 @pytest.mark.slow
 def test_incremental_build_equals_a_full_one(tmp_path, sample_texts):
     # Shards linked from the parent version keep their .idx too: the bytes are a full build's.
-    from core_support import files_of, write_parquet
+    from support.builds import files_of
+    from support.corpus import write_parquet
 
     src = tmp_path / "src"
     write_parquet(src / "a.parquet", sample_texts[:40])

@@ -1,7 +1,6 @@
 """Fixtures of the reliability tests: a sample version published once per module, and a private copy of it per test.
 
-A module that uses them names its dataset in ``NAME``. Helpers are imported from
-``rel_support`` by name, never from here.
+A module that uses them names its dataset in ``NAME``. Helpers are in tests/support.
 """
 
 from __future__ import annotations
@@ -11,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rel_support import SAMPLE, build_in, small_vocab
+from support.builds import build_in
+from support.corpus import small_vocab
+from support.paths import SAMPLE
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Bad input: each one a single clear message naming the file (and row), a non-zero exit, nothing published.
 
 Every case runs the real command line (``shardflow build ... --no-prefect``,
-in-process through ``shardflow.flows.cli.main``) and checks: exit status 2, the last line
+in-process through ``shardflow.cli.commands.main``) and checks: exit status 2, the last line
 of standard error is ``shardflow: error: ...`` with the expected message, no
 traceback, and no version in the catalog or the data root.
 """
@@ -19,7 +19,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from rel_support import SAMPLE, small_vocab
+from support.cli import CliRun, run_main
+from support.corpus import small_vocab
+from support.paths import SAMPLE
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
 from shardflow.tokenizers import load_tokenizer
@@ -32,15 +34,12 @@ def _parquet(path: Path, columns: dict, **kw) -> Path:
     return path
 
 
-def run_build(tmp_path: Path, capsys, *args: str) -> tuple[int, str]:
-    from shardflow.flows.cli import main
-
-    rc = main(["build", *args, "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog")])
-    return rc, capsys.readouterr().err
+def run_build(tmp_path: Path, *args: str) -> CliRun:
+    return run_main("build", *args, "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"))
 
 
-def refused(tmp_path: Path, capsys, pattern: str, *args: str, name: str = "bad") -> str:
-    rc, err = run_build(tmp_path, capsys, *args, "--name", name)
+def refused(tmp_path: Path, pattern: str, *args: str, name: str = "bad") -> str:
+    rc, _, err = run_build(tmp_path, *args, "--name", name)
     last = err.strip().splitlines()[-1] if err.strip() else ""
     assert rc == 2, err
     assert "Traceback" not in err
@@ -53,31 +52,31 @@ def refused(tmp_path: Path, capsys, pattern: str, *args: str, name: str = "bad")
     return last
 
 
-def test_missing_text_column_lists_the_columns(tmp_path, capsys):
+def test_missing_text_column_lists_the_columns(tmp_path):
     f = _parquet(tmp_path / "in" / "a.parquet", {"body": ["x", "y"], "id": [1, 2]})
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: no column 'text'; the columns are body, id\. Pick the text column with --text-column NAME", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: no column 'text'; the columns are body, id\. Pick the text column with --text-column NAME", str(f))
 
 
-def test_text_column_that_is_not_a_string(tmp_path, capsys):
+def test_text_column_that_is_not_a_string(tmp_path):
     f = _parquet(tmp_path / "in" / "n.parquet", {"text": [1, 2, 3]})
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: column 'text' has type int64, not a string type; pick a string column", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: column 'text' has type int64, not a string type; pick a string column", str(f))
 
 
-def test_corrupt_parquet_file(tmp_path, capsys):
+def test_corrupt_parquet_file(tmp_path):
     f = tmp_path / "in" / "garbage.parquet"
     f.parent.mkdir()
     f.write_bytes(os.urandom(5000))
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: not a readable Parquet file \(.*\); the file is corrupt or truncated", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: not a readable Parquet file \(.*\); the file is corrupt or truncated", str(f))
 
 
-def test_truncated_parquet_file(tmp_path, capsys):
+def test_truncated_parquet_file(tmp_path):
     f = tmp_path / "in" / "cut.parquet"
     f.parent.mkdir()
     f.write_bytes(SAMPLE.read_bytes()[: SAMPLE.stat().st_size // 2])
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: not a readable Parquet file .*corrupt or truncated", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: not a readable Parquet file .*corrupt or truncated", str(f))
 
 
-def test_damaged_row_group_is_named_with_its_rows(tmp_path, capsys):
+def test_damaged_row_group_is_named_with_its_rows(tmp_path):
     texts = pq.read_table(SAMPLE, columns=["text"])
     f = tmp_path / "in" / "damaged.parquet"
     f.parent.mkdir()
@@ -88,91 +87,89 @@ def test_damaged_row_group_is_named_with_its_rows(tmp_path, capsys):
     for i in range(offset, offset + 200):
         data[i] ^= 0x5A
     f.write_bytes(bytes(data))
-    last = refused(tmp_path, capsys, rf"{re.escape(str(f))}: reading failed in row group [23] \(rows (32 to 47|48 to 60)\) \(", str(f))
+    last = refused(tmp_path, rf"{re.escape(str(f))}: reading failed in row group [23] \(rows (32 to 47|48 to 60)\) \(", str(f))
     assert "\n" not in last and "corrupt or truncated" in last
 
 
-def test_zero_byte_file(tmp_path, capsys):
+def test_zero_byte_file(tmp_path):
     f = tmp_path / "in" / "empty.parquet"
     f.parent.mkdir()
     f.touch()
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: the file is empty \(0 bytes\); remove it or regenerate it", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: the file is empty \(0 bytes\); remove it or regenerate it", str(f))
 
 
-def test_zero_byte_file_among_good_ones_is_named(tmp_path, capsys):
+def test_zero_byte_file_among_good_ones_is_named(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     shutil.copy(SAMPLE, d / "good.parquet")
     (d / "zero.parquet").touch()
-    refused(tmp_path, capsys, r"zero\.parquet: the file is empty", str(d))
+    refused(tmp_path, r"zero\.parquet: the file is empty", str(d))
 
 
-def test_path_that_does_not_exist(tmp_path, capsys):
+def test_path_that_does_not_exist(tmp_path):
     missing = tmp_path / "nowhere" / "x.parquet"
-    refused(tmp_path, capsys, rf"{re.escape(str(missing))}: no such file or directory; check the path", str(missing))
+    refused(tmp_path, rf"{re.escape(str(missing))}: no such file or directory; check the path", str(missing))
 
 
-def test_directory_without_matching_files(tmp_path, capsys):
+def test_directory_without_matching_files(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     (d / "notes.txt").write_text("hello")
-    refused(tmp_path, capsys, rf"{re.escape(str(d))}: the directory has no Parquet, Arrow or JSON Lines files", str(d))
+    refused(tmp_path, rf"{re.escape(str(d))}: the directory has no Parquet, Arrow or JSON Lines files", str(d))
 
 
-def test_glob_without_matches(tmp_path, capsys):
-    refused(tmp_path, capsys, r"\*\.parquet: the pattern matches no files", str(tmp_path / "*.parquet"))
+def test_glob_without_matches(tmp_path):
+    refused(tmp_path, r"\*\.parquet: the pattern matches no files", str(tmp_path / "*.parquet"))
 
 
-def test_unsupported_file_type(tmp_path, capsys):
+def test_unsupported_file_type(tmp_path):
     f = tmp_path / "in" / "data.csv"
     f.parent.mkdir()
     f.write_text("text\nhello\n")
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: unsupported file type '\.csv'", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: unsupported file type '\.csv'", str(f))
 
 
-def test_corrupt_arrow_file(tmp_path, capsys):
+def test_corrupt_arrow_file(tmp_path):
     f = tmp_path / "in" / "bad.arrow"
     f.parent.mkdir()
     f.write_bytes(b"ARROW1" + os.urandom(300))
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: .*not a readable Arrow IPC file|{re.escape(str(f))}: reading failed", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: .*not a readable Arrow IPC file|{re.escape(str(f))}: reading failed", str(f))
 
 
-def test_empty_corpus(tmp_path, capsys):
+def test_empty_corpus(tmp_path):
     f = _parquet(tmp_path / "in" / "none.parquet", {"text": pa.array([], type=pa.string())})
-    refused(tmp_path, capsys, r"the corpus is empty: .*none\.parquet hold no rows", str(f))
+    refused(tmp_path, r"the corpus is empty: .*none\.parquet hold no rows", str(f))
 
 
-def test_every_text_null_or_empty(tmp_path, capsys):
+def test_every_text_null_or_empty(tmp_path):
     f = _parquet(tmp_path / "in" / "blank.parquet", {"text": pa.array([None, "", None, ""], type=pa.string())})
     refused(
         tmp_path,
-        capsys,
         r"the corpus has no text to tokenize: every one of its 4 rows in column 'text' is null \(2\) or empty \(2\); check --text-column",
         str(f),
     )
 
 
-def test_two_inputs_that_cannot_be_told_apart(tmp_path, capsys):
+def test_two_inputs_that_cannot_be_told_apart(tmp_path):
     # Same file name in two directories of the same name: no name tells them apart.
     a = _parquet(tmp_path / "one" / "data" / "x.parquet", {"text": ["a"]})
     b = _parquet(tmp_path / "two" / "data" / "x.parquet", {"text": ["b"]})
     refused(
         tmp_path,
-        capsys,
         rf"{re.escape(str(a))} and {re.escape(str(b))} both get the input name 'data/x\.parquet'; rename one of them",
         str(a),
         str(b),
     )
 
 
-def test_one_file_given_twice(tmp_path, capsys):
+def test_one_file_given_twice(tmp_path):
     a = _parquet(tmp_path / "in" / "x.parquet", {"text": ["a"]})
-    refused(tmp_path, capsys, rf"{re.escape(str(a))}: the file is given twice", str(a), str(tmp_path / "in"))
+    refused(tmp_path, rf"{re.escape(str(a))}: the file is given twice", str(a), str(tmp_path / "in"))
 
 
-def test_missing_id_column(tmp_path, capsys):
+def test_missing_id_column(tmp_path):
     f = _parquet(tmp_path / "in" / "a.parquet", {"text": ["x"]})
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: no id column 'doc_id'; the columns are text", str(f), "--id-column", "doc_id")
+    refused(tmp_path, rf"{re.escape(str(f))}: no id column 'doc_id'; the columns are text", str(f), "--id-column", "doc_id")
 
 
 @pytest.mark.parametrize(
@@ -190,12 +187,12 @@ def test_missing_id_column(tmp_path, capsys):
     ],
     ids=["tokenizer", "rank-file", "format", "legacy-vocab", "shard-0", "shard-2^31", "val-fraction", "val-both", "workers"],
 )
-def test_configuration_mistakes(tmp_path, capsys, args, pattern):
-    refused(tmp_path, capsys, pattern, str(SAMPLE), *args)
+def test_configuration_mistakes(tmp_path, args, pattern):
+    refused(tmp_path, pattern, str(SAMPLE), *args)
 
 
-def test_bad_name(tmp_path, capsys):
-    refused(tmp_path, capsys, r"dataset name 'Bad Name' is not allowed", str(SAMPLE), name="Bad Name")
+def test_bad_name(tmp_path):
+    refused(tmp_path, r"dataset name 'Bad Name' is not allowed", str(SAMPLE), name="Bad Name")
 
 
 def _binary_corpus(path: Path) -> tuple[Path, list[bytes]]:
@@ -205,10 +202,10 @@ def _binary_corpus(path: Path) -> tuple[Path, list[bytes]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["replace", "skip"])
-def test_invalid_utf8_in_a_binary_column_follows_the_policy_and_is_counted(tmp_path, capsys, policy):
+def test_invalid_utf8_in_a_binary_column_follows_the_policy_and_is_counted(tmp_path, policy):
     f, raw = _binary_corpus(tmp_path / "in" / "bin.parquet")
     vocab = small_vocab(tmp_path)
-    rc, err = run_build(tmp_path, capsys, str(f), "--name", "utf", "--utf8-errors", policy, "--tokenizer", str(vocab))
+    rc, _, err = run_build(tmp_path, str(f), "--name", "utf", "--utf8-errors", policy, "--tokenizer", str(vocab))
     assert rc == 0, err
     v = open_version("utf@v1", catalog=tmp_path / "catalog")
     t = v.manifest.totals
@@ -225,7 +222,7 @@ def test_invalid_utf8_in_a_binary_column_follows_the_policy_and_is_counted(tmp_p
 
 
 def test_a_document_longer_than_a_shard_gets_a_shard_of_its_own(tmp_path):
-    from rel_support import build_in
+    from support.builds import build_in
 
     vocab = small_vocab(tmp_path)
     long_text = " ".join(f"word{i}" for i in range(3000))
@@ -251,11 +248,11 @@ def test_a_document_longer_than_a_shard_gets_a_shard_of_its_own(tmp_path):
     assert [train.text(i) for i in range(4)] == texts
 
 
-def test_an_arrow_file_with_a_missing_column(tmp_path, capsys):
+def test_an_arrow_file_with_a_missing_column(tmp_path):
     f = tmp_path / "in" / "t.arrow"
     f.parent.mkdir()
     feather.write_feather(pa.table({"content": ["a", "b"]}), f)
-    refused(tmp_path, capsys, rf"{re.escape(str(f))}: no column 'text'; the columns are content", str(f))
+    refused(tmp_path, rf"{re.escape(str(f))}: no column 'text'; the columns are content", str(f))
 
 
 @pytest.mark.slow
@@ -280,7 +277,7 @@ def test_an_input_error_is_printed_once_on_both_paths(tmp_path, no_prefect):
     for k, (sources, message) in enumerate(cases):
         name = f"bad{k}"
         proc = subprocess.run(
-            [sys.executable, "-m", "shardflow.flows.cli", "build", *sources, "--name", name, "--data-root", "data",
+            [sys.executable, "-m", "shardflow", "build", *sources, "--name", name, "--data-root", "data",
              "--catalog", "cat", "--progress", "none", *(["--no-prefect"] if no_prefect else [])],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )

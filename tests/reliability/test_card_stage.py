@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from rel_support import build_cli, fault_options, killed, small_vocab, split_sample, versions
+from support.builds import fault_options, versions
+from support.cli import build_cli, killed
+from support.corpus import small_vocab, split_sample
 
-from shardflow.build import STAGES, build, build_lock, finalize, plan_build, publish, run_stages
-from shardflow.build.card_stage import card_done
-from shardflow.build.staging import Staging
+from shardflow.pipeline import STAGES, build, build_lock, finalize, plan_build, publish, run_stages
+from shardflow.pipeline.card_stage import card_done
+from shardflow.pipeline.staging import Staging
 from shardflow.config import BuildConfig
 from shardflow.faults import RELEASE_ENV, reset
 from shardflow.manifest import read_manifest

@@ -19,8 +19,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from rel_support import build_in, fault_options, small_vocab, split_sample, start_build_cli, versions
-from shardflow.build import build, build_lock, plan_build
+from support.builds import build_in, fault_options, versions
+from support.cli import start_build_cli
+from support.corpus import small_vocab, split_sample
+from shardflow.pipeline import build, build_lock, plan_build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import CatalogError
@@ -182,14 +184,14 @@ def test_a_run_that_waited_reports_what_the_other_published(tmp_path):
 
 
 def test_the_lock_then_recheck_sequence_is_written_once_and_every_runner_goes_through_it():
-    """Plan -> published? -> lock -> published meanwhile? -> stages: only ``drive`` (build/run.py) takes the
-    build's lock; the Prefect flow and the command line's runners call ``drive`` with their executor."""
+    """Plan -> published? -> lock -> published meanwhile? -> stages: only ``drive`` (pipeline/run.py) takes the
+    build's lock; the Prefect flow and the command line's runners call it through ``run_request`` with their executor."""
     import re
 
     root = Path(__file__).resolve().parents[2]
     files = [*root.joinpath("src", "shardflow").rglob("*.py"), *root.joinpath("flows").rglob("*.py"),
              *root.joinpath("tasks").rglob("*.py")]
     takers = sorted(str(f.relative_to(root)) for f in files if re.search(r"with build_lock\(", f.read_text()))
-    assert takers == ["src/shardflow/build/run.py"]
-    assert "drive(" in (root / "flows" / "build.py").read_text()
-    assert "drive(" in (root / "flows" / "cli.py").read_text()
+    assert takers == ["src/shardflow/pipeline/run.py"]
+    assert "run_request(" in (root / "flows" / "build.py").read_text()
+    assert "run_request(" in (root / "src" / "shardflow" / "cli" / "build.py").read_text()

@@ -14,21 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from rel_support import SAMPLE, assert_same_version, build_in, small_vocab, split_sample, versions
+from support.builds import assert_same_version, build_in, versions
+from support.cli import CliRun, run_main
+from support.corpus import small_vocab, split_sample
+from support.paths import SAMPLE
 from shardflow import faults
 from shardflow.validation import validate_dir
 
 NAME = "full"
 
 
-def run_build(capsys, root: Path, src: Path, vocab: Path, extra: tuple[str, ...] = ()) -> tuple[int, str]:
-    from shardflow.flows.cli import main
-
-    rc = main(
-        ["build", str(src), "--name", NAME, "--no-prefect", "--data-root", str(root / "data"),
-         "--catalog", str(root / "catalog"), "--tokenizer", str(vocab), "--shard-tokens", "30000", "--workers", "2", *extra]
-    )
-    return rc, capsys.readouterr().err
+def run_build(root: Path, src: Path, vocab: Path, extra: tuple[str, ...] = ()) -> CliRun:
+    return run_main("build", str(src), "--name", NAME, "--no-prefect", "--data-root", str(root / "data"), "--catalog",
+                    str(root / "catalog"), "--tokenizer", str(vocab), "--shard-tokens", "30000", "--workers", "2", *extra)
 
 
 def assert_clean_disk_full(rc: int, err: str) -> None:
@@ -62,13 +60,13 @@ def _resize(mnt: Path, size_bytes: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_real_full_disk(tmpfs, tmp_path, capsys):
+def test_a_real_full_disk(tmpfs, tmp_path):
     vocab = small_vocab(tmp_path)
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(SAMPLE, src / "a.parquet")
     root = tmpfs  # data root and catalog on the small filesystem
-    rc, err = run_build(capsys, root, src, vocab)
+    rc, _, err = run_build(root, src, vocab)
     assert rc == 0, err
     catalog_file = root / "catalog" / f"{NAME}.yaml"
     before = catalog_file.read_bytes()
@@ -78,7 +76,7 @@ def test_a_real_full_disk(tmpfs, tmp_path, capsys):
     _resize(tmpfs, used + 200 * 1024)
     for extra in ("b.parquet", "c.parquet"):
         shutil.copy(SAMPLE, src / extra)
-    rc, err = run_build(capsys, root, src, vocab)
+    rc, _, err = run_build(root, src, vocab)
     assert_clean_disk_full(rc, err)
     assert catalog_file.read_bytes() == before
     assert versions(root, NAME) == ["v1"]
@@ -86,7 +84,7 @@ def test_a_real_full_disk(tmpfs, tmp_path, capsys):
     assert no_temporary_files(root) == []
     # Space is freed: the same command finishes the build.
     _resize(tmpfs, 64 << 20)
-    rc, err = run_build(capsys, root, src, vocab)
+    rc, _, err = run_build(root, src, vocab)
     assert rc == 0, err
     assert versions(root, NAME) == ["v1", "v2"]
     full = build_in(tmp_path / "elsewhere", src, NAME, dict(tokenizer=str(vocab), shard_tokens=30_000))
@@ -99,7 +97,7 @@ def test_a_real_full_disk(tmpfs, tmp_path, capsys):
     ["enospc:tokenize-batch", "enospc:tokenize-tokens", "enospc:layout", "enospc:shard-mid:2", "enospc:atomic-write:6", "enospc:finalize-manifest", "enospc:catalog-write"],
 )
 @pytest.mark.slow
-def test_injected_disk_full(tmp_path, capsys, monkeypatch, point):
+def test_injected_disk_full(tmp_path, monkeypatch, point):
     # shard-mid is reached only while a gathered shard is copied (a placed one is hard-linked): a
     # held-out val split of half the documents is gathered into 3 shards, so the 2nd one fails.
     extra, options = ((), {}) if "shard-mid" not in point else (("--val-fraction", "0.5"), {"val_fraction": 0.5})
@@ -108,7 +106,7 @@ def test_injected_disk_full(tmp_path, capsys, monkeypatch, point):
     held = tmp_path / "part1.parquet"
     shutil.move(src / "part1.parquet", held)
     root = tmp_path / "root"
-    rc, err = run_build(capsys, root, src, vocab, extra)
+    rc, _, err = run_build(root, src, vocab, extra)
     assert rc == 0, err
     catalog_file = root / "catalog" / f"{NAME}.yaml"
     before = catalog_file.read_bytes()
@@ -116,7 +114,7 @@ def test_injected_disk_full(tmp_path, capsys, monkeypatch, point):
 
     faults.reset()
     monkeypatch.setenv(faults.ENV, point)
-    rc, err = run_build(capsys, root, src, vocab, extra)
+    rc, _, err = run_build(root, src, vocab, extra)
     assert_clean_disk_full(rc, err)
     assert catalog_file.read_bytes() == before
     assert versions(root, NAME) == ["v1"]
@@ -124,7 +122,7 @@ def test_injected_disk_full(tmp_path, capsys, monkeypatch, point):
     assert no_temporary_files(root) == []
 
     monkeypatch.delenv(faults.ENV)
-    rc, err = run_build(capsys, root, src, vocab, extra)
+    rc, _, err = run_build(root, src, vocab, extra)
     assert rc == 0, err
     assert versions(root, NAME) == ["v1", "v2"]
     full = build_in(tmp_path / "elsewhere", src, NAME, dict(tokenizer=str(vocab), shard_tokens=30_000, **options))

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rel_support import small_vocab
-from shardflow.flows.cli import main
+from support.cli import CliRun, run_main
+from support.corpus import small_vocab
 from shardflow.manifest import read_manifest
 from shardflow.sources import discover_inputs, iter_text_batches, plan_units
 
@@ -74,11 +74,10 @@ def parquet_bomb(path: Path, size: int, *, row_group_size: int) -> Path:
     return path
 
 
-def cli(capsys, tmp_path: Path, source: Path, *flags: str) -> tuple[int, str]:
-    rc = main(["build", str(source), "--name", NAME, "--tokenizer", str(small_vocab(tmp_path / "vocab")),
-               "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"),
-               "--progress", "none", *flags])
-    return rc, capsys.readouterr().err
+def run_build(tmp_path: Path, source: Path, *flags: str) -> CliRun:
+    return run_main("build", str(source), "--name", NAME, "--tokenizer", str(small_vocab(tmp_path / "vocab")),
+                    "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"),
+                    "--progress", "none", *flags)
 
 
 def assert_one_error(rc: int, err: str, pattern: str) -> None:
@@ -89,7 +88,8 @@ def assert_one_error(rc: int, err: str, pattern: str) -> None:
     assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
 
 
-def assert_skipped(tmp_path: Path, rc: int, err: str) -> None:
+def assert_skipped(tmp_path: Path, run: CliRun) -> None:
+    rc, _, err = run
     assert rc == 0, err
     totals = read_manifest(tmp_path / "data" / NAME / "v1").totals
     assert totals["bad_records"] == 1 and totals["documents"] == 2, totals
@@ -108,23 +108,23 @@ LINE = len(b'{"text": "') + FIVE_MB + len(b'"}')  # the big line's bytes
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
-def test_a_json_line_over_the_budget_fails_naming_the_file_and_line(tmp_path, capsys, suffix):
+def test_a_json_line_over_the_budget_fails_naming_the_file_and_line(tmp_path, suffix):
     source = big_jsonl(tmp_path / "in" / f"big{suffix}", FIVE_MB)
-    rc, err = cli(capsys, tmp_path, source, "--batch-mb", "1")
+    rc, _, err = run_build(tmp_path, source, "--batch-mb", "1")
     assert_one_error(rc, err, _refused(source, "line 2", LINE))
     assert not (tmp_path / "catalog" / f"{NAME}.yaml").exists()
     assert not (tmp_path / "data" / NAME / "v1").exists()
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
-def test_a_json_line_over_the_budget_is_skipped_and_counted(tmp_path, capsys, suffix):
+def test_a_json_line_over_the_budget_is_skipped_and_counted(tmp_path, suffix):
     source = big_jsonl(tmp_path / "in" / f"big{suffix}", FIVE_MB)
-    assert_skipped(tmp_path, *cli(capsys, tmp_path, source, "--batch-mb", "1", "--on-bad-record", "skip"))
+    assert_skipped(tmp_path, run_build(tmp_path, source, "--batch-mb", "1", "--on-bad-record", "skip"))
 
 
-def test_a_json_line_within_the_budget_is_read(tmp_path, capsys):
+def test_a_json_line_within_the_budget_is_read(tmp_path):
     source = big_jsonl(tmp_path / "in" / "big.jsonl", FIVE_MB)
-    rc, err = cli(capsys, tmp_path, source, "--batch-mb", "6")
+    rc, _, err = run_build(tmp_path, source, "--batch-mb", "6")
     assert rc == 0, err
     assert read_manifest(tmp_path / "data" / NAME / "v1").totals["documents"] == 3
 
@@ -183,18 +183,18 @@ def test_byte_ranges_of_an_object_read_past_an_oversized_line_once(tmp_path):
 
 
 @pytest.mark.parametrize("row_group_size", [1, 3], ids=["own-row-group", "shared-row-group"])
-def test_a_parquet_text_over_the_budget_fails_naming_the_file_and_row(tmp_path, capsys, row_group_size):
+def test_a_parquet_text_over_the_budget_fails_naming_the_file_and_row(tmp_path, row_group_size):
     source = parquet_bomb(tmp_path / "in" / "bomb.parquet", FIVE_MB, row_group_size=row_group_size)
     assert source.stat().st_size * 1000 < FIVE_MB  # a bomb: it expands more than a thousandfold
-    rc, err = cli(capsys, tmp_path, source, "--batch-mb", "1")
+    rc, _, err = run_build(tmp_path, source, "--batch-mb", "1")
     assert_one_error(rc, err, re.escape(str(source)) + r" row 1: a record of 5,2\d\d,\d\d\d bytes, larger than the batch budget")
     assert not (tmp_path / "catalog" / f"{NAME}.yaml").exists()
 
 
 @pytest.mark.parametrize("row_group_size", [1, 3], ids=["own-row-group", "shared-row-group"])
-def test_a_parquet_text_over_the_budget_is_skipped_and_counted(tmp_path, capsys, row_group_size):
+def test_a_parquet_text_over_the_budget_is_skipped_and_counted(tmp_path, row_group_size):
     source = parquet_bomb(tmp_path / "in" / "bomb.parquet", FIVE_MB, row_group_size=row_group_size)
-    assert_skipped(tmp_path, *cli(capsys, tmp_path, source, "--batch-mb", "1", "--on-bad-record", "skip"))
+    assert_skipped(tmp_path, run_build(tmp_path, source, "--batch-mb", "1", "--on-bad-record", "skip"))
 
 
 def test_an_arrow_text_over_the_budget_is_a_bad_record(tmp_path):
@@ -222,7 +222,7 @@ BIG = 200 << 20
 
 
 def measured_build(tmp_path: Path, source: Path, *flags: str) -> dict:
-    args = [sys.executable, "-m", "shardflow.flows.cli", "build", str(source), "--name", NAME,
+    args = [sys.executable, "-m", "shardflow", "build", str(source), "--name", NAME,
             "--tokenizer", str(small_vocab(tmp_path / "vocab")), "--no-prefect", "--progress", "none",
             "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"), *flags]
     proc = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, timeout=600)

@@ -22,10 +22,11 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from rel_support import SAMPLE, small_vocab
+from support.cli import CliRun, run_main
+from support.corpus import small_vocab
+from support.paths import SAMPLE
 from shardflow.catalog import Catalog
 from shardflow.errors import CatalogError, ConfigError, ManifestError
-from shardflow.flows.cli import main
 from shardflow.manifest import read_manifest
 from shardflow.tokenizers import load_tokenizer
 
@@ -34,11 +35,6 @@ NAME = "hostile"
 
 def version_dir(root: Path) -> Path:
     return root / "data" / NAME / "v1"
-
-
-def cli(capsys, *args: str) -> tuple[int, str]:
-    rc = main(list(args))
-    return rc, capsys.readouterr().err
 
 
 def assert_one_error(rc: int, err: str, *patterns: str) -> None:
@@ -86,7 +82,7 @@ _MEASURE = textwrap.dedent(
     """
     import contextlib, io, json, resource, sys, time
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # today's code would take the machine
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
     from shardflow.reader import open_version
     import shardflow.validation, shardflow.diff
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -264,24 +260,24 @@ MANIFEST_CASES = {
 
 @pytest.mark.parametrize("case", sorted(MANIFEST_CASES))
 @pytest.mark.parametrize("command", ["validate", "show"])
-def test_a_malformed_manifest_field_is_one_message_naming_the_field(root, capsys, case, command):
+def test_a_malformed_manifest_field_is_one_message_naming_the_field(root, case, command):
     edit, pattern = MANIFEST_CASES[case]
     path = version_dir(root) / "metadata.yaml"
     data = yaml.safe_load(path.read_text())
     edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    rc, err = cli(capsys, command, str(version_dir(root)), "--catalog", str(root / "catalog"))
+    rc, _, err = run_main(command, str(version_dir(root)), "--catalog", str(root / "catalog"))
     assert_one_error(rc, err, re.escape(str(path)), pattern)
 
 
-def test_a_malformed_manifest_field_is_refused_by_diff_and_the_runtime(root, capsys):
+def test_a_malformed_manifest_field_is_refused_by_diff_and_the_runtime(root):
     from shardflow.reader import open_version
 
     path = version_dir(root) / "metadata.yaml"
     data = yaml.safe_load(path.read_text())
     data["splits"]["train"]["shards"][0]["bytes"] = "lots"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    rc, err = cli(capsys, "diff", str(version_dir(root)), str(version_dir(root)), "--catalog", str(root / "catalog"))
+    rc, _, err = run_main("diff", str(version_dir(root)), str(version_dir(root)), "--catalog", str(root / "catalog"))
     assert_one_error(rc, err, r"field 'bytes' must be a non-negative integer")
     with pytest.raises(ManifestError, match=r"field 'bytes' must be a non-negative integer, not 'lots'"):
         open_version(version_dir(root), catalog=root / "catalog")
@@ -298,13 +294,13 @@ CATALOG_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CATALOG_CASES))
 @pytest.mark.parametrize("command", [["ls"], ["ls", NAME], ["show", f"{NAME}@v1"], ["validate", f"{NAME}@v1"]])
-def test_a_malformed_catalog_is_one_message_naming_the_field(root, capsys, case, command):
+def test_a_malformed_catalog_is_one_message_naming_the_field(root, case, command):
     edit, pattern = CATALOG_CASES[case]
     path = root / "catalog" / f"{NAME}.yaml"
     data = yaml.safe_load(path.read_text())
     edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    rc, err = cli(capsys, *command, "--catalog", str(root / "catalog"))
+    rc, _, err = run_main(*command, "--catalog", str(root / "catalog"))
     assert_one_error(rc, err, re.escape(str(path)), pattern)
     with pytest.raises(CatalogError, match=pattern):
         Catalog(root / "catalog").versions(NAME)
@@ -342,11 +338,11 @@ def test_a_bad_rank_file_is_refused_naming_the_file_and_line(tmp_path, case, bac
         load_tokenizer(str(path), backend=backend)
 
 
-def test_a_bad_rank_file_stops_a_build_before_anything_is_tokenized(tmp_path, capsys):
+def test_a_bad_rank_file_stops_a_build_before_anything_is_tokenized(tmp_path):
     path = tmp_path / "dup.tiktoken"
     path.write_bytes(b"\n".join(_rank_lines(tmp_path) + [_extra(b"zqzq", "7")]) + b"\n")
-    rc, err = cli(capsys, "build", str(SAMPLE), "--name", "dup", "--tokenizer", str(path), "--no-prefect",
-                  "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"), "--progress", "none")
+    rc, _, err = run_main("build", str(SAMPLE), "--name", "dup", "--tokenizer", str(path), "--no-prefect",
+                          "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "catalog"), "--progress", "none")
     assert_one_error(rc, err, re.escape(str(path)), r"line 301: rank 7 is already the rank of line 8")
     assert not (tmp_path / "catalog" / "dup.yaml").exists()
     assert not list((tmp_path / "data").rglob("*.bin")) if (tmp_path / "data").exists() else True
@@ -372,20 +368,20 @@ def big_int_jsonl(tmp_path) -> Path:
     return path
 
 
-def _build_jsonl(tmp_path: Path, capsys, source: Path, policy: str) -> tuple[int, str]:
-    return cli(capsys, "build", str(source), "--name", "big", "--tokenizer", str(small_vocab(tmp_path / "vocab")),
-               "--no-prefect", "--on-bad-record", policy, "--data-root", str(tmp_path / "data"),
-               "--catalog", str(tmp_path / "catalog"), "--progress", "none")
+def _build_jsonl(tmp_path: Path, source: Path, policy: str) -> CliRun:
+    return run_main("build", str(source), "--name", "big", "--tokenizer", str(small_vocab(tmp_path / "vocab")),
+                    "--no-prefect", "--on-bad-record", policy, "--data-root", str(tmp_path / "data"),
+                    "--catalog", str(tmp_path / "catalog"), "--progress", "none")
 
 
-def test_a_json_integer_over_4300_digits_fails_naming_the_line(tmp_path, capsys, big_int_jsonl):
-    rc, err = _build_jsonl(tmp_path, capsys, big_int_jsonl, "fail")
+def test_a_json_integer_over_4300_digits_fails_naming_the_line(tmp_path, big_int_jsonl):
+    rc, _, err = _build_jsonl(tmp_path, big_int_jsonl, "fail")
     assert_one_error(rc, err, re.escape(str(big_int_jsonl)) + r" line 2: a JSON integer of more than 4,300 digits")
     assert not (tmp_path / "catalog" / "big.yaml").exists()
 
 
-def test_a_json_integer_over_4300_digits_is_skipped_and_counted(tmp_path, capsys, big_int_jsonl):
-    rc, err = _build_jsonl(tmp_path, capsys, big_int_jsonl, "skip")
+def test_a_json_integer_over_4300_digits_is_skipped_and_counted(tmp_path, big_int_jsonl):
+    rc, _, err = _build_jsonl(tmp_path, big_int_jsonl, "skip")
     assert rc == 0, err
     totals = read_manifest(tmp_path / "data" / "big" / "v1").totals
     assert totals["bad_records"] == 1 and totals["documents"] == 2

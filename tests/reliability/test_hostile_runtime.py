@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rel_support import SAMPLE, build_in, small_vocab
+from support.builds import build_in
+from support.cli import cli_env, run_main
+from support.corpus import small_vocab
+from support.paths import SAMPLE
 
 
 def _processes_with(home: Path) -> list[int]:
@@ -46,7 +49,7 @@ def test_a_killed_build_leaves_no_temporary_server_behind(tmp_path: Path, sig: s
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SHARDFLOW_"))}
     env.update(PREFECT_HOME=str(home), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true", PYTHONUNBUFFERED="1")
     build = subprocess.Popen(
-        [sys.executable, "-m", "shardflow.flows.cli", "build", str(SAMPLE), "--name", "killed",
+        [sys.executable, "-m", "shardflow", "build", str(SAMPLE), "--name", "killed",
          "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -96,7 +99,7 @@ def _aws_free_env(tmp_path: Path, **values: str) -> dict[str, str]:
 
 def _build_s3(url: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shardflow.flows.cli", "build", url, "--name", "remote", "--no-prefect",
+        [sys.executable, "-m", "shardflow", "build", url, "--name", "remote", "--no-prefect",
          "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
@@ -106,7 +109,7 @@ def _build_s3(url: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Compl
 def test_an_object_store_without_credentials_is_one_message(tmp_path: Path) -> None:
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    from s3_support import S3Server
+    from support.s3 import S3Server
 
     server = S3Server()
     try:
@@ -179,19 +182,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _main(*args: str) -> int:
-    from shardflow.flows.cli import main
-
-    return main(list(args))
-
-
-def test_show_of_a_split_the_version_lacks_is_one_message(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = _main("show", "smp@v1", "--split", "nope", "--catalog", str(built / "catalog"))
-    out, err = capsys.readouterr()
+def test_show_of_a_split_the_version_lacks_is_one_message(built: Path) -> None:
+    rc, out, err = run_main("show", "smp@v1", "--split", "nope", "--catalog", str(built / "catalog"))
     assert rc == 2
     assert err.splitlines() == ["shardflow: error: smp@v1 has no split 'nope'; give --split one of train, val"]
     assert out == ""  # refused before anything was printed
-    assert _main("show", "smp@v1", "--split", "val", "--catalog", str(built / "catalog")) == 0
+    assert run_main("show", "smp@v1", "--split", "val", "--catalog", str(built / "catalog")).status == 0
 
 
 def test_validate_into_a_closed_pipe_says_nothing(built: Path) -> None:
@@ -200,9 +196,9 @@ def test_validate_into_a_closed_pipe_says_nothing(built: Path) -> None:
     os.close(read_end)  # the reader is gone before the first write: every write gets EPIPE
     try:
         res = subprocess.run(
-            [sys.executable, "-m", "shardflow.flows.cli", "validate", "smp@v1", "--catalog", str(built / "catalog")],
+            [sys.executable, "-m", "shardflow", "validate", "smp@v1", "--catalog", str(built / "catalog")],
             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
-            env={k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")},
+            env=cli_env(),
         )
     finally:
         os.close(write_end)
@@ -210,9 +206,7 @@ def test_validate_into_a_closed_pipe_says_nothing(built: Path) -> None:
     assert res.stderr == ""  # no "Nothing partial was published", no traceback
 
 
-def test_a_manifest_listing_one_shard_many_times_is_refused_in_one_line(
-    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_manifest_listing_one_shard_many_times_is_refused_in_one_line(built: Path, tmp_path: Path) -> None:
     import shutil
 
     import yaml
@@ -224,8 +218,7 @@ def test_a_manifest_listing_one_shard_many_times_is_refused_in_one_line(
     first = train["shards"][0]
     train["shards"] = [first] * 1000  # the same shard, over and over
     (version / "metadata.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    rc = _main("validate", str(version))
-    err = capsys.readouterr().err
+    rc, _, err = run_main("validate", str(version))
     assert rc == 2
     # safe_dump writes the entry once and aliases it: the repeat is found on the parsed manifest.
     assert err.splitlines() == [
@@ -252,11 +245,10 @@ def test_a_manifest_listing_one_shard_many_times_is_refused_in_one_line(
     ],
 )
 def test_a_boundary_token_outside_the_vocabulary_or_ordinary_is_refused_at_planning(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+    tmp_path: Path, flags: list[str], message: str
 ) -> None:
-    rc = _main("build", str(SAMPLE), "--name", "bos", "--no-prefect", "--data-root", str(tmp_path / "data"),
-               "--catalog", str(tmp_path / "cat"), "--tokenizer", str(small_vocab(tmp_path)), *flags)
-    err = capsys.readouterr().err
+    rc, _, err = run_main("build", str(SAMPLE), "--name", "bos", "--no-prefect", "--data-root", str(tmp_path / "data"),
+                          "--catalog", str(tmp_path / "cat"), "--tokenizer", str(small_vocab(tmp_path)), *flags)
     assert rc == 2
     assert len(err.splitlines()) == 1 and re.search(message, err.splitlines()[0].removeprefix("shardflow: error: ")), err
     assert not (tmp_path / "cat").exists() or not list((tmp_path / "cat").glob("*.yaml"))
@@ -280,15 +272,13 @@ def full_tmpfs(tmp_path: Path):
 
 
 @pytest.mark.parametrize("full", ["--catalog", "--data-root"])
-def test_a_full_disk_names_the_full_place_and_its_option(
-    full_tmpfs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], full: str
-) -> None:
+def test_a_full_disk_names_the_full_place_and_its_option(full_tmpfs: Path, tmp_path: Path, full: str) -> None:
     places = {"--data-root": tmp_path / "data", "--catalog": tmp_path / "cat"}
     places[full] = full_tmpfs / "here"
     other = next(option for option in places if option != full)
-    rc = _main("build", str(SAMPLE), "--name", "full", "--no-prefect", "--tokenizer", str(small_vocab(tmp_path)),
-               *(word for option, place in places.items() for word in (option, str(place))))
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    rc, _, err = run_main("build", str(SAMPLE), "--name", "full", "--no-prefect", "--tokenizer", str(small_vocab(tmp_path)),
+                          *(word for option, place in places.items() for word in (option, str(place))))
+    last = err.strip().splitlines()[-1]
     assert rc == 1, last
     assert last.startswith(f"shardflow: error: {places[full]}"), last  # the path on the full filesystem...
     assert f"(or use another {full})" in last and other not in last, last  # ... and the option that moves it
@@ -300,7 +290,7 @@ def test_an_object_store_gone_mid_build_is_retried_then_one_message(tmp_path: Pa
     """The endpoint answers the plan's listing, then goes away before the objects are read."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    from s3_support import S3Server
+    from support.s3 import S3Server
 
     server = S3Server()
     release = tmp_path / "release"
@@ -310,7 +300,7 @@ def test_an_object_store_gone_mid_build_is_retried_then_one_message(tmp_path: Pa
         env = _aws_free_env(tmp_path, **{k: v for k, v in server.env.items() if k != "AWS_DEFAULT_REGION"},
                             AWS_MAX_ATTEMPTS="1", SHARDFLOW_FAULT="wait:plan", SHARDFLOW_FAULT_RELEASE=str(release))
         build = subprocess.Popen(
-            [sys.executable, "-m", "shardflow.flows.cli", "build", "s3://mid/sample.parquet", "--name", "remote",
+            [sys.executable, "-m", "shardflow", "build", "s3://mid/sample.parquet", "--name", "remote",
              "--no-prefect", "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )

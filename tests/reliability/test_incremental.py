@@ -20,17 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rel_support import (
-    assert_same_version,
-    build_in,
-    copy_into,
-    leftovers,
-    make_corpus,
-    run_cli,
-    split_sample,
-    versions,
-)
-from shardflow.build import NO_REUSE_ENV
+from support.builds import assert_same_version, build_in, leftovers, versions
+from support.cli import run_cli
+from support.corpus import copy_into, make_corpus, split_sample
+from shardflow.pipeline import NO_REUSE_ENV
 from shardflow.manifest import read_manifest
 
 NAME = "inc"
@@ -46,7 +39,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = base / "sched"
     caplog_records: dict[str, list[str]] = {}
     handler = _Collect()
-    logger = logging.getLogger("shardflow.build")
+    logger = logging.getLogger("shardflow.pipeline")
     old_level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
@@ -223,7 +216,7 @@ def test_a_val_count_rebuild_says_why_it_tokenizes_everything(tmp_path, caplog):
     held = tmp_path / "part1.parquet"
     shutil.move(src / "part1.parquet", held)
     root = tmp_path / "r"
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     build_in(root, src, "vc", dict(shard_tokens=30_000, val_count=5))
     assert not [r for r in caplog.records if "--val-count" in r.getMessage()]  # no parent: nothing to say
     shutil.move(held, src / "part1.parquet")
@@ -231,7 +224,7 @@ def test_a_val_count_rebuild_says_why_it_tokenizes_everything(tmp_path, caplog):
     tokenized: list[int] = []
     v2 = build_in(root, src, "vc", dict(shard_tokens=30_000, val_count=5), on_unit=lambda r: tokenized.append(r.unit))
     # That line and no other: its schema 3 parent's shards are not why (it has no placed split to link).
-    warned = [r.getMessage() for r in caplog.records if r.name == "shardflow.build" and r.levelno >= logging.WARNING]
+    warned = [r.getMessage() for r in caplog.records if r.name == "shardflow.pipeline" and r.levelno >= logging.WARNING]
     assert warned == [VAL_COUNT_LINE]
     assert _tokenized_inputs(v2) == ["part0.parquet", "part1.parquet"]
     assert sorted(tokenized) == [0, 1]  # one unit per input (each far under unit_bytes), both tokenized again
@@ -244,7 +237,7 @@ def test_a_val_fraction_rebuild_tokenizes_only_the_added_file(tmp_path, caplog):
     src = split_sample(tmp_path / "src", (30, 31))
     held = tmp_path / "part1.parquet"
     root = tmp_path / "r"
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     shutil.move(src / "part1.parquet", held)
     build_in(root, src, "vf", dict(shard_tokens=30_000, val_fraction=0.1))
     shutil.move(held, src / "part1.parquet")
@@ -262,10 +255,10 @@ def test_the_val_count_line_is_printed_once_on_stderr(tmp_path):
     shutil.move(src / "part1.parquet", held)
     where = ["--no-prefect", "--progress", "none", "--data-root", str(tmp_path / "data"),
              "--catalog", str(tmp_path / "cat"), "--val-count", "5", "--shard-tokens", "30000"]
-    first = run_cli("build", str(src), "--name", "vc", *where)
+    first = run_cli(["build", str(src), "--name", "vc", *where])
     assert first.returncode == 0 and first.stderr == "", first.stderr
     shutil.move(held, src / "part1.parquet")
-    again = run_cli("build", str(src), "--name", "vc", *where)
+    again = run_cli(["build", str(src), "--name", "vc", *where])
     assert again.returncode == 0, again.stderr
     assert again.stderr == VAL_COUNT_LINE + "\n"
     assert again.stdout.startswith("published vc@v2")
@@ -324,7 +317,7 @@ def test_a_parent_shard_copied_from_is_read_again_only_if_modified_since_its_pub
     it is not hashed again; modified, the parent's inputs are tokenized again instead (issue 26)."""
     import hashlib
 
-    from shardflow.build import incremental
+    from shardflow.pipeline import incremental
 
     hashed: list[str] = []
     real = hashlib.file_digest

@@ -18,7 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
-from rel_support import SRC_DIR, build_in, small_vocab
+from support.builds import build_in
+from support.cli import run_main
+from support.corpus import small_vocab
+from support.paths import SRC_DIR
 from shardflow.errors import ManifestError, ShardflowError, ValidationError
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
@@ -30,7 +33,7 @@ NAME = "rd"
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("readtime")
-    from rel_support import SAMPLE
+    from support.paths import SAMPLE
 
     build_in(base / "root", SAMPLE, NAME, dict(tokenizer=str(small_vocab(base)), shard_tokens=30_000))
     return base / "root"
@@ -53,16 +56,13 @@ def shard(root: Path, k: int = 1) -> tuple[Path, Path]:
     return vdir(root) / entry.file, vdir(root) / entry.index.file
 
 
-def validate_cli(root: Path, capsys, ref: str | None = None) -> tuple[int, str]:
-    from shardflow.flows.cli import main
-
-    rc = main(["validate", ref or f"{NAME}@v1", "--catalog", str(root / "catalog")])
-    captured = capsys.readouterr()
-    return rc, captured.err
+def validate_cli(root: Path, ref: str | None = None) -> tuple[int, str]:
+    rc, _, err = run_main("validate", ref or f"{NAME}@v1", "--catalog", str(root / "catalog"))
+    return rc, err
 
 
-def assert_detected(root: Path, capsys, pattern: str, *, needs_checksums: bool = False) -> None:
-    rc, err = validate_cli(root, capsys)
+def assert_detected(root: Path, pattern: str, *, needs_checksums: bool = False) -> None:
+    rc, err = validate_cli(root)
     assert rc == 2 and "Traceback" not in err, err
     assert err.startswith("shardflow: error: "), err
     assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
@@ -81,47 +81,47 @@ def assert_detected(root: Path, capsys, pattern: str, *, needs_checksums: bool =
             open_shards(ref, catalog=root / "catalog")
 
 
-def test_the_intact_version_validates(root, capsys):
-    rc, _ = validate_cli(root, capsys)
+def test_the_intact_version_validates(root):
+    rc, _ = validate_cli(root)
     assert rc == 0
 
 
-def test_truncated_shard(root, capsys):
+def test_truncated_shard(root):
     path, _ = shard(root)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 100)
-    assert_detected(root, capsys, rf"{re.escape(str(path))}: \d+ bytes, but the manifest says \d+.*truncated")
+    assert_detected(root, rf"{re.escape(str(path))}: \d+ bytes, but the manifest says \d+.*truncated")
 
 
-def test_changed_byte(root, capsys):
+def test_changed_byte(root):
     path, _ = shard(root)
     data = bytearray(path.read_bytes())
     data[5000] ^= 0x01
     path.write_bytes(bytes(data))
-    assert_detected(root, capsys, rf"{re.escape(str(path))}: SHA-256 .* does not match the manifest", needs_checksums=True)
+    assert_detected(root, rf"{re.escape(str(path))}: SHA-256 .* does not match the manifest", needs_checksums=True)
 
 
-def test_missing_index(root, capsys):
+def test_missing_index(root):
     _, idx = shard(root)
     idx.unlink()
-    assert_detected(root, capsys, rf"{re.escape(str(idx))}: (the \.bos\.idx index .* is missing|missing)")
+    assert_detected(root, rf"{re.escape(str(idx))}: (the \.bos\.idx index .* is missing|missing)")
 
 
-def test_wrong_index_of_the_same_size(root, capsys):
+def test_wrong_index_of_the_same_size(root):
     path, idx = shard(root)
     starts = np.fromfile(idx, dtype="<i4")
     assert len(starts) >= 2
     starts[1] += 1  # still ascending and in range, but not a document start
     starts.tofile(idx)
-    assert_detected(root, capsys, rf"{re.escape(str(idx))}: SHA-256 does not match the manifest", needs_checksums=True)
-    rc, err = validate_cli(root, capsys)
+    assert_detected(root, rf"{re.escape(str(idx))}: SHA-256 does not match the manifest", needs_checksums=True)
+    rc, err = validate_cli(root)
     assert "which is not a document start" in err
 
 
-def test_index_of_another_size(root, capsys):
+def test_index_of_another_size(root):
     _, idx = shard(root)
     idx.write_bytes(idx.read_bytes()[:-4])
-    assert_detected(root, capsys, rf"{re.escape(str(idx))}: \d+ bytes, but the manifest says \d+")
+    assert_detected(root, rf"{re.escape(str(idx))}: \d+ bytes, but the manifest says \d+")
 
 
 def _edit_manifest(root: Path, edit) -> Path:
@@ -132,13 +132,13 @@ def _edit_manifest(root: Path, edit) -> Path:
     return path
 
 
-def test_edited_manifest_is_caught_by_the_catalog_checksum(root, capsys):
+def test_edited_manifest_is_caught_by_the_catalog_checksum(root):
     # An edit that agrees with every file: only the checksum the catalog recorded can tell.
     path = _edit_manifest(root, lambda d: d["config"].update(seed=99))
-    assert_detected(root, capsys, rf"{re.escape(str(path))}: the manifest was changed after {NAME}@v1 was published")
+    assert_detected(root, rf"{re.escape(str(path))}: the manifest was changed after {NAME}@v1 was published")
 
 
-def test_shard_and_manifest_changed_together(root, capsys):
+def test_shard_and_manifest_changed_together(root):
     import hashlib
 
     spath, _ = shard(root)
@@ -147,32 +147,32 @@ def test_shard_and_manifest_changed_together(root, capsys):
     spath.write_bytes(bytes(data))
     digest = hashlib.sha256(bytes(data)).hexdigest()
     _edit_manifest(root, lambda d: d["splits"]["train"]["shards"][1].update(sha256=digest))
-    assert_detected(root, capsys, r"metadata\.yaml: the manifest was changed after")
+    assert_detected(root, r"metadata\.yaml: the manifest was changed after")
 
 
-def test_edited_counts(root, capsys):
+def test_edited_counts(root):
     import hashlib
 
     def edit(d):
         d["splits"]["train"]["shards"][0]["tokens"] += 1
 
     _edit_manifest(root, edit)
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and "the header says" in err and "the manifest says" in err
     # Also when the catalog's checksum is updated to match: the files disagree with it.
     cat = root / "catalog" / f"{NAME}.yaml"
     data = yaml.safe_load(cat.read_text())
     data["versions"][0]["manifest_sha256"] = hashlib.sha256((vdir(root) / "metadata.yaml").read_bytes()).hexdigest()
     cat.write_text(yaml.safe_dump(data, sort_keys=False))
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and "the header says" in err and "manifest says" in err
 
 
 @pytest.mark.parametrize("name", ["../outside.bin", "/etc/passwd", "sub/dir/x.bin", "..\\x.bin"])
-def test_shard_path_escaping_the_version_directory(root, capsys, name):
+def test_shard_path_escaping_the_version_directory(root, name):
     _edit_manifest(root, lambda d: d["splits"]["train"]["shards"][0].update(file=name))
     pattern = rf"file {re.escape(repr(name))} escapes the version directory; shard paths must be plain file names or SPLIT/FILE"
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and re.search(pattern, err) and "Traceback" not in err, err
     with pytest.raises(ManifestError, match=pattern):
         open_version(vdir(root))
@@ -180,25 +180,25 @@ def test_shard_path_escaping_the_version_directory(root, capsys, name):
         open_shards(str(vdir(root)))
 
 
-def test_unknown_schema_version(root, capsys):
+def test_unknown_schema_version(root):
     _edit_manifest(root, lambda d: d.update(schema_version=4))
     pattern = r"unknown manifest schema_version 4; this shardflow reads schema_version 1, 2 and 3\. Upgrade shardflow"
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and re.search(pattern, err), err
     with pytest.raises(ManifestError, match=pattern):
         open_version(vdir(root))
 
 
-def test_yaml_is_read_with_a_safe_loader(root, capsys, tmp_path):
+def test_yaml_is_read_with_a_safe_loader(root, tmp_path):
     marker = tmp_path / "pwned"
     (vdir(root) / "metadata.yaml").write_text(f"!!python/object/apply:os.system ['touch {marker}']\n")
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and "not valid YAML" in err
     with pytest.raises(ManifestError, match="not valid YAML"):
         open_version(vdir(root))
     cat = root / "catalog" / f"{NAME}.yaml"
     cat.write_text(f"!!python/object/apply:os.system ['touch {marker}']\n")
-    rc, err = validate_cli(root, capsys)
+    rc, err = validate_cli(root)
     assert rc == 2 and "not valid YAML" in err
     assert not marker.exists()
 

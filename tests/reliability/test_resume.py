@@ -25,17 +25,9 @@ from typing import Any
 
 import pytest
 
-from rel_support import (
-    assert_same_version,
-    build_cli,
-    build_in,
-    fault_options,
-    killed,
-    leftovers,
-    small_vocab,
-    split_sample,
-    versions,
-)
+from support.builds import assert_same_version, build_in, fault_options, leftovers, versions
+from support.cli import build_cli, killed
+from support.corpus import small_vocab, split_sample
 from shardflow.catalog import Catalog, resolve_ref
 from shardflow.errors import CatalogError
 from shardflow.faults import POINTS
@@ -155,7 +147,7 @@ def test_killed_build_resumes_to_identical_bytes(crashes, sid, caplog):
         assert (root / "data" / NAME / "v1" / "metadata.yaml").exists()
         assert staging is not None and not (staging / "out").exists()
 
-    caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.set_level(logging.INFO, logger="shardflow.pipeline")
     caplog.clear()
     result = build_in(root, crashes["src"], NAME, crashes["options"], workers=2)
     assert result.created and result.ref == f"{NAME}@v1"
@@ -182,7 +174,7 @@ def test_kill_after_the_catalog_entry_leaves_a_published_version(crashes, caplog
     v1 = resolve_ref(f"{NAME}@v1", root / "catalog")
     assert_same_version(v1, crashes["reference"], DROP)
     assert _staging(root) is not None  # killed before cleaning up
-    caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.set_level(logging.INFO, logger="shardflow.pipeline")
     caplog.clear()
     again = build_in(root, crashes["src"], NAME, crashes["options"])
     assert not again.created and again.ref == f"{NAME}@v1"
@@ -217,7 +209,7 @@ def test_killed_incremental_build_resumes_to_the_same_bytes_as_a_full_build(tmp_
     staging = _staging(root)
     units, shards = _committed(staging)
     assert len(shards) >= 1
-    caplog.set_level(logging.INFO, logger="shardflow.build")
+    caplog.set_level(logging.INFO, logger="shardflow.pipeline")
     caplog.clear()  # only the rerun's lines (an earlier test's flow may have left the logger at INFO: v1's lines)
     v2 = build_in(root, src, NAME, options)
     assert v2.ref == f"{NAME}@v2"

@@ -1,7 +1,7 @@
 """Retries: transient I/O errors are retried a bounded number of times; deterministic errors never are.
 
 Both paths use one rule, ``shardflow.errors.is_transient``: ``build()`` retries a
-failed step itself (``shardflow.build.retrying``), the Prefect tasks through
+failed step itself (``shardflow.pipeline.retrying``), the Prefect tasks through
 their ``retry_condition_fn``. Checked here without a Prefect server: the
 condition function is called the way Prefect calls it, and the core retries
 are driven by injected errors (``SHARDFLOW_FAULT=eio:POINT:N``).
@@ -17,10 +17,11 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from rel_support import assert_same_version, build_in, small_vocab, split_sample
-from shardflow import build as core
+from support.builds import assert_same_version, build_in
+from support.corpus import small_vocab, split_sample
+from shardflow import pipeline as core
 from shardflow import faults
-from shardflow.errors import CatalogError, ConfigError, InputError, ManifestError, ValidationError, is_transient
+from shardflow.errors import RETRY, CatalogError, ConfigError, InputError, ManifestError, RetryPolicy, ValidationError, is_transient
 
 TRANSIENT = [
     OSError(errno.EIO, "Input/output error"),
@@ -66,14 +67,16 @@ def test_prefect_tasks_retry_by_the_same_rule_and_a_bounded_number_of_times():
         assert tasks.is_transient(None, None, SimpleNamespace(data=exc)) is False
     for t in (tasks.plan_task, *tasks.STAGE_TASKS.values()):
         if t.name in ("plan", "tokenize-unit", "write-shard", "publish"):
-            assert 1 <= t.retries <= 3 and t.retry_condition_fn is tasks.is_transient, t.name
+            # The core's one policy, as the in-process executors apply it (pipeline.run.retrying).
+            assert (t.retries, t.retry_delay_seconds) == (RETRY.retries, RETRY.delays()), t.name
+            assert t.retry_condition_fn is tasks.is_transient, t.name
         else:  # pure compute and checks are never retried
             assert t.retries == 0, t.name
 
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    monkeypatch.setattr(core.run, "RETRY_DELAY", 0.0)
+    monkeypatch.setattr(core.run, "RETRY", RetryPolicy(delay=0.0))
     faults.reset()
     vocab = small_vocab(tmp_path)
     src = split_sample(tmp_path / "src")
@@ -92,7 +95,7 @@ def _retry_warnings(caplog) -> list[str]:
 def test_a_transient_error_is_retried_and_the_result_is_unchanged(setup, monkeypatch, caplog, spec):
     tmp_path, src, options, reference = setup
     monkeypatch.setenv(faults.ENV, spec)
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     result = build_in(tmp_path / "flaky", src, "r", options, workers=2)
     assert result.created
     warnings = _retry_warnings(caplog)
@@ -105,14 +108,14 @@ def test_retries_are_bounded(setup, monkeypatch, caplog, capsys):
     tmp_path, src, options, _ = setup
     # Every attempt of the first gathered shard (val's) fails: 1 try + 2 retries, then the error surfaces.
     monkeypatch.setenv(faults.ENV, "eio:shard-mid:1,eio:shard-mid:2,eio:shard-mid:3,eio:shard-mid:4")
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     with pytest.raises(OSError) as info:
         build_in(tmp_path / "broken", src, "r", options, workers=1)
     assert info.value.errno == errno.EIO
     first = [w.split("; ")[-1] for w in _retry_warnings(caplog) if "r_val_000000" in w]
     assert first == ["retry 1 of 2", "retry 2 of 2"]
     # At the command line: one clean line, nothing published; the rerun finishes.
-    from shardflow.flows.cli import main
+    from shardflow.cli.commands import main
 
     faults.reset()
     args = ["build", str(src), "--name", "r", "--no-prefect", "--data-root", str(tmp_path / "broken" / "data"),
@@ -140,7 +143,7 @@ def test_bad_input_is_not_retried(setup, monkeypatch, caplog):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(core.plan, "plan_units", counting)
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     with pytest.raises(InputError, match="no column 'text'"):
         build_in(tmp_path / "b", bad, "b", options)
     assert calls == [1] and _retry_warnings(caplog) == []
@@ -150,7 +153,7 @@ def test_bad_input_is_not_retried(setup, monkeypatch, caplog):
 def test_a_full_disk_is_not_retried(setup, monkeypatch, caplog):
     tmp_path, src, options, _ = setup
     monkeypatch.setenv(faults.ENV, "enospc:shard-mid")
-    caplog.set_level(logging.WARNING, logger="shardflow.build")
+    caplog.set_level(logging.WARNING, logger="shardflow.pipeline")
     with pytest.raises(OSError) as info:
         build_in(tmp_path / "nospace", src, "r", options, workers=1)
     assert info.value.errno == errno.ENOSPC

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rel_support import build_cli, build_in, fault_options, killed, leftovers, small_vocab, split_sample, versions
-from shardflow.build.staging import Staging, discard_staging
+from support.builds import build_in, fault_options, leftovers, versions
+from support.cli import build_cli, killed
+from support.corpus import small_vocab, split_sample
+from shardflow.pipeline.staging import Staging, discard_staging
 from shardflow.catalog import file_lock
 
 NAME = "stale"

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import yaml
 
-from rel_support import SAMPLE, assert_same_version, build_in, split_sample, versions
+from support.builds import assert_same_version, build_in, versions
+from support.cli import run_main
+from support.corpus import split_sample
+from support.paths import SAMPLE
 from shardflow.errors import ManifestError, ValidationError
-from shardflow.flows.cli import main
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
 
@@ -64,15 +66,14 @@ def with_new_sha(file: str, sha: str):  # noqa: ANN201
     return change
 
 
-def validate(root: Path, capsys, ref: str = f"{NAME}@v1") -> tuple[int, str]:
-    rc = main(["validate", ref, "--catalog", str(root / "catalog")])
-    out = capsys.readouterr()
-    return rc, out.out + out.err
+def validate(root: Path, ref: str = f"{NAME}@v1") -> tuple[int, str]:
+    rc, out, err = run_main("validate", ref, "--catalog", str(root / "catalog"))
+    return rc, out + err
 
 
 # --- case 1: the manifest does not choose what it is checked against ------------------------------------
 
-def test_a_renamed_tampered_manifest_fails_validate_and_the_runtime(root, capsys):
+def test_a_renamed_tampered_manifest_fails_validate_and_the_runtime(root):
     v1 = vdir(root)
     file, sha = tamper_shard(v1)
 
@@ -81,23 +82,23 @@ def test_a_renamed_tampered_manifest_fails_validate_and_the_runtime(root, capsys
         data["name"] = "trust "
 
     edit_manifest(v1, rename)
-    rc, text = validate(root, capsys)
+    rc, text = validate(root)
     assert rc == 2 and ("changed after" in text or "calls itself" in text), text
     assert "OK " not in text
     with pytest.raises(ValidationError, match=r"calls itself 'trust '@'v1', but the catalog .* as trust@v1"):
         open_version(f"{NAME}@v1", catalog=root / "catalog")
 
 
-def test_without_the_rename_the_sha_edit_is_still_caught(root, capsys):
+def test_without_the_rename_the_sha_edit_is_still_caught(root):
     v1 = vdir(root)
     edit_manifest(v1, with_new_sha(*tamper_shard(v1)))
-    rc, text = validate(root, capsys)
+    rc, text = validate(root)
     assert rc == 2 and "changed after trust@v1 was published" in text, text
 
 
 # --- case 3: rank and tokenizer files are confined ------------------------------------------------------
 
-def _refuse_outside(root: Path, key: str, tmp_path: Path, where: str, capsys) -> None:  # noqa: ANN001
+def _refuse_outside(root: Path, key: str, tmp_path: Path, where: str) -> None:  # noqa: ANN001
     """Point ``tokenized_info.KEY`` at a copy of the file outside the version: validate and the runtime refuse it."""
     v1 = vdir(root)
     info = read_manifest(v1).tokenized_info
@@ -108,25 +109,25 @@ def _refuse_outside(root: Path, key: str, tmp_path: Path, where: str, capsys) ->
     edit_manifest(v1, lambda d: d["tokenized_info"].__setitem__(key, name))
     # Without the catalog's manifest checksum (an older catalog), the path check alone refuses it.
     _drop_manifest_sha(root)
-    rc, text = validate(root, capsys)
+    rc, text = validate(root)
     assert rc == 2 and f"tokenized_info.{key} names" in text and "not a relative path inside the version" in text, text
     with pytest.raises(ManifestError, match=rf"tokenized_info.{key} names .*not a relative path inside the version"):
         open_version(f"{NAME}@v1", catalog=root / "catalog").tokenizer
 
 
 @pytest.mark.parametrize("where", ["absolute", "dotdot"])
-def test_a_rank_file_outside_the_version_is_refused(root, capsys, tmp_path, where):
+def test_a_rank_file_outside_the_version_is_refused(root, tmp_path, where):
     assert read_manifest(vdir(root)).tokenized_info.get("rank_file")  # a .tiktoken version
-    _refuse_outside(root, "rank_file", tmp_path, where, capsys)
+    _refuse_outside(root, "rank_file", tmp_path, where)
 
 
 @pytest.mark.parametrize("where", ["absolute", "dotdot"])
-def test_a_tokenizer_json_outside_the_version_is_refused(bpe_json, capsys, tmp_path, where):
+def test_a_tokenizer_json_outside_the_version_is_refused(bpe_json, tmp_path, where):
     root = tmp_path / "root"
     build_in(root, SAMPLE, NAME, dict(tokenizer=str(bpe_json), shard_tokens=60_000))
     info = read_manifest(vdir(root)).tokenized_info
     assert info.get("tokenizer_file") and not info.get("rank_file")  # a tokenizer.json version
-    _refuse_outside(root, "tokenizer_file", tmp_path, where, capsys)
+    _refuse_outside(root, "tokenizer_file", tmp_path, where)
 
 
 # --- case 4: symlinks out of the version ----------------------------------------------------------------
@@ -138,37 +139,37 @@ def _drop_manifest_sha(root: Path) -> None:
     cat.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def test_a_shard_symlinked_outside_the_version_is_refused(root, capsys, tmp_path):
+def test_a_shard_symlinked_outside_the_version_is_refused(root, tmp_path):
     v1 = vdir(root)
     shard = read_manifest(v1).splits["train"].shards[0]
     outside = tmp_path / "elsewhere.bin"
     shutil.copy(v1 / shard.file, outside)
     os.unlink(v1 / shard.file)
     os.symlink(outside, v1 / shard.file)
-    rc, text = validate(root, capsys)
+    rc, text = validate(root)
     assert rc == 2 and f"shard 0 of split 'train' resolves to {outside}" in text, text
     with pytest.raises(ManifestError, match=r"resolves to .*outside the version directory"):
         open_version(f"{NAME}@v1", catalog=root / "catalog")
 
 
-def test_a_split_directory_symlinked_outside_is_refused(root, capsys, tmp_path):
+def test_a_split_directory_symlinked_outside_is_refused(root, tmp_path):
     v1 = vdir(root)
     outside = tmp_path / "train-elsewhere"
     shutil.copytree(v1 / "train", outside)
     shutil.rmtree(v1 / "train")
     os.symlink(outside, v1 / "train")
-    rc, text = validate(root, capsys)
+    rc, text = validate(root)
     assert rc == 2 and "outside the version directory" in text, text
 
 
-def test_a_symlinked_data_root_and_a_link_to_the_version_keep_working(root, capsys, tmp_path):
+def test_a_symlinked_data_root_and_a_link_to_the_version_keep_working(root, tmp_path):
     linked_root = tmp_path / "linked"
     os.symlink(root, linked_root)
-    rc, text = validate(linked_root, capsys)
+    rc, text = validate(linked_root)
     assert rc == 0 and text.startswith("OK trust@v1"), text
     link = tmp_path / "dataset"
     os.symlink(vdir(root), link)  # as the nanogpt target's printed `ln -s` does
-    rc, text = validate(root, capsys, str(link))
+    rc, text = validate(root, str(link))
     assert rc == 0 and text.startswith("OK trust@v1"), text
     v = open_version(link, catalog=root / "catalog", verify=True)
     assert v.split("train").document(0).size > 0
@@ -182,7 +183,7 @@ def test_published_files_are_read_only(root):
 
 def test_publishing_never_carries_a_symlink(root, tmp_path):
     """A directory holding a symlink is not published: nothing is renamed into the data root or cataloged."""
-    from shardflow.build.publish import publish_out
+    from shardflow.pipeline.publish import publish_out
 
     out = tmp_path / "out"
     shutil.copytree(vdir(root), out, symlinks=True)
@@ -214,7 +215,7 @@ def test_a_tampered_parent_is_not_laundered(tmp_path, caplog, edit_sha):
     file, sha = tamper_shard(v1)
     if edit_sha:
         edit_manifest(v1, with_new_sha(file, sha))
-    caplog.set_level("WARNING", logger="shardflow.build")
+    caplog.set_level("WARNING", logger="shardflow.pipeline")
     v2 = Path(build_in(r, src, "k", dict(shard_tokens=30_000)).manifest_path).parent
     assert versions(r, "k") == ["v1", "v2"]
     assert "reuse" not in read_manifest(v2).extra
@@ -233,7 +234,7 @@ def test_a_corrupt_parent_shard_is_never_a_dead_end(tmp_path, caplog):
     tmp = path.with_name(path.name + ".new")
     tmp.write_bytes(bytes(data))
     os.replace(tmp, path)  # a new inode
-    caplog.set_level("WARNING", logger="shardflow.build")
+    caplog.set_level("WARNING", logger="shardflow.pipeline")
     v2 = Path(build_in(r, src, "k", dict(shard_tokens=30_000)).manifest_path).parent
     assert any(f"{first.file} changed since k@v1 was published" in rec.getMessage() for rec in caplog.records)
     full = Path(build_in(tmp_path / "full", src, "k", dict(shard_tokens=30_000)).manifest_path).parent
@@ -249,7 +250,7 @@ def test_a_parent_shard_replaced_by_a_symlink_is_not_carried_into_the_next_versi
     shutil.copy(v1 / first.file, outside)  # the same bytes, outside the version
     (v1 / first.file).unlink()
     os.symlink(outside, v1 / first.file)
-    caplog.set_level("WARNING", logger="shardflow.build")
+    caplog.set_level("WARNING", logger="shardflow.pipeline")
     v2 = Path(build_in(r, src, "k", dict(shard_tokens=30_000)).manifest_path).parent
     lines = [rec.getMessage() for rec in caplog.records if "not reusing k@v1" in rec.getMessage()]
     assert len(lines) == 1 and "outside the version directory" in lines[0] and "(through a symlink)" in lines[0], lines

@@ -33,9 +33,9 @@ import pytest
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
-from core_support import MAKE_CORPUS  # noqa: E402
-from s3_support import CountingProxy, s3_fixture, S3Server  # noqa: E402
-from shardflow.build import build  # noqa: E402
+from support.paths import MAKE_CORPUS  # noqa: E402
+from support.s3 import CountingProxy, s3_fixture, S3Server  # noqa: E402
+from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ManifestError, ValidationError  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402

@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rt_support import SAMPLE, cat, counting_shards, write_shards  # noqa: F401  (cat is a fixture)
+from support.paths import SAMPLE
+from support.shards import counting_shards, write_shards
 from shardflow.reader import open_version
 from shardflow.runtime import inspect_version
 from shardflow.runtime.inspect import length_histogram

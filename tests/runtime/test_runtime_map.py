@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rt_support import cat, counting_shards, write_shards  # noqa: F401  (cat is a fixture)
+from support.shards import counting_shards, write_shards
 from shardflow.reader import open_version
 from shardflow.runtime import TokenDataset
 

@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rt_support import cat  # noqa: F401  (a fixture)
 from shardflow.runtime import MixtureDataset
 from shardflow.runtime.mixture import mixture_counts
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 from shardflow.errors import CatalogError, ConfigError, ManifestError, ValidationError
 from shardflow.formats.base import ShardFormat
 from shardflow.runtime import StreamingTokenDataset, TokenDataset, open_shards
 
-from rt_support import SAMPLE, cat  # noqa: F401  (cat is a fixture)
+from support.paths import SAMPLE
 
 
 def test_refs_resolve_to_the_same_version(cat):

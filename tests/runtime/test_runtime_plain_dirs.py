@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rt_support import BOS, document_shards, write_shards
+from support.shards import BOS, document_shards, write_shards
 from shardflow.errors import ConfigError, ValidationError
 from shardflow.runtime import StreamingTokenDataset, TokenDataset, open_shards
 

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from rt_support import cat  # noqa: F401  (a fixture)
 from shardflow.runtime import MixtureDataset, StreamingTokenDataset
 
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rt_support import cat  # noqa: F401  (a fixture)
 from shardflow.runtime import StreamingTokenDataset, TokenDataset
 from shardflow.runtime.order import EpochOrder, rank_bounds
 

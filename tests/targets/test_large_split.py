@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import spec_readers as spec
 
-from shardflow.build import build
+from shardflow.pipeline import build
 from shardflow.config import BuildConfig
 from shardflow.errors import ValidationError
 from shardflow.formats import bosidx

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core_support import SAMPLE
+from support.paths import SAMPLE
 from shardflow.targets import TARGETS
 
 
 @pytest.fixture(scope="module")
 def version(tmp_path_factory: pytest.TempPathFactory):
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.reader import open_version
 

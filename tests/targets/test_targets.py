@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import spec_readers as spec
 
-from shardflow.flows.cli import main
-from shardflow.build import build
+from shardflow.cli.commands import main
+from shardflow.pipeline import build
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
@@ -276,7 +276,7 @@ def test_build_prints_the_settings_and_validate_for_checks_the_target(tmp_path, 
 
 @pytest.mark.slow
 def test_embedding_and_val_files_never_appear_in_a_train_directory_glob(tmp_path):
-    from core_support import SAMPLE
+    from support.paths import SAMPLE
 
     from shardflow.config import EmbedOptions
 

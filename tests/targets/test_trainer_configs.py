@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 import config_readers as cr
 import spec_readers as spec
-from core_support import SAMPLE
+from support.cli import run_main
+from support.paths import SAMPLE
 
-from shardflow.flows.cli import main
+from shardflow.cli.commands import main
 from shardflow.reader import open_version
 
 pytest.importorskip("transformers", reason="the config readers load tokenizers with transformers.AutoTokenizer")
@@ -33,9 +34,6 @@ pytest.importorskip("transformers", reason="the config readers load tokenizers w
 def built(tmp_path_factory):
     """``built(target, tokenizer, *flags)``: ``(the printed settings block, the opened version)`` of SAMPLE built
     with ``shardflow build --target`` (no Prefect); one build per distinct call in this module."""
-    import contextlib
-    import io
-
     cache: dict[tuple[str, ...], tuple[str, object]] = {}
 
     def build(target: str, tokenizer: str, *flags: str):
@@ -43,12 +41,10 @@ def built(tmp_path_factory):
         if key not in cache:
             root = tmp_path_factory.mktemp(target)
             cat = str(root / "catalog")
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                rc = main(["build", "--name", "s", str(SAMPLE), "--tokenizer", tokenizer, "--target", target,
-                           "--val-count", "6", "--data-root", str(root / "data"), "--catalog", cat, "--no-prefect", *flags])
-            assert rc == 0, err.getvalue()
-            cache[key] = (cr.printed_block(out.getvalue()), open_version("s@v1", catalog=cat, verify=True))
+            rc, out, err = run_main("build", "--name", "s", str(SAMPLE), "--tokenizer", tokenizer, "--target", target,
+                                    "--val-count", "6", "--data-root", str(root / "data"), "--catalog", cat, "--no-prefect", *flags)
+            assert rc == 0, err
+            cache[key] = (cr.printed_block(out), open_version("s@v1", catalog=cat, verify=True))
         return cache[key]
 
     return build

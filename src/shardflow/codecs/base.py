@@ -1,10 +1,10 @@
 """The codec contract and what every codec shares.
 
-:class:`Codec` (the interface, plus ``decode_rows``, which every codec gets
-for free), the input/codes/scales/out checks, the persistent thread pool and
-the row-block chunking that all encoders and decoders run on, and the
-per-row absmax and scale computation of the scaled codecs (int8, fp8
-rowscale).  No codec lives here; see the package docstring for the list.
+:class:`Codec` (the interface, plus ``decode`` and ``decode_rows``, which every
+codec gets for free around its own ``decode_chunk``), the input/codes/scales/out
+checks, the persistent thread pool and the row-block chunking that all encoders
+and decoders run on, and the per-row absmax and scale computation of the scaled
+codecs (int8, fp8 rowscale).  No codec lives here; see the package docstring.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from numpy.typing import NDArray
 F32 = NDArray[np.float32]
 
 # Elements processed per chunk by one thread.  2^18 float32 = 1 MiB, about one
-# core's L2 here.  e4m3 encode measured 2.2 / 2.6 / 2.8 GB/s on one thread and
-# 1.6 / 3.1 / 4.5 GB/s on two at 2^14 / 2^16 / 2^18 (small chunks lose to
-# per-call and GIL hand-off overhead), and no gain at 2^19.
+# core's L2: smaller chunks lose to per-call and GIL hand-off overhead, larger
+# ones gain nothing (e4m3 encode, bench/bench_codecs.py).
 _CHUNK_ELEMS = 1 << 18
 
 # Below this many elements the thread hand-off costs more than it saves.
@@ -56,8 +55,8 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def _pool() -> ThreadPoolExecutor:
-    # One persistent pool: creating threads per call costs ~0.1-0.2 ms, which
-    # matters for small random-row fetches.
+    # One persistent pool: creating threads on every call would cost more than
+    # a small random-row fetch itself.
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
@@ -77,7 +76,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def _for_row_blocks(
+def for_row_blocks(
     n: int, d: int, work: Callable[[int, int], None], threads: int | None
 ) -> None:
     """Run ``work(start, stop)`` over contiguous row blocks covering ``[0, n)``.
@@ -100,11 +99,11 @@ def _for_row_blocks(
         f.result()  # re-raises a worker's exception here
 
 
-def _rows_per_chunk(d: int) -> int:
+def rows_per_chunk(d: int) -> int:
     return max(1, _CHUNK_ELEMS // d)
 
 
-def _check_matrix(x: Any, what: str) -> None:
+def check_matrix(x: Any, what: str) -> None:
     if not isinstance(x, np.ndarray):
         raise ValueError(f"{what} must be a numpy array, got {type(x).__name__}")
     if x.ndim != 2:
@@ -113,8 +112,8 @@ def _check_matrix(x: Any, what: str) -> None:
         raise ValueError(f"{what} must have at least one column, got shape {x.shape}")
 
 
-def _check_input(x: Any) -> F32:
-    _check_matrix(x, "x")
+def check_input(x: Any) -> F32:
+    check_matrix(x, "x")
     if x.dtype != np.float32:
         raise ValueError(f"x must be float32, got {x.dtype}; convert with x.astype(np.float32)")
     # Chunk views below assume C order; copying once is cheaper than strided
@@ -122,11 +121,11 @@ def _check_input(x: Any) -> F32:
     return np.ascontiguousarray(x)
 
 
-def _non_finite_error() -> ValueError:
+def non_finite_error() -> ValueError:
     return ValueError("x contains NaN or infinity; embeddings must be finite")
 
 
-def _row_absmax(xc: F32, scratch_u32: NDArray[np.uint32]) -> NDArray[np.float32]:
+def row_absmax(xc: F32, scratch_u32: NDArray[np.uint32]) -> NDArray[np.float32]:
     """Per-row max |x| of a C-contiguous chunk; raises on NaN/inf.
 
     Works on the uint32 view: clearing the sign bit gives |x|, and for
@@ -138,11 +137,11 @@ def _row_absmax(xc: F32, scratch_u32: NDArray[np.uint32]) -> NDArray[np.float32]
     np.bitwise_and(xc.view(np.uint32), _ABS_MASK, out=a)
     m = a.max(axis=1)
     if m.size and int(m.max()) >= _F32_INF_BITS:
-        raise _non_finite_error()
+        raise non_finite_error()
     return m.view(np.float32)
 
 
-def _scales_from_absmax(absmax: NDArray[np.float32], qmax: float) -> tuple[F32, F32]:
+def scales_from_absmax(absmax: NDArray[np.float32], qmax: float) -> tuple[F32, F32]:
     """Return ``(scale, inverse)`` per row so that ``x * inverse`` spans +-qmax.
 
     Computed in float64 (n values only, so it is free) to keep the float32
@@ -174,7 +173,7 @@ def _check_scales(scales: Any, n: int, codec: str) -> NDArray[np.float32]:
 def _prepare_decode(
     codec: Codec, codes: Any, scales: Any, out: Any
 ) -> tuple[NDArray[Any], NDArray[np.float32] | None, F32]:
-    _check_matrix(codes, "codes")
+    check_matrix(codes, "codes")
     if codes.dtype != codec.storage_dtype:
         hint = " (fp8 codes are stored as uint8 bit patterns)" if codec.storage_dtype == np.uint8 else ""
         raise ValueError(
@@ -207,7 +206,9 @@ class Codec:
     :attr:`storage_dtype`; ``scales`` is float32 ``(n,)`` when
     :attr:`has_scales`, else ``None``.  ``decode(codes, scales, out=None)``
     returns float32 ``(n, d)`` (written into ``out`` when given).  Both take an
-    optional keyword ``threads`` (default: the CPUs available).
+    optional keyword ``threads`` (default: the CPUs available).  A codec
+    implements ``encode`` and ``decode_chunk``; ``decode`` checks its arguments
+    and runs ``decode_chunk`` on row chunks.
     """
 
     name: str
@@ -225,6 +226,20 @@ class Codec:
         *,
         threads: int | None = None,
     ) -> F32:
+        codes, scales, out = _prepare_decode(self, codes, scales, out)
+        n, d = codes.shape
+        rpc = rows_per_chunk(d)
+
+        def work(start: int, stop: int) -> None:
+            for s in range(start, stop, rpc):
+                e = min(s + rpc, stop)
+                self.decode_chunk(codes[s:e], None if scales is None else scales[s:e], out[s:e])
+
+        for_row_blocks(n, d, work, threads)
+        return out
+
+    def decode_chunk(self, codes: NDArray[Any], scales: F32 | None, out: F32) -> None:
+        """Decode one block of checked, C-contiguous rows into ``out``: each codec's own step of ``decode``."""
         raise NotImplementedError
 
     def decode_rows(
@@ -240,12 +255,11 @@ class Codec:
 
         ``codes``/``scales`` may be memory-mapped (``np.load(mmap_mode="r")``).
         The ids are sorted before gathering so the reads walk the file forward
-        (page-cache and TLB friendly: ~3x faster than an unsorted fancy index
-        on a 1 GB memmap), then the gathered *codes* are put back into the
+        (page-cache and TLB friendly, unlike an unsorted fancy index), then the gathered *codes* are put back into the
         caller's order (cheaper than permuting the 2-4x larger float32 rows)
         and decoded once.
         """
-        _check_matrix(codes, "codes")
+        check_matrix(codes, "codes")
         idx = np.asarray(ids)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise ValueError(f"ids must be a 1-D integer array, got {idx.dtype} shape {idx.shape}")

@@ -6,7 +6,7 @@ codec name instead).  Encoding is an exact 16384-entry table method (see
 :func:`_fp8_encode_table`), bit-identical to ml_dtypes' round-to-nearest-even
 cast of the input clipped to the format's finite range; decoding is a
 256-entry lookup table.  ml_dtypes is used only to build the tables, because
-its own cast is slow (~0.55 GB/s here) and turns values above 464 into NaN.
+its own cast is slow (docs/PERFORMANCE.md) and turns values above 464 into NaN.
 """
 
 from __future__ import annotations
@@ -19,17 +19,7 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
 
-from .base import (
-    F32,
-    Codec,
-    _check_input,
-    _for_row_blocks,
-    _non_finite_error,
-    _prepare_decode,
-    _row_absmax,
-    _rows_per_chunk,
-    _scales_from_absmax,
-)
+from .base import F32, Codec, check_input, for_row_blocks, non_finite_error, row_absmax, rows_per_chunk, scales_from_absmax
 
 # The encode table is indexed by the top 14 bits of the float32 pattern (sign,
 # 8 exponent bits, 5 mantissa bits) with the lowest of them OR-ed with a sticky
@@ -39,7 +29,7 @@ _LOW_MASK = np.uint32((1 << _KEY_SHIFT) - 1)
 _KEY_SHIFT_U32 = np.uint32(_KEY_SHIFT)
 
 
-_Fp8Format = Literal["e4m3", "e5m2"]
+Fp8Format = Literal["e4m3", "e5m2"]
 _FP8_DTYPES: dict[str, Any] = {
     "e4m3": ml_dtypes.float8_e4m3fn,
     "e5m2": ml_dtypes.float8_e5m2,
@@ -47,12 +37,12 @@ _FP8_DTYPES: dict[str, Any] = {
 
 
 @functools.cache
-def _fp8_max(fmt: _Fp8Format) -> float:
+def _fp8_max(fmt: Fp8Format) -> float:
     return float(ml_dtypes.finfo(_FP8_DTYPES[fmt]).max)  # 448 / 57344
 
 
 @functools.cache
-def _fp8_encode_table(fmt: _Fp8Format) -> NDArray[np.uint8]:
+def _fp8_encode_table(fmt: Fp8Format) -> NDArray[np.uint8]:
     """16384-entry table: key(float32 bits) -> fp8 code, built by ml_dtypes.
 
     The key is ``(u >> 18) | sticky`` where ``u`` is the float32 bit pattern
@@ -72,8 +62,8 @@ def _fp8_encode_table(fmt: _Fp8Format) -> NDArray[np.uint8]:
     (which finite inputs never produce, as they saturate) so the encoder can
     detect them after the fact with one cheap pass over the uint8 codes.
 
-    Why not ``float16`` as an intermediate: numpy's float32->float16 cast runs
-    at only ~1.6 GB/s here and the double rounding float32->float16->fp8 is not
+    Why not ``float16`` as an intermediate: numpy's float32->float16 cast is
+    slow (bench/bench_codecs.py) and the double rounding float32->float16->fp8 is not
     exact (e.g. 1 + 2**-4 + 2**-12 becomes the tie 1 + 2**-4 in float16, then
     rounds to 1.0 instead of 1.125 in e4m3).
     """
@@ -90,7 +80,7 @@ def _fp8_encode_table(fmt: _Fp8Format) -> NDArray[np.uint8]:
 
 
 @functools.cache
-def _fp8_decode_table(fmt: _Fp8Format) -> F32:
+def _fp8_decode_table(fmt: Fp8Format) -> F32:
     return np.arange(256, dtype=np.uint8).view(_FP8_DTYPES[fmt]).astype(np.float32)
 
 
@@ -136,17 +126,17 @@ class Fp8Codec(Codec):
     small-norm rows use the full exponent range.
     """
 
-    fmt: _Fp8Format
+    fmt: Fp8Format
     rowscale: bool
 
     def encode(self, x: F32, *, threads: int | None = None) -> tuple[NDArray[np.uint8], F32 | None]:
-        xc = _check_input(x)
+        xc = check_input(x)
         n, d = xc.shape
         codes = np.empty((n, d), dtype=np.uint8)
         scales = np.empty(n, dtype=np.float32) if self.rowscale else None
         table = _fp8_encode_table(self.fmt)
         maxv = _fp8_max(self.fmt)
-        rpc = _rows_per_chunk(d)
+        rpc = rows_per_chunk(d)
         failed: list[bool] = []
 
         def work(start: int, stop: int) -> None:
@@ -159,50 +149,32 @@ class Fp8Codec(Codec):
                 k = (e - s) * d
                 if scales is not None and y is not None:
                     try:
-                        absmax = _row_absmax(xc[s:e], tmp)
+                        absmax = row_absmax(xc[s:e], tmp)
                     except ValueError:
                         failed.append(True)
                         return
-                    scale, inv = _scales_from_absmax(absmax, maxv)
+                    scale, inv = scales_from_absmax(absmax, maxv)
                     scales[s:e] = scale
                     yc = y[:k].reshape(e - s, d)
                     np.multiply(xc[s:e], inv[:, None], out=yc)
                     u = y[:k].view(np.uint32)
                 else:
                     u = xc[s:e].reshape(-1).view(np.uint32)
-                # With rowscale, _row_absmax has already rejected NaN/inf.
+                # With rowscale, row_absmax has already rejected NaN/inf.
                 if not _fp8_encode_chunk(
                     u, codes[s:e].reshape(-1), table, tmp[:k], key[:k], check_finite=scales is None
                 ):
                     failed.append(True)
                     return
 
-        _for_row_blocks(n, d, work, threads)
+        for_row_blocks(n, d, work, threads)
         if failed:
-            raise _non_finite_error()
+            raise non_finite_error()
         return codes, scales
 
-    def decode(
-        self,
-        codes: NDArray[Any],
-        scales: F32 | None = None,
-        out: F32 | None = None,
-        *,
-        threads: int | None = None,
-    ) -> F32:
-        codes, scales, out = _prepare_decode(self, codes, scales, out)
-        n, d = codes.shape
-        # 256 float32 (1 KiB, L1-resident) gather: ~4-6 GB/s vs ~0.55 GB/s for
-        # the ml_dtypes astype.  Exact by construction.
-        lut = _fp8_decode_table(self.fmt)
-        rpc = _rows_per_chunk(d)
-
-        def work(start: int, stop: int) -> None:
-            for s in range(start, stop, rpc):
-                e = min(s + rpc, stop)
-                np.take(lut, codes[s:e], out=out[s:e], mode="wrap")
-                if scales is not None:
-                    np.multiply(out[s:e], scales[s:e, None], out=out[s:e])
-
-        _for_row_blocks(n, d, work, threads)
-        return out
+    def decode_chunk(self, codes: NDArray[Any], scales: F32 | None, out: F32) -> None:
+        # A 256-entry float32 table (1 KiB, L1-resident) gather is many times faster
+        # than the ml_dtypes astype (docs/PERFORMANCE.md).  Exact by construction.
+        np.take(_fp8_decode_table(self.fmt), codes, out=out, mode="wrap")
+        if scales is not None:
+            np.multiply(out, scales[:, None], out=out)

@@ -13,17 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .base import (
-    F32,
-    Codec,
-    _check_input,
-    _for_row_blocks,
-    _non_finite_error,
-    _prepare_decode,
-    _row_absmax,
-    _rows_per_chunk,
-    _scales_from_absmax,
-)
+from .base import F32, Codec, check_input, for_row_blocks, non_finite_error, row_absmax, rows_per_chunk, scales_from_absmax
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,11 +25,11 @@ class Int8Codec(Codec):
     """
 
     def encode(self, x: F32, *, threads: int | None = None) -> tuple[NDArray[np.int8], F32]:
-        xc = _check_input(x)
+        xc = check_input(x)
         n, d = xc.shape
         codes = np.empty((n, d), dtype=np.int8)
         scales = np.empty(n, dtype=np.float32)
-        rpc = _rows_per_chunk(d)
+        rpc = rows_per_chunk(d)
         failed: list[bool] = []
 
         def work(start: int, stop: int) -> None:
@@ -47,11 +37,11 @@ class Int8Codec(Codec):
             for s in range(start, stop, rpc):
                 e = min(s + rpc, stop)
                 try:
-                    absmax = _row_absmax(xc[s:e], buf)
+                    absmax = row_absmax(xc[s:e], buf)
                 except ValueError:
                     failed.append(True)
                     return
-                scale, inv = _scales_from_absmax(absmax, 127.0)
+                scale, inv = scales_from_absmax(absmax, 127.0)
                 scales[s:e] = scale
                 y = buf.view(np.float32)[: (e - s) * d].reshape(e - s, d)
                 # Multiply by the reciprocal (a multiply is much cheaper than a
@@ -62,28 +52,11 @@ class Int8Codec(Codec):
                 np.clip(y, -127.0, 127.0, out=y)
                 np.copyto(codes[s:e], y, casting="unsafe")
 
-        _for_row_blocks(n, d, work, threads)
+        for_row_blocks(n, d, work, threads)
         if failed:
-            raise _non_finite_error()
+            raise non_finite_error()
         return codes, scales
 
-    def decode(
-        self,
-        codes: NDArray[Any],
-        scales: F32 | None = None,
-        out: F32 | None = None,
-        *,
-        threads: int | None = None,
-    ) -> F32:
-        codes, scales, out = _prepare_decode(self, codes, scales, out)
-        assert scales is not None
-        n, d = codes.shape
-        rpc = _rows_per_chunk(d)
-
-        def work(start: int, stop: int) -> None:
-            for s in range(start, stop, rpc):
-                e = min(s + rpc, stop)
-                np.multiply(codes[s:e], scales[s:e, None], out=out[s:e])
-
-        _for_row_blocks(n, d, work, threads)
-        return out
+    def decode_chunk(self, codes: NDArray[Any], scales: F32 | None, out: F32) -> None:
+        assert scales is not None  # has_scales: decode has checked them
+        np.multiply(codes, scales[:, None], out=out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from .base import F32, _check_matrix
+from .base import F32, check_matrix
 
 
 def quality(
@@ -38,7 +38,7 @@ def quality(
     """
     arrays = [("reference", reference), ("decoded", decoded)] + ([] if search is None else [("search", search)])
     for name, a in arrays:
-        _check_matrix(a, name)
+        check_matrix(a, name)
         if a.dtype != np.float32:
             raise ValueError(f"{name} must be float32, got {a.dtype}")
     if reference.shape != decoded.shape:

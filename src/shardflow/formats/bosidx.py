@@ -1,17 +1,10 @@
 """The ``.bos.idx`` sidecar: where documents start in a shard.
 
-A headerless array of little-endian integers: the token index (counted from
-the first token after any header, not in bytes) of every document start in the
-shard, strictly ascending. With BOS placement each entry points at a BOS
-token; with EOS placement it points at the token after an EOS (or 0). A
-document continued from the previous shard has no entry.
-
-The entries are int32 when the shard holds at most ``MAX_INT32_TOKENS`` tokens
-(every shard of a format whose header stores an int32 count, and every index
-written before larger shards existed), else int64. The width follows from the
-shard's token count alone, which every reader knows (manifest, header or file
-size), so the file itself carries no header and indexes of smaller shards stay
-byte-identical.
+A headerless array of little-endian token indices (not bytes) of every document start in the
+shard, strictly ascending; int32 entries when the shard holds at most ``MAX_INT32_TOKENS`` tokens,
+else int64. The width follows from the shard's token count alone, which every reader knows, so
+the file carries no header and indexes of smaller shards stay byte-identical. What the entries
+point at for each placement: docs/FORMAT.md (section ``.bos.idx``).
 """
 
 from __future__ import annotations

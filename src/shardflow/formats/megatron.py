@@ -1,35 +1,11 @@
 """The ``megatron`` shard format: Megatron-LM's indexed dataset, one ``P.bin`` + ``P.idx`` pair per shard.
 
-Follows ``megatron/core/datasets/indexed_dataset.py`` (NVIDIA/Megatron-LM:
-``_IndexWriter``, ``_IndexReader``, ``IndexedDatasetBuilder``, ``DType``).
-Megatron's ``IndexedDataset(P)`` reads ``P.bin`` and ``P.idx``:
-
-* ``P.bin`` (the shard file): headerless little-endian token ids, as ``bin``.
-* ``P.idx`` (a sidecar), all little-endian, no padding::
-
-      offset  size   type              value
-      0       9      bytes             b"MMIDIDX\\x00\\x00"
-      9       8      uint64            version 1
-      17      1      uint8             DType code of the .bin (8 uint16, 4 int32)
-      18      8      uint64            sequence count S
-      26      8      uint64            document count D (= documents + 1)
-      34      4*S    int32[S]          sequence lengths (tokens)
-      34+4S   8*S    int64[S]          sequence pointers (byte offsets into .bin)
-      34+12S  8*D    int64[D]          document indices: 0, then the end sequence of each document
-
-Megatron's DType codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
-7 float32, 8 uint16; there is no uint32. Its preprocessing picks
-``DType.optimal_dtype(vocab_size)``: uint16 below 65500, else int32. So
-shardflow's uint16 shards get code 8 and its uint32 shards code 4 (int32):
-for ids below 2**31 (every tiktoken vocabulary) the bytes are the same.
-
-One sequence per document piece: shard ``k``'s sequences start at its
-document starts (its ``.bos.idx`` entries) and, when the shard begins in the
-middle of a document continued from the previous shard, also at token 0 (that
-tail is a sequence and a "document" of its own). Every document is one
-sequence, so ``document_indices = [0, 1, ..., S]`` and D = S + 1, as
-``IndexedDatasetBuilder`` writes them (it starts the list with 0 and appends
-the sequence count at the end of every document).
+Follows ``megatron/core/datasets/indexed_dataset.py`` (NVIDIA/Megatron-LM: ``_IndexWriter``,
+``_IndexReader``, ``IndexedDatasetBuilder``, ``DType``). ``P.bin`` is headerless, as ``bin``;
+``P.idx`` holds one sequence per document piece, starting at the shard's ``.bos.idx`` entries, and
+``document_indices = [0, 1, ..., S]``. uint16 shards get DType code 8 and uint32 shards code 4
+(int32: Megatron has no uint32; the same bytes for ids below 2**31). The layout, byte by byte, and
+what validation checks: docs/FORMAT.md (section ``megatron``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ committed before it; no temporary file is left either way::
         w.write(tokens, lengths)        # consecutive documents: their tokens, boundaries included, and lengths
         shards = w.close()              # [UnitShard], in order
 
-The build's tokenize jobs write their units' shards with it (``build/tokenize.py``).
+The build's tokenize jobs write their units' shards with it (``pipeline/tokenize.py``).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any
 from .dataset import TokenDataset, aligned_starts
 from .inspect import inspect_version
 from .mixture import MixtureDataset
+from .options import ReadOptions
 from .packing import IGNORE_INDEX, collate, pack_fields
 from .shards import ShardInfo, ShardSet, open_shards
 from .streaming import SampleStream, StreamingTokenDataset
@@ -35,6 +36,7 @@ __all__ = [
     "TokenDataset",
     "StreamingTokenDataset",
     "MixtureDataset",
+    "ReadOptions",
     "EmbeddingStore",
     "SampleStream",
     "ShardSet",

@@ -3,35 +3,10 @@
     ds = TokenDataset("wikitext@latest", split="train", seq_len=1024)
     item = ds[0]      # {"input_ids": int64[1024], "labels": int64[1024]}
 
-Windows (KempnerForge semantics): shard ``k`` of ``n_k`` tokens contributes
-``n_k // (seq_len + 1)`` non-overlapping windows of ``seq_len + 1`` tokens; the
-global index is located by binary search over the cumulative counts; an item is
-``input_ids = window[:-1]``, ``labels = window[1:]``; a shard's tail tokens are
-not used, and windows never cross shards.
-
-``pack_sequences=True`` adds ``doc_ids``, ``position_ids`` and ``cu_seqlens``
-and masks labels across documents (see ``shardflow.runtime.packing``).
-
-``align_to_bos=True`` (modded-nanogpt / NeMo semantics) starts every sample at
-a document start, still within one shard. From a sample starting at ``s`` the
-next starts at the first document start at or after ``s + seq_len`` -- found by
-binary search in the ``.bos.idx`` -- so consecutive samples share at most the
-one token that is the last label of one and the first input of the next, and
-no (input, label) pair is used twice. A document that does not fit in what is
-left of the window is cut at the window's end; ``overflow="skip"`` drops the
-rest of it, ``overflow="continue"`` continues a document longer than a whole
-window (``seq_len + 1`` tokens) in the next sample, which then starts inside
-that document. The document continued from the previous shard, and windows
-that would run past the shard's end, are not used.
-
-``align_rule="nemo"`` follows NeMo Automodel's ``NanogptDataset`` instead:
-the next sample starts at the first document start at or after
-``s + seq_len + 1``, so consecutive samples share no token (on the same
-shards it can give fewer samples, e.g. 2,159 against 2,160). Only with
-``overflow="skip"``.
-
-Items are fresh int64 arrays (``labels`` needs -100; PyTorch's embedding and
-loss want int64), never views of the memory maps.
+Windows, packing (``shardflow.runtime.packing``), BOS alignment and ``align_rule="nemo"``:
+docs/RUNTIME.md ("Map-style"). The document continued from the previous shard, and aligned windows
+that would run past the shard's end, are not used. Items are fresh int64 arrays (``labels`` needs
+-100; PyTorch's embedding and loss want int64), never views of the memory maps.
 """
 
 from __future__ import annotations
@@ -39,21 +14,19 @@ from __future__ import annotations
 import bisect
 import operator
 import os
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
 import numpy as np
 
-from ..catalog import Catalog
 from ..errors import ConfigError
 from ..formats import bosidx
+from .options import DATASET_OPTIONS, REMOTE_OPTIONS, SHARD_OPTIONS, AlignRule, Overflow, ReadOptions
 from .packing import pack_fields
 from .remote import RemoteShardSet, is_remote_ref, open_remote_split
 from .shards import ShardSet, open_shards
 
 __all__ = ["TokenDataset", "aligned_starts"]
 
-Overflow = Literal["skip", "continue"]
-AlignRule = Literal["shardflow", "nemo"]
 _ALIGN_GAP = {"shardflow": 0, "nemo": 1}
 """Tokens between one aligned sample's last label and the earliest start of the next, per rule."""
 
@@ -109,20 +82,13 @@ def aligned_starts(
     return np.asarray(out, dtype=np.int64)
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, not {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, not {value}")
-    return int(value)
-
-
 class TokenDataset:
     """Fixed-length training samples of one split, by index.
 
     ``ref`` is ``NAME@VERSION``, ``NAME@latest``, a version directory or its
     ``metadata.yaml``, a plain directory (or glob) of shards, or an opened
-    ``ShardSet``. ``catalog=None`` means ``$SHARDFLOW_CATALOG`` or
+    ``ShardSet``. The options are keywords or ``options=ReadOptions(...)``;
+    ``seq_len`` is required. ``catalog=None`` means ``$SHARDFLOW_CATALOG`` or
     ``./manifests``; ``verify=True`` checks every checksum when opening. For
     plain directories, ``dtype`` (needed for headerless ``.bin`` shards),
     ``format``, ``pattern`` (default ``"*{split}*"``), ``boundary_token`` and
@@ -136,63 +102,27 @@ class TokenDataset:
     """
 
     def __init__(
-        self,
-        ref: "str | os.PathLike[str] | ShardSet",
-        *,
-        split: str = "train",
-        seq_len: int,
-        pack_sequences: bool = False,
-        align_to_bos: bool = False,
-        overflow: Overflow = "skip",
-        align_rule: AlignRule = "shardflow",
-        catalog: Catalog | str | os.PathLike[str] | None = None,
-        verify: bool = False,
-        dtype: str | np.dtype | None = None,
-        format: str | None = None,
-        pattern: str | None = None,
-        boundary_token: int | None = None,
-        boundary: Literal["bos", "eos", "both"] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit_bytes: int | None = None,
+        self, ref: "str | os.PathLike[str] | ShardSet", *, options: ReadOptions | None = None, **kwargs: Any
     ) -> None:
-        self.seq_len = _check_int("seq_len", seq_len, minimum=1)
-        if overflow not in ("skip", "continue"):
-            raise ValueError(f"overflow must be 'skip' or 'continue', not {overflow!r}")
-        if overflow == "continue" and not align_to_bos:
-            raise ValueError("overflow='continue' only applies with align_to_bos=True (without it, windows ignore documents)")
-        if align_rule not in _ALIGN_GAP:
-            raise ValueError(f"align_rule must be 'shardflow' or 'nemo', not {align_rule!r}")
-        if align_rule == "nemo" and overflow != "skip":
-            raise ValueError("align_rule='nemo' cuts documents as NeMo does: use it with overflow='skip'")
-        self.align_rule: AlignRule = align_rule
-        self.pack_sequences = bool(pack_sequences)
-        self.align_to_bos = bool(align_to_bos)
-        self.overflow: Overflow = overflow
-        self.split = split
-        if is_remote_ref(ref, catalog):
-            limit = None if cache_limit_bytes is None else _check_int("cache_limit_bytes", cache_limit_bytes, minimum=1)
-            remote = open_remote_split(
-                ref, split=split, catalog=catalog, cache_dir=cache_dir, verify=verify, dtype=dtype, format=format,
-                pattern=pattern, boundary_token=boundary_token, boundary=boundary,
-            )
-            remote.fetch_all(limit=limit, split=split)
+        opts = ReadOptions.collect("TokenDataset.__init__", DATASET_OPTIONS, options, kwargs)
+        if opts.seq_len is None:
+            raise TypeError("TokenDataset.__init__() missing 1 required keyword-only argument: 'seq_len'")
+        self.seq_len = opts.seq_len
+        self.align_rule: AlignRule = opts.align_rule
+        self.pack_sequences = opts.pack_sequences
+        self.align_to_bos = opts.align_to_bos
+        self.overflow: Overflow = opts.overflow
+        self.split = split = opts.split
+        if is_remote_ref(ref, opts.catalog):
+            remote = open_remote_split(ref, options=opts.only(REMOTE_OPTIONS))
+            remote.fetch_all(limit=opts.cache_limit_bytes, split=split)
             self.shards: ShardSet = remote
         else:
-            if cache_dir is not None or cache_limit_bytes is not None:
+            if opts.cache_dir is not None or opts.cache_limit_bytes is not None:
                 raise ConfigError(
                     f"cache_dir and cache_limit_bytes are for versions on object storage (s3://...); {ref!r} is read in place"
                 )
-            self.shards = open_shards(
-                ref,
-                split=split,
-                catalog=catalog,
-                verify=verify,
-                dtype=dtype,
-                format=format,
-                pattern=pattern,
-                boundary_token=boundary_token,
-                boundary=boundary,
-            )
+            self.shards = open_shards(ref, options=opts.only(SHARD_OPTIONS))
         window = self.seq_len + 1
         self._window = window
         if self.align_to_bos:
@@ -202,7 +132,7 @@ class TokenDataset:
             # kept only when packing will look them up again.
             per_shard = [
                 aligned_starts(
-                    self.shards.doc_starts(k, cache=self.pack_sequences), int(n), self.seq_len, overflow, align_rule
+                    self.shards.doc_starts(k, cache=self.pack_sequences), int(n), self.seq_len, self.overflow, self.align_rule
                 )
                 for k, n in enumerate(self.shards.tokens)
             ]

@@ -27,8 +27,8 @@ import numpy as np
 
 from .. import codecs
 from ..catalog import Catalog
-from ..embedding_files import load_embedding_parts, load_projection
-from ..pca import as_rows
+from ..embed.files import load_embedding_parts, load_projection
+from ..embed.pca import as_rows
 from ..reader import open_version
 
 __all__ = ["EmbeddingStore"]

@@ -2,60 +2,26 @@
 
     mix = MixtureDataset({"web@latest": 0.7, "code@v3": 0.3}, split="train", seq_len=1024, seed=0)
 
-**Epoch.** A mixture epoch has ``M`` samples (``samples_per_epoch``; by default
-the largest ``M`` for which no component repeats a sample, i.e. the component
-that runs out first is read exactly once). Component ``d`` contributes exactly
-``n_d`` samples, ``n_d`` being ``weight_d * M`` rounded by largest remainders
-(so the counts add up to ``M`` and each is within one sample of its share).
-
-**Interleaving.** Position ``x`` of an epoch maps to ``y = x * a mod M`` with
-``a`` coprime to ``M`` near ``0.618 M``; ``y`` falls in the interval of
-component ``d`` (the intervals have lengths ``n_d``) and is its ``y - start_d``-th
-sample of the epoch. ``x -> y`` is a bijection, so the counts are exact, and
-being a Kronecker sequence it spreads every component evenly: any run of
-consecutive positions -- a rank's share, a batch, the first 10% of an epoch
--- holds each component close to its weight. No random numbers, no state.
-
-**Components.** Each component is read as its own endless stream of epochs,
-shuffled from ``(seed, component, epoch)`` like ``StreamingTokenDataset``:
-mixture epoch ``e`` reads positions ``[e * n_d, (e + 1) * n_d)`` of it, so a
-component smaller than its share wraps into its next epoch (upsampling) and a
-larger one moves on through its data (no sample repeats before all were read).
-
-**Phases.** ``phases=[(0, {"a": 0.7, "b": 0.3}), (10_000, {"a": 0.2, "b":
-0.8})]`` changes the weights during training (annealing). A phase's step is a
-position in the mixture's global sample sequence -- samples of all ranks
-together, from the start of training -- so the boundary is the same for every
-rank: optimizer step ``k`` with a global batch of ``B`` samples (per-rank batch
-x ranks x accumulation steps) is sample ``k * B``. Each phase is laid out as
-epochs of its own ``M`` (computed from its weights, or ``samples_per_epoch``)
-with the exact counts and interleaving above, and a phase whose length is not a
-multiple of its ``M`` ends with a shorter epoch of the remainder, with exact
-counts of its own. Phase boundaries are thus epoch boundaries: every rank reads
-its share of each epoch, so all ranks reach a boundary together (after
-``start / world_size`` samples each, exactly when the epochs divide by
-``world_size``, else within one sample per epoch before it). Components keep
-their streams across phases: a component continues where the last phase left
-it, without repeating or skipping a sample, so a weight of 0 just pauses it. The
-stream positions at each epoch are computed from the schedule (a few additions
-per phase), so resuming at any position costs the same.
-
-Ranks, workers and ``state_dict`` work exactly as for ``StreamingTokenDataset``;
-the state names the schedule, and a state of another schedule is refused.
+Epochs, exact counts, the Kronecker interleaving, phases and resume: docs/RUNTIME.md ("Mixtures").
+Each component is read as its own endless stream of epochs, shuffled from ``(seed, component,
+epoch)``: mixture epoch ``e`` reads positions ``[e * n_d, (e + 1) * n_d)`` of it, so a component
+smaller than its share wraps into its next epoch and a larger one moves on through its data. Stream
+positions are computed from the schedule (a few additions per phase), so resuming anywhere costs
+the same.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TypeAlias, Union
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence, TypeAlias, Union
 
 import numpy as np
 
-from ..catalog import Catalog
-from .dataset import Overflow, TokenDataset, _check_int
+from .dataset import TokenDataset
+from .mixture_weights import check_phases, check_weights, default_epoch, mixture_counts, mulmod, normalized, source_name
+from .options import DATASET_OPTIONS, MIXTURE_OPTIONS, ReadOptions, check_int
 from .order import EpochOrder, coprime_stride
-from .mixture_weights import _check_weights, _normalized, _check_phases, _name, mixture_counts, _default_epoch, _mulmod
 from .remote import is_remote_ref
 from .streaming import SampleStream, check_split
 
@@ -108,12 +74,12 @@ def _plan_phase(
 ) -> MixturePhase:
     """The phase from ``step`` to ``end`` (None: endless): its epoch size and exact counts, checked."""
     where = f" in the phase at step {step}" if phased else ""
-    m = _default_epoch(probs, sizes) if samples_per_epoch is None else samples_per_epoch
+    m = default_epoch(probs, sizes) if samples_per_epoch is None else samples_per_epoch
     counts = mixture_counts(probs, m)
     for key, p, c in zip(keys, probs.tolist(), counts.tolist()):
         if p > 0 and c < 1:
             raise ValueError(
-                f"the weight of {_name(key)}{where} ({p:.3g} after normalizing) gives it no sample in an epoch "
+                f"the weight of {source_name(key)}{where} ({p:.3g} after normalizing) gives it no sample in an epoch "
                 f"of {m} samples; raise its weight or samples_per_epoch"
             )
     if end is None or end - step >= m:  # it has full epochs (else it is a single short one)
@@ -157,10 +123,12 @@ class MixtureDataset(SampleStream):
     weights (normalized to sum to 1). Or ``phases``, a list of ``(step,
     weights)`` from step 0 in increasing order, changes the weights at global
     sample positions (every phase names the same datasets; a weight of 0
-    leaves one out of a phase). The other options are those of
-    ``StreamingTokenDataset`` and apply to every component, plus
-    ``samples_per_epoch`` (every phase's, when given; see the module
-    documentation). A component on object storage (a version URL, or a
+    leaves one out of a phase). The other options (keywords or
+    ``options=ReadOptions(...)``, ``MIXTURE_OPTIONS``) are those of
+    ``StreamingTokenDataset`` but the plain-directory ones and
+    ``cache_limit_bytes``, and apply to every component, plus
+    ``samples_per_epoch`` (every phase's, when given; see docs/RUNTIME.md).
+    A component on object storage (a version URL, or a
     name with ``catalog="s3://..."``) is fetched into ``cache_dir`` at open, as
     ``TokenDataset`` does.
     """
@@ -172,58 +140,31 @@ class MixtureDataset(SampleStream):
         weights: Weights | None = None,
         *,
         phases: Sequence[tuple[int, Weights]] | None = None,
-        split: str = "train",
-        seq_len: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        rank: int = 0,
-        world_size: int = 1,
-        samples_per_epoch: int | None = None,
-        pack_sequences: bool = False,
-        align_to_bos: bool = False,
-        overflow: Overflow = "skip",
-        worker_id: int = 0,
-        num_workers: int = 1,
-        block_size: int = 1,
-        shuffle_group: int = 8,
-        drop_last: bool = False,
-        infinite: bool = False,
-        catalog: Catalog | str | os.PathLike[str] | None = None,
-        verify: bool = False,
-        cache_dir: str | os.PathLike[str] | None = None,
+        options: ReadOptions | None = None,
+        **kwargs: Any,
     ) -> None:
+        opts = ReadOptions.collect("MixtureDataset.__init__", MIXTURE_OPTIONS, options, kwargs)
         if (weights is None) == (phases is None):
             raise ValueError(
                 "give a mixture either weights ({ref: weight, ...}) or phases=[(0, {ref: weight, ...}), "
                 f"(step, {{...}}), ...], {'not both' if phases is not None else 'none was given'}"
             )
         if phases is None:
-            entries = _check_weights(weights)
+            entries = check_weights(weights)
             keys = [key for key, _ in entries]
-            schedule = [(0, _normalized([w for _, w in entries]))]
+            schedule = [(0, normalized([w for _, w in entries]))]
         else:
-            keys, schedule = _check_phases(phases)
+            keys, schedule = check_phases(phases)
         components: list[TokenDataset] = []
         for key in keys:
             if isinstance(key, TokenDataset):
                 components.append(key)
             else:
-                if seq_len is None:
+                if opts.seq_len is None:
                     raise ValueError("seq_len is required (the number of input tokens per sample)")
-                components.append(
-                    TokenDataset(
-                        key,
-                        split=split,
-                        seq_len=seq_len,
-                        pack_sequences=pack_sequences,
-                        align_to_bos=align_to_bos,
-                        overflow=overflow,
-                        catalog=catalog,
-                        verify=verify,
-                        # A component on object storage is fetched at open (TokenDataset); a local one ignores it.
-                        cache_dir=cache_dir if is_remote_ref(key, catalog) else None,
-                    )
-                )
+                # A component on object storage is fetched at open (TokenDataset); a local one ignores cache_dir.
+                cache_dir = opts.cache_dir if is_remote_ref(key, opts.catalog) else None
+                components.append(TokenDataset(key, options=opts.only(DATASET_OPTIONS, cache_dir=cache_dir)))
         first = components[0]
         for ds in components[1:]:
             for attr in ("seq_len", "pack_sequences"):
@@ -232,8 +173,8 @@ class MixtureDataset(SampleStream):
                         f"mixture components disagree on {attr}: {first.shards.name} has {getattr(first, attr)}, "
                         f"{ds.shards.name} has {getattr(ds, attr)}; samples of one batch must have the same layout"
                     )
-        if seq_len is not None and seq_len != first.seq_len:
-            raise ValueError(f"seq_len={seq_len} differs from the given datasets' seq_len={first.seq_len}")
+        if opts.seq_len is not None and opts.seq_len != first.seq_len:
+            raise ValueError(f"seq_len={opts.seq_len} differs from the given datasets' seq_len={first.seq_len}")
         tokenizers = {ds.shards.tokenizer for ds in components if ds.shards.tokenizer is not None}
         if len(tokenizers) > 1:
             raise ValueError(
@@ -243,9 +184,6 @@ class MixtureDataset(SampleStream):
         self.components = components
         self.seq_len = first.seq_len
         sizes = np.array([len(ds) for ds in components], dtype=np.int64)
-        if samples_per_epoch is not None:
-            _check_int("samples_per_epoch", samples_per_epoch, minimum=1)
-        world_size = _check_int("world_size", world_size, minimum=1)
         ends: list[int | None] = [step for step, _ in schedule[1:]]
         self.phases = tuple(
             _plan_phase(
@@ -254,8 +192,8 @@ class MixtureDataset(SampleStream):
                 end=end,
                 keys=keys,
                 sizes=sizes,
-                samples_per_epoch=samples_per_epoch,
-                world_size=world_size,
+                samples_per_epoch=opts.samples_per_epoch,
+                world_size=opts.world_size,
                 phased=len(schedule) > 1,
             )
             for (step, probs), end in zip(schedule, ends + [None])
@@ -265,19 +203,7 @@ class MixtureDataset(SampleStream):
         runs = _lay_out(self.phases)
         self._runs = [run for run, _ in runs]
         self._orders: dict[tuple[int, int], EpochOrder] = {}
-        self._init_stream(
-            rank=rank,
-            world_size=world_size,
-            worker_id=worker_id,
-            num_workers=num_workers,
-            block_size=block_size,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_group=shuffle_group,
-            drop_last=drop_last,
-            infinite=infinite,
-            runs=[(run.size, count) for run, count in runs],
-        )
+        self._init_stream(opts, runs=[(run.size, count) for run, count in runs])
 
     def __repr__(self) -> str:
         def weights(phase: MixturePhase) -> str:
@@ -301,7 +227,7 @@ class MixtureDataset(SampleStream):
 
     def phase_start(self, phase: int) -> int:
         """Position in this rank's stream where ``phases[phase]`` begins: this rank's sample count there."""
-        k = _check_int("phase", phase, minimum=0)
+        k = check_int("phase", phase, minimum=0)
         if k >= len(self.phases):
             raise ValueError(f"phase={phase} is past the last phase; the schedule has {len(self.phases)} (0 to {len(self.phases) - 1})")
         first_run = next(u for u, run in enumerate(self._runs) if run.phase == k)  # every phase has a run
@@ -343,7 +269,7 @@ class MixtureDataset(SampleStream):
         u = self._layout.run_of_epoch(epoch)
         run = self._runs[u]
         nth = epoch - int(self._layout.first_epoch[u])  # epochs of this run before this one
-        y = _mulmod(positions, run.stride, run.size)
+        y = mulmod(positions, run.stride, run.size)
         comps = np.searchsorted(run.bounds, y, side="right") - 1
         ids = np.empty_like(positions)
         for d in np.unique(comps).tolist():
@@ -361,25 +287,9 @@ class MixtureDataset(SampleStream):
     def _get(self, component: int, sample: int) -> dict[str, np.ndarray]:
         return self.components[component][sample]
 
-    def indices(
-        self,
-        start: int | None = None,
-        stop: int | None = None,
-        *,
-        worker_id: int | None = None,
-        num_workers: int | None = None,
-        block_size: int | None = None,
-    ) -> Iterator[tuple[int, int]]:
-        """``(component, index)`` of every sample this worker reads in ``[start, stop)`` (default: the pass)."""
-        first, end = self.pass_bounds(start)
-        for _, comps, ids in self._keys(
-            first,
-            end if stop is None else stop,
-            self.worker_id if worker_id is None else worker_id,
-            self.num_workers if num_workers is None else num_workers,
-            self.block_size if block_size is None else block_size,
-        ):
-            yield from zip(comps.tolist(), ids.tolist())
+    def _sample_ids(self, comps: np.ndarray, ids: np.ndarray) -> Iterable[tuple[int, int]]:
+        """``(component, index)`` pairs."""
+        return zip(comps.tolist(), ids.tolist())
 
     def _check_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"components": [ds.fingerprint for ds in self.components]}

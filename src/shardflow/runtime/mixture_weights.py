@@ -13,7 +13,7 @@ import numpy as np
 
 from .dataset import TokenDataset
 
-def _check_weights(weights: Any, *, step: int | None = None) -> list[tuple[Any, float]]:
+def check_weights(weights: Any, *, step: int | None = None) -> list[tuple[Any, float]]:
     """``(key, weight)`` pairs of a plain mixture (all positive) or of the phase at ``step`` (zeros allowed)."""
     where = "" if step is None else f" in the phase at step {step}"
     if isinstance(weights, Mapping):
@@ -30,7 +30,7 @@ def _check_weights(weights: Any, *, step: int | None = None) -> list[tuple[Any, 
             raise ValueError(f"mixture entries are (dataset, weight) pairs, not {item!r}")
         key, w = item
         if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)) or not math.isfinite(w):
-            raise ValueError(f"the weight of {_name(key)}{where} is {w!r}; weights must be finite positive numbers")
+            raise ValueError(f"the weight of {source_name(key)}{where} is {w!r}; weights must be finite positive numbers")
         out.append((key, float(w)))
     if all(w == 0 for _, w in out):
         if step is None:
@@ -39,18 +39,19 @@ def _check_weights(weights: Any, *, step: int | None = None) -> list[tuple[Any, 
     for key, w in out:
         if w < 0:
             allowed = "positive" if step is None else "positive, or 0 to leave a dataset out of a phase"
-            raise ValueError(f"the weight of {_name(key)}{where} is {w}; weights must be {allowed}")
+            raise ValueError(f"the weight of {source_name(key)}{where} is {w}; weights must be {allowed}")
         if w == 0 and step is None:
-            raise ValueError(f"the weight of {_name(key)} is 0; remove that dataset from the mixture instead")
+            raise ValueError(f"the weight of {source_name(key)} is 0; remove that dataset from the mixture instead")
     return out
 
 
-def _normalized(weights: list[float]) -> np.ndarray:
+def normalized(weights: list[float]) -> np.ndarray:
+    """The weights divided by their sum."""
     total = sum(weights)
     return np.array([w / total for w in weights], dtype=np.float64)
 
 
-def _check_phases(phases: Any) -> tuple[list[Any], list[tuple[int, np.ndarray]]]:
+def check_phases(phases: Any) -> tuple[list[Any], list[tuple[int, np.ndarray]]]:
     """The datasets (in the first phase's order) and each phase's ``(step, normalized weights)``."""
     if isinstance(phases, (str, bytes, Mapping)) or not isinstance(phases, Sequence) or not phases:
         raise ValueError(
@@ -76,34 +77,35 @@ def _check_phases(phases: Any) -> tuple[list[Any], list[tuple[int, np.ndarray]]]
             raise ValueError(
                 f"phases are out of order: step {step} comes after step {schedule[-1][0]}; list them by increasing step"
             )
-        entries = _check_weights(weights, step=step)
+        entries = check_weights(weights, step=step)
         by_key: dict[Any, float] = {}
         for key, w in entries:
             if key in by_key:
-                raise ValueError(f"the phase at step {step} names {_name(key)} twice")
+                raise ValueError(f"the phase at step {step} names {source_name(key)} twice")
             by_key[key] = w
         if not schedule:
             keys = list(by_key)
-        extra = [_name(k) for k in by_key if k not in keys]
+        extra = [source_name(k) for k in by_key if k not in keys]
         if extra:
             raise ValueError(
                 f"the phase at step {step} names {', '.join(extra)}, which the first phase does not; every phase "
                 "names the same datasets (give weight 0 where one should not be read)"
             )
-        missing = [_name(k) for k in keys if k not in by_key]
+        missing = [source_name(k) for k in keys if k not in by_key]
         if missing:
             raise ValueError(
                 f"the phase at step {step} gives no weight to {', '.join(missing)}; every phase names each of the "
                 "mixture's datasets (weight 0 leaves one out of a phase)"
             )
-        schedule.append((step, _normalized([by_key[k] for k in keys])))
+        schedule.append((step, normalized([by_key[k] for k in keys])))
     for d, key in enumerate(keys):
         if all(w[d] == 0 for _, w in schedule):
-            raise ValueError(f"{_name(key)} has weight 0 in every phase; remove it from the mixture")
+            raise ValueError(f"{source_name(key)} has weight 0 in every phase; remove it from the mixture")
     return keys, schedule
 
 
-def _name(key: Any) -> str:
+def source_name(key: Any) -> str:
+    """A mixture's dataset as messages name it."""
     if isinstance(key, TokenDataset):
         return repr(key.shards.name)
     return repr(os.fspath(key)) if isinstance(key, (str, os.PathLike)) else repr(key)
@@ -122,7 +124,7 @@ def mixture_counts(probs: np.ndarray, total: int) -> np.ndarray:
     return counts
 
 
-def _default_epoch(probs: np.ndarray, sizes: np.ndarray) -> int:
+def default_epoch(probs: np.ndarray, sizes: np.ndarray) -> int:
     """The largest epoch in which no component of positive weight repeats a sample."""
     m = int(min(math.floor(n / p + 1e-9) for n, p in zip(sizes.tolist(), probs.tolist()) if p > 0))
     while m > 1 and np.any(mixture_counts(probs, m) > sizes):  # float rounding at the edge: step back
@@ -130,7 +132,8 @@ def _default_epoch(probs: np.ndarray, sizes: np.ndarray) -> int:
     return m
 
 
-def _mulmod(x: np.ndarray, a: int, m: int) -> np.ndarray:
+def mulmod(x: np.ndarray, a: int, m: int) -> np.ndarray:
+    """``x * a % m``, exact also where the product overflows int64."""
     if m < 2**31:  # x * a < 2**62: exact in int64
         return (x * a) % m
     return np.array([(int(v) * a) % m for v in x.tolist()], dtype=np.int64)

@@ -2,24 +2,8 @@
 
 All of it is computed from the document starts inside the window (found by
 binary search in the shard's ``.bos.idx``), with array operations whose cost
-is one pass over the window -- never a Python loop over tokens.
-
-Conventions, for a window ``w`` of ``seq_len + 1`` tokens whose inputs are
-``w[:-1]`` and labels ``w[1:]``:
-
-* ``doc_ids[t]`` numbers the documents of the sample from 0: the first token
-  (which may continue a document begun before the window) is in document 0,
-  and the id grows by one at every document start;
-* ``labels[t] = -100`` where the label token ``w[t+1]`` starts a new document:
-  the last token of a document never predicts the next one. With BOS placement
-  that masks "last token -> next BOS"; with EOS placement "EOS -> next
-  document's first token"; with both, "EOS -> next BOS". "token -> its own EOS"
-  is kept, so the model learns to end documents. The starts are the version's
-  ``.bos.idx`` entries whatever the placement: no token id is scanned for;
-* ``position_ids`` restart at 0 at the start of the window and at every
-  document start (the positions RoPE needs when documents are packed);
-* ``cu_seqlens`` (int32) are the cumulative segment lengths ``[0, ...,
-  seq_len]`` of those segments, the layout ``flash_attn_varlen_func`` takes.
+is one pass over the window -- never a Python loop over tokens. The fields and
+what each placement masks: docs/RUNTIME.md ("Packing").
 """
 
 from __future__ import annotations

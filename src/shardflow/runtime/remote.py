@@ -3,33 +3,20 @@
     ds = TokenDataset("s3://bucket/data/wiki/v3", seq_len=1024)                     # a version URL
     ds = TokenDataset("wiki@latest", catalog="s3://bucket/catalog", seq_len=1024)  # a catalog in the bucket
 
-A version URL names the directory holding ``metadata.yaml``; a catalog URL the
-directory of ``<name>.yaml`` files, laid out as ``shardflow.catalog.Catalog``
-lays them out (a version's ``path`` relative to the catalog). The manifest (and
-the catalog file) is read from the bucket at every open; each file it names is
-fetched on first use into ``cache_dir`` (default ``$SHARDFLOW_CACHE``, else
-``~/.cache/shardflow``), under ``versions/<bucket>/<tail>-<hash of the URL>/``,
-so two versions or buckets never share a file. The cache directory is a
-version directory view: the manifest's relative paths, nothing else.
+What a user sees (URLs, the cache directory, retries, errors): docs/RUNTIME.md ("Opening"). The
+manifest (and the catalog file) is read from the bucket at every open; each file it names is
+fetched on first use into ``cache_dir`` under ``versions/<bucket>/<tail>-<hash of the URL>/``, so two
+versions or buckets never share a file.
 
-Every download goes to a temporary name beside its file, is hashed as it
-arrives, and is renamed into place only if its size and SHA-256 are the
-manifest's (a mismatch is fetched once more, then refused naming the object).
-Beside each verified file a marker ``.<file>.ok`` records its SHA-256, size,
-inode and mtime: a cached file is trusted without rehashing only while all four
-match, so a truncated or rewritten file is refused and fetched again (a file
-without its marker is rehashed; ``verify=True`` rehashes every cached file once
-per process).
+Every download goes to a temporary name beside its file, is hashed as it arrives, and is renamed
+into place only if its size and SHA-256 are the manifest's. Beside each verified file a marker
+``.<file>.ok`` records its SHA-256, size, inode and mtime: a cached file is trusted without
+rehashing only while all four match (``verify=True`` rehashes every cached file once per process).
 
-Processes sharing a cache (ranks, DataLoader workers) coordinate with ``flock``:
-``.<file>.lock`` (exclusive) while one of them downloads, so each file is
-fetched once, and ``.<file>.pin`` (shared) while one uses a shard; a shard is
-evicted only when no process pins it (``try_evict`` takes the pin exclusively
-without waiting). The streaming reader's prefetching and eviction are in
-``shardflow.runtime.prefetch``.
-
-Needs fsspec and s3fs (``pip install 'shardflow[s3]'``); credentials and
-endpoints come the usual way (``AWS_*``, ``AWS_ENDPOINT_URL``).
+Processes sharing a cache coordinate with ``flock``: ``.<file>.lock`` (exclusive) while one of them
+downloads, so each file is fetched once, and ``.<file>.pin`` (shared) while one uses a shard; a
+shard is evicted only when no process pins it (``try_evict`` takes the pin exclusively without
+waiting). Prefetching and eviction are in ``shardflow.runtime.prefetch``.
 """
 
 from __future__ import annotations
@@ -52,7 +39,8 @@ from ..errors import ConfigError, ShardflowError, ValidationError
 from ..manifest import MANIFEST_NAME, Manifest, check_relative_file, read_manifest
 from ..manifest_files import named_files
 from ..shardset import ShardSet
-from .objstore import cache_key, filesystem, is_remote, renamed, resolve_catalog, retrying
+from .options import REMOTE_OPTIONS, ReadOptions
+from .remote_store import cache_key, filesystem, is_remote, renamed, resolve_catalog, retrying
 
 __all__ = [
     "is_remote", "is_remote_ref", "default_cache_dir", "VersionCache", "RemoteShardSet", "open_remote_split", "fetch_version",
@@ -389,26 +377,20 @@ class RemoteShardSet(ShardSet):
         self.cache.download(files)
 
 
-def open_remote_split(
-    ref: str | os.PathLike[str],
-    *,
-    split: str,
-    catalog: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    verify: bool = False,
-    **plain: Any,
-) -> RemoteShardSet:
+def open_remote_split(ref: str | os.PathLike[str], *, options: ReadOptions | None = None, **kwargs: Any) -> RemoteShardSet:
     """Split ``split`` of a version on object storage, its manifest read and nothing else fetched yet.
 
     ``ref`` is a version URL (the directory of ``metadata.yaml``, or that file),
-    or ``NAME@VERSION`` / ``NAME@latest`` with ``catalog`` a catalog URL.
-    ``plain``: the options of plain directories (``dtype=``...), refused when given.
+    or ``NAME@VERSION`` / ``NAME@latest`` with ``catalog`` a catalog URL. The
+    options are ``open_shards``'s and ``cache_dir``; those of plain directories
+    (``dtype=``...) are refused.
     """
-    given = [k for k, v in plain.items() if v is not None]
+    opts = ReadOptions.collect("open_remote_split", REMOTE_OPTIONS, options, kwargs)
+    given = opts.plain_given()
     if given:
         raise ConfigError(f"{', '.join(given)} describe plain directories of shards; {os.fspath(ref)} is a published version")
-    cache, manifest = _open_version(ref, catalog, cache_dir, verify)
-    return RemoteShardSet.over(cache, manifest, split)
+    cache, manifest = _open_version(ref, opts.catalog, opts.cache_dir, opts.verify)
+    return RemoteShardSet.over(cache, manifest, opts.split)
 
 
 def _open_version(ref: str | os.PathLike[str], catalog: Any, cache_dir: Any, verify: bool) -> tuple[VersionCache, Manifest]:

@@ -1,19 +1,10 @@
 """Where a dataset's tokens are: the ordered shards of one split, opened by reference.
 
-``open_shards`` turns any of these into a ``ShardSet``:
-
-* ``NAME@VERSION``, ``NAME@latest``, ``NAME``, a version directory or its
-  ``metadata.yaml`` -- resolved through the catalog and opened with
-  ``shardflow.reader.open_version``, which checks the manifest schema and that
-  every file exists with the size the manifest gives (``verify=True`` also
-  checks every checksum). The token counts come from the manifest, so opening
-  reads no shard data, whatever the number of shards;
-* a plain directory of shards without a manifest (or a glob of shard files),
-  KempnerForge / modded-nanogpt style. The dtype is taken from each file's
-  nanogpt or ``.npy`` header, or for a Megatron ``P.bin`` from its sibling
-  ``P.idx`` (dtype code 8: uint16, 4: int32 read as uint32); any other
-  headerless ``.bin`` shard needs ``dtype=``. It is never guessed from the
-  file size.
+``open_shards`` turns a reference (``NAME@VERSION``, a version directory or its
+``metadata.yaml``, resolved through the catalog and opened with
+``shardflow.reader.open_version``) or a plain directory or glob of shards
+without a manifest into a ``ShardSet``; what each accepts and how a plain
+directory's dtype is found: docs/RUNTIME.md ("Opening").
 
 A ``ShardSet`` (defined in ``shardflow.shardset``, re-exported here) opens
 each shard's memory map on first use and keeps it; the maps are never pickled
@@ -26,17 +17,16 @@ from __future__ import annotations
 import glob as _glob
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import numpy as np
 
-from ..catalog import Catalog
 from ..errors import ConfigError
-from ..formats import FORMATS, MEGATRON, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format, megatron
-from ..formats.base import TOKEN_DTYPES
+from ..formats import MEGATRON, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format, megatron
 from ..manifest import MANIFEST_NAME
 from ..reader import open_version
-from ..shardset import ShardInfo, ShardSet, _fingerprint
+from ..shardset import ShardInfo, ShardSet, fingerprint
+from .options import SHARD_OPTIONS, ReadOptions
 
 __all__ = ["ShardInfo", "ShardSet", "open_shards", "SHARD_EXTENSIONS"]
 
@@ -50,57 +40,32 @@ def _looks_like_version(path: Path) -> bool:
     return (path.name == MANIFEST_NAME and path.is_file()) or (path.is_dir() and (path / MANIFEST_NAME).is_file())
 
 
-def open_shards(
-    ref: "str | os.PathLike[str] | ShardSet",
-    *,
-    split: str = "train",
-    catalog: Catalog | str | os.PathLike[str] | None = None,
-    verify: bool = False,
-    dtype: str | np.dtype | None = None,
-    format: str | None = None,
-    pattern: str | None = None,
-    boundary_token: int | None = None,
-    boundary: Literal["bos", "eos", "both"] | None = None,
-) -> ShardSet:
+def open_shards(ref: "str | os.PathLike[str] | ShardSet", *, options: ReadOptions | None = None, **kwargs: Any) -> ShardSet:
     """The shards of ``split`` of a version reference, or of a plain directory / glob of shards.
 
-    ``catalog=None`` means ``$SHARDFLOW_CATALOG`` or ``./manifests``. The
-    options ``dtype``, ``format``, ``pattern``, ``boundary_token`` and
-    ``boundary`` are for plain directories only: a version's manifest records them.
+    The options are keywords or ``options=ReadOptions(...)``: ``split``,
+    ``catalog`` (None means ``$SHARDFLOW_CATALOG`` or ``./manifests``),
+    ``verify``, and for plain directories only (a version's manifest records
+    them) ``dtype``, ``format``, ``pattern``, ``boundary_token`` and ``boundary``.
     """
+    opts = ReadOptions.collect("open_shards", SHARD_OPTIONS, options, kwargs)
     if isinstance(ref, ShardSet):
         return ref
     ref_str = os.fspath(ref)
     path = Path(ref_str).expanduser()
-    plain_opts = {"dtype": dtype, "format": format, "pattern": pattern, "boundary_token": boundary_token, "boundary": boundary}
     if _looks_like_version(path) or not (path.is_dir() or _GLOB_CHARS & set(ref_str) or path.is_file()):
-        given = [k for k, v in plain_opts.items() if v is not None]
+        given = opts.plain_given()
         if given:
             raise ConfigError(
                 f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for plain directories of shards; "
                 f"{ref_str} is a published version whose manifest records them"
             )
-        return _open_version_split(ref_str, split=split, catalog=catalog, verify=verify)
-    if verify:
+        # The version's own shard set (ShardSet.from_manifest): the reader and the
+        # runtime share one cache of maps and indexes. A KeyError names the splits.
+        return open_version(ref_str, catalog=opts.catalog, verify=opts.verify).split(opts.split).shards
+    if opts.verify:
         raise ConfigError(f"verify=True checks checksums against a manifest; {ref_str} is a plain directory without one")
-    return _open_plain(
-        path,
-        ref_str,
-        split=split,
-        dtype=dtype,
-        fmt_name=format,
-        pattern=pattern,
-        boundary_token=boundary_token,
-        placement=boundary or "bos",
-    )
-
-
-def _open_version_split(
-    ref: str, *, split: str, catalog: Catalog | str | os.PathLike[str] | None, verify: bool
-) -> ShardSet:
-    # The version's own shard set (ShardSet.from_manifest): the reader and the
-    # runtime share one cache of maps and indexes.
-    return open_version(ref, catalog=catalog, verify=verify).split(split).shards  # KeyError names the splits
+    return _open_plain(path, ref_str, opts)
 
 
 def _detect_format(path: Path) -> ShardFormat:
@@ -121,31 +86,9 @@ def _detect_format(path: Path) -> ShardFormat:
     return RAWBIN
 
 
-def _open_plain(
-    path: Path,
-    ref: str,
-    *,
-    split: str,
-    dtype: str | np.dtype | None,
-    fmt_name: str | None,
-    pattern: str | None,
-    boundary_token: int | None,
-    placement: str,
-) -> ShardSet:
-    if placement not in ("bos", "eos", "both"):
-        raise ConfigError(f"boundary must be 'bos' or 'eos' (or 'both': BOS + ids + EOS), not {placement!r}")
-    if boundary_token is not None and (isinstance(boundary_token, bool) or not isinstance(boundary_token, (int, np.integer))):
-        raise ConfigError(f"boundary_token must be a token id (an int), not {boundary_token!r}")
-    want_dtype = None
-    if dtype is not None:
-        try:
-            want_dtype = np.dtype(dtype).newbyteorder("<")
-        except TypeError:
-            raise ConfigError(f"dtype {dtype!r} is not a NumPy dtype; use 'uint16' or 'uint32'") from None
-        if want_dtype not in TOKEN_DTYPES.values():
-            raise ConfigError(f"dtype must be uint16 or uint32, not {np.dtype(dtype)}")
-    if fmt_name is not None and fmt_name not in FORMATS:
-        raise ConfigError(f"unknown shard format {fmt_name!r}; use one of {', '.join(FORMATS)}")
+def _open_plain(path: Path, ref: str, opts: ReadOptions) -> ShardSet:
+    # The options' values were checked by ReadOptions; dtype is a little-endian token dtype there.
+    split, want_dtype, fmt_name, pattern = opts.split, opts.dtype, opts.format, opts.pattern
     if path.is_dir():
         pat = (pattern if pattern is not None else "*{split}*").replace("{split}", split)
         candidates = sorted(path.glob(pat))
@@ -188,18 +131,17 @@ def _open_plain(
         idx = bosidx.index_path(f)
         shards.append(ShardInfo(path=f, tokens=ntokens, index=idx if idx.is_file() else None))
     assert fmt is not None and found_dtype is not None
-    fingerprint = _fingerprint(
-        {"files": [[s.path.name, s.path.stat().st_size] for s in shards], "format": fmt.name, "dtype": found_dtype.name}
-    )
+    # The file names and sizes, hashed as a version's build key is: resume states hold it.
+    identity = {"files": [[s.path.name, s.path.stat().st_size] for s in shards], "format": fmt.name, "dtype": found_dtype.name}
     return ShardSet(
         name=ref,
         shards=shards,
         fmt=fmt,
         dtype=found_dtype,
-        placement=placement,  # type: ignore[arg-type]
-        boundary_token=int(boundary_token) if boundary_token is not None else None,
+        placement=opts.boundary or "bos",
+        boundary_token=opts.boundary_token,
         tokenizer=None,
         vocab_size=None,
-        fingerprint=fingerprint,
+        fingerprint=fingerprint(identity),
         directory=directory,
     )

@@ -4,49 +4,25 @@
     for sample in it: ...            # one pass: the rest of the current epoch
     state = it.state_dict()          # exact position; load_state_dict(state) continues from it
 
-**Epochs.** An epoch is a permutation of the samples of ``TokenDataset`` (same
-``seq_len`` / packing / alignment options), a pure function of ``(seed,
-epoch)``, shuffled over shards and over samples (``shardflow.runtime.order``).
-
-**Ranks.** Rank ``r`` of ``world_size`` reads the contiguous positions
-``[r * N // W, (r + 1) * N // W)`` of every epoch of ``N`` samples: the shares
-differ by at most one sample and together are the whole epoch, whatever ``N``
-and ``W`` (``drop_last=True`` gives every rank ``N // W``). Its *rank stream*
-is those positions, epoch after epoch; a position in it is ``epoch *
-samples_per_epoch + offset``.
-
-**Workers.** The rank stream, from where the pass starts, is cut into blocks of
-``block_size`` samples, and worker ``w`` of ``num_workers`` reads blocks ``w, w
-+ num_workers, ...``. That is exactly the order in which a PyTorch DataLoader
-collects batches from its workers (round-robin, one batch of ``batch_size``
-items from each), so with ``block_size == batch_size`` the loader delivers the
-rank stream in order, and a resume state is just a position in it. Any
-combination works -- more workers than shards, a single shard, more workers
-than blocks (a worker may then get nothing). The PyTorch adapter
-(``shardflow.runtime.torch_adapters``) sets the worker from the DataLoader and
-``block_size`` from the batch size; this numpy core takes them explicitly.
-
-**State.** ``state_dict()`` is the rank stream position of the next sample, plus
-what determines the stream (dataset fingerprint, seed, shuffle, rank,
-world_size, ...); ``load_state_dict`` refuses a state of another stream, naming
-what differs. The position is absolute, so any number of resumes, within an
-epoch or across epochs, continue exactly. Iterating this object advances the
-position when it reads the whole rank stream (``num_workers == 1``); a consumer
-that merges worker slices itself calls ``advance(n)`` (the PyTorch loader does).
-``num_workers`` and ``block_size`` are not part of the state: a run may resume
-with a different number of DataLoader workers.
+Epochs, ranks, workers and exact resume: docs/RUNTIME.md ("Streaming"). A rank's *rank stream* is
+its positions, epoch after epoch; a position in it is ``epoch * samples_per_epoch + offset``, and
+the state is the position of the next sample. Worker ``w`` of ``n`` reads blocks ``w, w + n, ...`` of
+``block_size`` samples, the order in which a PyTorch DataLoader collects batches, so with
+``block_size == batch_size`` the loader delivers the rank stream in order. Iterating this object
+advances the position when it reads the whole rank stream (``num_workers == 1``); a consumer that
+merges worker slices itself calls ``advance(n)`` (the PyTorch loader does).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Literal
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..catalog import Catalog
 from ..errors import ConfigError
-from .dataset import Overflow, TokenDataset, _check_int
+from .dataset import TokenDataset
+from .options import DATASET_OPTIONS, REMOTE_OPTIONS, STREAM_OPTIONS, ReadOptions, check_int
 from .order import EpochOrder, EpochRuns
 from .prefetch import ShardFeeder, epoch_segments
 from .remote import RemoteShardSet, is_remote_ref, open_remote_split
@@ -72,45 +48,22 @@ def check_split(epoch_samples: int, world_size: int) -> None:
 class SampleStream:
     """What streaming and mixture datasets share: epochs, rank/worker splitting, exact state.
 
-    Subclasses set ``self.epoch_samples`` (samples per epoch, all ranks), or
-    pass ``runs`` to ``_init_stream`` when epochs differ in size (see
-    ``EpochRuns``), and implement ``_resolve(epoch, positions)`` -> (component
-    ids, sample ids), positions numbered within the epoch over all ranks, and
-    ``_get(component, sample)``.
+    Subclasses call ``_init_stream`` with their options, having set
+    ``self.epoch_samples`` (samples per epoch, all ranks), or pass it ``runs``
+    when epochs differ in size (see ``EpochRuns``), and implement
+    ``_resolve(epoch, positions)`` -> (component ids, sample ids), positions
+    numbered within the epoch over all ranks, ``_get(component, sample)`` and
+    ``_sample_ids(component ids, sample ids)`` (what ``indices()`` yields).
     """
 
     kind = "SampleStream"
     epoch_samples: int
 
-    def _init_stream(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        worker_id: int,
-        num_workers: int,
-        block_size: int,
-        seed: int,
-        shuffle: bool,
-        shuffle_group: int,
-        drop_last: bool,
-        infinite: bool,
-        runs: list[tuple[int, int | None]] | None = None,
-    ) -> None:
-        self.world_size = _check_int("world_size", world_size, minimum=1)
-        self.rank = _check_int("rank", rank, minimum=0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank={rank} must be below world_size={world_size} (ranks are 0 to {world_size - 1})")
-        self.num_workers = _check_int("num_workers", num_workers, minimum=1)
-        self.worker_id = _check_int("worker_id", worker_id, minimum=0)
-        if self.worker_id >= self.num_workers:
-            raise ValueError(f"worker_id={worker_id} must be below num_workers={num_workers}")
-        self.block_size = _check_int("block_size", block_size, minimum=1)
-        self.seed = _check_int("seed", seed, minimum=0)
-        self.shuffle = bool(shuffle)
-        self.shuffle_group = _check_int("shuffle_group", shuffle_group, minimum=1)
-        self.drop_last = bool(drop_last)
-        self.infinite = bool(infinite)
+    def _init_stream(self, opts: ReadOptions, runs: list[tuple[int, int | None]] | None = None) -> None:
+        self.rank, self.world_size = opts.rank, opts.world_size
+        self.worker_id, self.num_workers, self.block_size = opts.worker_id, opts.num_workers, opts.block_size
+        self.seed, self.shuffle, self.shuffle_group = opts.seed, opts.shuffle, opts.shuffle_group
+        self.drop_last, self.infinite = opts.drop_last, opts.infinite
         if runs is None:
             runs = [(self.epoch_samples, None)]
         check_split(runs[-1][0], self.world_size)
@@ -144,11 +97,11 @@ class SampleStream:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``)."""
-        self._position = self._layout.epoch_span(_check_int("epoch", epoch, minimum=0))[0]
+        self._position = self._layout.epoch_span(check_int("epoch", epoch, minimum=0))[0]
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more samples of the rank stream consumed (for consumers that merge worker slices)."""
-        self._position += _check_int("n", n, minimum=0)
+        self._position += check_int("n", n, minimum=0)
 
     def pass_bounds(self, start: int | None = None) -> tuple[int, int | None]:
         """``(start, stop)`` of the pass from ``start`` (default: the position): to the epoch's end, or None if infinite."""
@@ -208,6 +161,33 @@ class SampleStream:
 
     def _get(self, component: int, sample: int) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def _sample_ids(self, comps: np.ndarray, ids: np.ndarray) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def indices(
+        self,
+        start: int | None = None,
+        stop: int | None = None,
+        *,
+        worker_id: int | None = None,
+        num_workers: int | None = None,
+        block_size: int | None = None,
+    ) -> Iterator[Any]:
+        """The samples this worker reads in ``[start, stop)`` (default: the current pass), as ``_sample_ids``
+        names them: ``TokenDataset`` indices, a mixture's ``(component, index)``.
+
+        Reads no tokens; for checking how a pass is split.
+        """
+        first, end = self.pass_bounds(start)
+        for _, comps, ids in self._keys(
+            first,
+            end if stop is None else stop,
+            self.worker_id if worker_id is None else worker_id,
+            self.num_workers if num_workers is None else num_workers,
+            self.block_size if block_size is None else block_size,
+        ):
+            yield from self._sample_ids(comps, ids)
 
     def iter_range(
         self,
@@ -274,14 +254,15 @@ class SampleStream:
                 f"this state was saved by a different stream and would not continue it exactly ({details}). "
                 "Resume with the same dataset version, options, seed, rank and world_size"
             )
-        self._position = _check_int("position", state.get("position"), minimum=0)
+        self._position = check_int("position", state.get("position"), minimum=0)
 
 
 class StreamingTokenDataset(SampleStream):
     """``TokenDataset``'s samples as an epoch stream, shuffled, split over ranks and workers, resumable.
 
     ``ref`` and the dataset options are those of ``TokenDataset`` (or pass a
-    ``TokenDataset`` as ``ref``). ``rank``/``world_size`` split epochs over
+    ``TokenDataset`` as ``ref``) but ``align_rule``, as keywords or
+    ``options=ReadOptions(...)``. ``rank``/``world_size`` split epochs over
     distributed ranks; ``worker_id``/``num_workers``/``block_size`` split a
     rank's stream over loader workers (the PyTorch adapter fills them in).
     ``shuffle_group`` shards are shuffled together. ``infinite=True`` makes a
@@ -300,67 +281,25 @@ class StreamingTokenDataset(SampleStream):
     _feeder: ShardFeeder | None = None
 
     def __init__(
-        self,
-        ref: "str | os.PathLike[str] | ShardSet | TokenDataset",
-        *,
-        split: str = "train",
-        seq_len: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        pack_sequences: bool = False,
-        align_to_bos: bool = False,
-        overflow: Overflow = "skip",
-        worker_id: int = 0,
-        num_workers: int = 1,
-        block_size: int = 1,
-        shuffle_group: int = 8,
-        drop_last: bool = False,
-        infinite: bool = False,
-        catalog: Catalog | str | os.PathLike[str] | None = None,
-        verify: bool = False,
-        dtype: str | np.dtype | None = None,
-        format: str | None = None,
-        pattern: str | None = None,
-        boundary_token: int | None = None,
-        boundary: Literal["bos", "eos", "both"] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit_bytes: int | None = None,
+        self, ref: "str | os.PathLike[str] | ShardSet | TokenDataset", *, options: ReadOptions | None = None, **kwargs: Any
     ) -> None:
-        if is_remote_ref(ref, catalog):
+        opts = ReadOptions.collect("StreamingTokenDataset.__init__", STREAM_OPTIONS, options, kwargs)
+        if is_remote_ref(ref, opts.catalog):
             # Opened here, not by TokenDataset: only the manifest now, the shards as they are read.
-            ref = open_remote_split(
-                ref, split=split, catalog=catalog, cache_dir=cache_dir, verify=verify, dtype=dtype, format=format,
-                pattern=pattern, boundary_token=boundary_token, boundary=boundary,
-            )
-        elif cache_dir is not None:
+            ref = open_remote_split(ref, options=opts.only(REMOTE_OPTIONS))
+        elif opts.cache_dir is not None:
             raise ConfigError(f"cache_dir is for versions on object storage (s3://...); {ref!r} is read in place")
         if isinstance(ref, TokenDataset):
-            if seq_len is not None and seq_len != ref.seq_len:
-                raise ValueError(f"seq_len={seq_len} differs from the given dataset's seq_len={ref.seq_len}")
+            if opts.seq_len is not None and opts.seq_len != ref.seq_len:
+                raise ValueError(f"seq_len={opts.seq_len} differs from the given dataset's seq_len={ref.seq_len}")
             self.dataset = ref
         else:
-            if seq_len is None:
+            if opts.seq_len is None:
                 raise ValueError("seq_len is required (the number of input tokens per sample)")
-            self.dataset = TokenDataset(
-                ref,
-                split=split,
-                seq_len=seq_len,
-                pack_sequences=pack_sequences,
-                align_to_bos=align_to_bos,
-                overflow=overflow,
-                catalog=catalog,
-                verify=verify,
-                dtype=dtype,
-                format=format,
-                pattern=pattern,
-                boundary_token=boundary_token,
-                boundary=boundary,
-            )
+            self.dataset = TokenDataset(ref, options=opts.only(DATASET_OPTIONS, cache_dir=None, cache_limit_bytes=None))
         self.seq_len = self.dataset.seq_len
         self.epoch_samples = len(self.dataset)
-        self.cache_limit_bytes = None if cache_limit_bytes is None else _check_int("cache_limit_bytes", cache_limit_bytes, minimum=1)
+        self.cache_limit_bytes = opts.cache_limit_bytes
         shards = self.dataset.shards
         if self.cache_limit_bytes is not None:
             if not isinstance(shards, RemoteShardSet):
@@ -369,21 +308,10 @@ class StreamingTokenDataset(SampleStream):
             if largest > self.cache_limit_bytes:
                 raise ConfigError(
                     f"cache_limit_bytes={self.cache_limit_bytes:,} cannot hold the largest shard of {shards.name} "
-                    f"({largest:,} bytes); raise it to hold at least shuffle_group={shuffle_group} shards"
+                    f"({largest:,} bytes); raise it to hold at least shuffle_group={opts.shuffle_group} shards"
                 )
         self._orders: dict[int, EpochOrder] = {}
-        self._init_stream(
-            rank=rank,
-            world_size=world_size,
-            worker_id=worker_id,
-            num_workers=num_workers,
-            block_size=block_size,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_group=shuffle_group,
-            drop_last=drop_last,
-            infinite=infinite,
-        )
+        self._init_stream(opts)
 
     def __repr__(self) -> str:
         return (
@@ -470,28 +398,9 @@ class StreamingTokenDataset(SampleStream):
                 self._feeder = feeder
             yield item
 
-    def indices(
-        self,
-        start: int | None = None,
-        stop: int | None = None,
-        *,
-        worker_id: int | None = None,
-        num_workers: int | None = None,
-        block_size: int | None = None,
-    ) -> Iterator[int]:
-        """The ``TokenDataset`` indices this worker reads in ``[start, stop)`` (default: the current pass).
-
-        Reads no tokens; for checking how a pass is split.
-        """
-        first, end = self.pass_bounds(start)
-        for _, _, ids in self._keys(
-            first,
-            end if stop is None else stop,
-            self.worker_id if worker_id is None else worker_id,
-            self.num_workers if num_workers is None else num_workers,
-            self.block_size if block_size is None else block_size,
-        ):
-            yield from ids.tolist()
+    def _sample_ids(self, comps: np.ndarray, ids: np.ndarray) -> Iterable[int]:
+        """The ``TokenDataset`` indices."""
+        return ids.tolist()
 
     def _check_fields(self) -> dict[str, Any]:
         return {"dataset": self.dataset.fingerprint, **super()._check_fields()}

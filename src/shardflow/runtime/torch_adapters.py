@@ -1,26 +1,17 @@
 """PyTorch adapters: the runtime's datasets as ``torch.utils.data`` datasets returning tensors.
 
-Optional: needs ``pip install 'shardflow[torch]'`` (``torch==2.13.0``, a CPU
-build; a bare ``pip install torch`` pulls a multi-GB CUDA build).
+Optional: needs ``pip install 'shardflow[torch]'``.
 
 * ``TorchTokenDataset(ds)`` -- map-style ``Dataset`` over a ``TokenDataset``;
-  use any sampler. Packed samples need ``collate_fn=torch_collate``.
+  packed samples need ``collate_fn=torch_collate``.
 * ``TorchStreamingDataset(stream, batch_size=B)`` -- ``IterableDataset`` over a
-  ``StreamingTokenDataset`` or ``MixtureDataset``. In a DataLoader with
-  ``batch_size=B`` it splits the rank's stream over the loader's workers in
-  blocks of ``B``, which is the order the loader collects them in, so the
-  loader yields the rank stream in order for any ``num_workers``.
+  ``StreamingTokenDataset`` or ``MixtureDataset``, split over the loader's
+  workers in blocks of ``B``, the order the loader collects them in.
 * ``StreamingLoader(stream, batch_size=B, num_workers=W)`` -- builds that
-  DataLoader for each pass and keeps the stream's position as batches are
-  handed out: ``state_dict()`` after any batch resumes exactly after it, with
-  any number of workers. Use this for training.
+  DataLoader for each pass and advances the stream's position by each batch it
+  hands out, so ``state_dict()`` after any batch resumes exactly after it.
 
-Resume, concretely: the state is the rank-stream position of the next sample.
-Workers run ahead (prefetching), but only batches *delivered* by the loader
-advance the position, and the loader delivers the rank stream in order, so
-``position = start of the pass + samples delivered``. A new loader started
-from that position gives worker 0 the first block, worker 1 the next, ... --
-the continuation of the uninterrupted sequence.
+Why that is exact with any number of workers: docs/RUNTIME.md ("Exact resume").
 """
 
 from __future__ import annotations
@@ -39,7 +30,8 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
         "The numpy datasets in shardflow.runtime work without it"
     ) from exc
 
-from .dataset import TokenDataset, _check_int
+from .dataset import TokenDataset
+from .options import check_int
 from .packing import collate
 from .streaming import SampleStream
 
@@ -106,7 +98,7 @@ class TorchStreamingDataset(IterableDataset):  # type: ignore[type-arg]
                 "over its workers, so build the stream with the default worker_id=0, num_workers=1"
             )
         self.stream = stream
-        self.batch_size = _check_int("batch_size", batch_size, minimum=1)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self._start: int | None = None
         self._iterated_in_worker = False
 
@@ -173,8 +165,8 @@ class StreamingLoader:
         if loader_options.get("in_order", True) is not True:
             raise ValueError("in_order=False would deliver batches out of the stream's order; the position would be wrong")
         self.stream = stream
-        self.batch_size = _check_int("batch_size", batch_size, minimum=1)
-        self.num_workers = _check_int("num_workers", num_workers, minimum=0)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.num_workers = check_int("num_workers", num_workers, minimum=0)
         self.collate_fn = collate_fn
         self.loader_options = loader_options
         self._dataset = TorchStreamingDataset(stream, batch_size=self.batch_size)

@@ -1,24 +1,22 @@
 """Sources: find the input files, cut them into work units, and read texts in bounded batches.
 
 Inputs are Parquet files, Arrow IPC files or streams (``.arrow``, ``.feather``,
-``.ipc``), JSON Lines (``.jsonl``, ``.json``, gzip- or Zstandard-compressed:
-``.jsonl.gz``, ``.jsonl.zst``, ...; a plain ``.json`` only when named, as
-directory scans leave metadata files alone), directories or globs of those, and Hugging
-Face ``datasets`` saved with ``save_to_disk`` (a directory with ``state.json``;
-its Arrow files are read directly, in the dataset's order). A work unit is a
-run of whole row groups (or record batches) of one file, or a byte range of
-whole lines of a JSON Lines file, about ``unit_bytes`` of text; units are read
-with ``iter_batches`` in batches of about ``batch_bytes`` of text, so memory
-depends on the batch size and never on the corpus size.
+``.ipc``), JSON Lines (plain, gzip- or Zstandard-compressed; see ``jsonl``),
+directories or globs of those, and Hugging Face ``datasets`` saved with
+``save_to_disk`` (a directory with ``state.json``; its Arrow files are read
+directly, in the dataset's order). A work unit is a run of whole row groups (or
+record batches) of one file, or a byte range of whole lines of a JSON Lines
+file, about ``unit_bytes`` of text; units are read with ``iter_batches`` in
+batches of about ``batch_bytes`` of text, so memory depends on the batch size
+and never on the corpus size.
 
 The text column is ``text_column``; a dotted name (``meta.text``) reaches a
 field of a struct column (Parquet, Arrow) or of a nested object (JSON Lines),
 and a column or key spelled with the dot itself wins over that reading.
-
 Null and empty texts are skipped and counted; invalid UTF-8 in a binary text
-column is replaced or skipped (``utf8_errors``) and counted. A record that
-cannot be read (a JSON line that is not JSON, or lacks the text field) is
-refused with its file and line, or skipped and counted (``on_bad_record``).
+column is replaced or skipped (``utf8_errors``) and counted; a record that
+cannot be read is refused with its file and line, or skipped and counted
+(``on_bad_record``).
 
 The modules:
 

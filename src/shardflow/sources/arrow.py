@@ -21,20 +21,8 @@ import pyarrow as pa
 
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
-from .base import (
-    DEFAULT_BATCH_BYTES,
-    READ_ERRORS,
-    InputFile,
-    InputKind,
-    ParsedColumn,
-    WorkUnit,
-    check_schema,
-    column_path,
-    file_name,
-    has_suffix,
-    select_column,
-    within_budget,
-)
+from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
+from .base import check_schema, column_path, file_name, has_suffix, select_column, within_budget
 
 __all__ = ["ARROW_SUFFIXES", "ArrowFileKind", "ArrowStreamKind", "ARROW_FILE", "ARROW_STREAM"]
 

@@ -383,17 +383,8 @@ def cut_units(sizes: Sequence[tuple[int, int]], *, input_index: int, unit_bytes:
             rows += sizes[stop][0]
             nbytes += sizes[stop][1]
             stop += 1
-        units.append(
-            WorkUnit(
-                index=first_index + len(units),
-                input=input_index,
-                start=start,
-                stop=stop,
-                first_row=row,
-                rows=rows,
-                text_bytes=nbytes,
-            )
-        )
+        units.append(WorkUnit(index=first_index + len(units), input=input_index, start=start, stop=stop,
+                              first_row=row, rows=rows, text_bytes=nbytes))
         row += rows
         start = stop
     return units
@@ -437,22 +428,15 @@ def clean_texts(
     nulls = col.null_count - skipped - bad_records
     # Kept: neither null nor empty. The Kleene AND (false wins over null) of validity and the length
     # cast to bool, read from its bitmap: a Python scalar (pa.scalar, fill_null(x, 0)) or a
-    # BooleanArray's to_numpy would import pandas, 0.5 s on the GIL of every build process.
+    # BooleanArray's to_numpy would import pandas, on the GIL of every build process (_arrow.py, docs/PERFORMANCE.md).
     keep = pc.and_kleene(pc.is_valid(col), pc.cast(pc.binary_length(col), pa.bool_()))
     keep_np = bool_array(keep)
     kept = int(keep_np.sum())
     empties = n - nulls - skipped - bad_records - kept
     rows = np.flatnonzero(keep_np).astype(np.int64) + first_row
     texts = col if kept == n else col.filter(keep)
-    return TextBatch(
-        texts=texts,
-        rows=rows,
-        nulls=nulls,
-        empties=empties,
-        invalid_utf8=invalid,
-        skipped_invalid=skipped,
-        bad_records=bad_records,
-    )
+    return TextBatch(texts=texts, rows=rows, nulls=nulls, empties=empties, invalid_utf8=invalid,
+                     skipped_invalid=skipped, bad_records=bad_records)
 
 
 def split_scores(relname: str, rows: np.ndarray, seed: int) -> np.ndarray:

@@ -23,11 +23,13 @@ multiple of the unit size is not tokenized as one more tiny unit.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+from typing import Sequence
 
-from .base import WorkUnit
+from .base import InputFile, WorkUnit
 
-__all__ = ["TAIL_DIVISOR", "is_small_tail", "byte_offsets", "join_small_tail"]
+__all__ = ["TAIL_DIVISOR", "is_small_tail", "byte_offsets", "join_small_tail", "cut_in_bytes"]
 
 # A last unit under unit_bytes / 4 joins the one before: at most 1.25 x unit_bytes in one unit, and no unit
 # of a file cut into several is smaller than a quarter of the unit size.
@@ -59,3 +61,11 @@ def join_small_tail(units: list[WorkUnit], unit_bytes: int) -> list[WorkUnit]:
         before, stop=tail.stop, rows=before.rows + tail.rows, text_bytes=before.text_bytes + tail.text_bytes
     )
     return units[:-2] + [joined]
+
+
+def cut_in_bytes(inputs: Sequence[InputFile], units: Sequence[WorkUnit]) -> set[int]:
+    """The inputs whose units are cut blind in bytes: a JSON Lines file in several units, or any unit with
+    ``first_row`` -1. On object storage such a file's later units learn their rows only then, so a local
+    copy (whose lines planning counts) is treated alike: the same bytes."""
+    units_of_jsonl = collections.Counter(u.input for u in units if inputs[u.input].kind == "jsonl")
+    return {i for i, n in units_of_jsonl.items() if n > 1} | {u.input for u in units if u.first_row < 0}

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import InputError
 from .base import DirectoryLayout, InputFile, InputKind, file_name, has_suffix
-from .storage import _glob_base, is_remote, list_objects, local_path
+from .storage import glob_base, is_remote, list_objects, local_path
 
 __all__ = ["discover", "input_suffixes", "detect_kind"]
 
@@ -103,7 +103,7 @@ def discover(
         spec = local_path(spec)  # file:// is a local path
         if is_remote(spec):  # read in place: listed here, read by the workers
             found.extend(_remote(spec, kinds))
-            key = PurePosixPath(_glob_base(spec.split("://", 1)[1]) if _is_glob(spec) else spec.split("://", 1)[1])
+            key = PurePosixPath(glob_base(spec.split("://", 1)[1]) if _is_glob(spec) else spec.split("://", 1)[1])
             # As for a local path: a directory's (prefix's) own name, or a file's (object's) directory's.
             # Whether the URL is one object, its listing says: a prefix may hold a dot (s3://b/wiki.v1/).
             one_object = not _is_glob(spec) and len(found) - before == 1 and found[-1].path == spec

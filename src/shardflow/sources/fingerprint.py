@@ -4,7 +4,7 @@ The fingerprint is of the file's bytes, whatever its kind: it is what the build
 key and incremental reuse compare. Objects on object storage are the
 exception: the storage's identity of each (ETag, version id, from the listing)
 stands in for it while planning, and the worker that reads the object hashes
-it (``build/tokenize.py``), so planning never reads the corpus.
+it (``pipeline/tokenize.py``), so planning never reads the corpus.
 """
 
 from __future__ import annotations

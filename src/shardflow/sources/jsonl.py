@@ -326,7 +326,7 @@ class JsonLinesKind(InputKind):
         compressed one is one unit. ``rows`` is -1 (not known until read), and
         a unit after the first has ``first_row`` -1: its worker numbers its lines
         from 0, and the layout adds the line counts of the units before it
-        (``build/layout.py``), so row numbers are still line indexes in the
+        (``pipeline/layout.py``), so row numbers are still line indexes in the
         object and the bytes are those of a local build.
         """
         _not_json_lines(inp, _head(inp))

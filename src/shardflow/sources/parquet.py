@@ -18,21 +18,8 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
 from .cuts import join_small_tail
-from .base import (
-    DEFAULT_BATCH_BYTES,
-    READ_ERRORS,
-    InputFile,
-    InputKind,
-    ParsedColumn,
-    WorkUnit,
-    budget_words,
-    check_schema,
-    column_path,
-    cut_units,
-    record_limit,
-    select_column,
-    within_budget,
-)
+from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
+from .base import budget_words, check_schema, column_path, cut_units, record_limit, select_column, within_budget
 
 __all__ = ["PARQUET_SUFFIXES", "ParquetKind", "PARQUET"]
 

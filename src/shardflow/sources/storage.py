@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlparse
 
 from ..errors import InputError, missing_credentials
-from ..objstore import check_no_credentials, filesystem, is_remote
+from ..bucket.fs import check_no_credentials, filesystem, is_remote
 
 __all__ = [
     "is_remote",
@@ -127,7 +127,7 @@ def _is_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
-def _glob_base(path: str) -> str:
+def glob_base(path: str) -> str:
     """The fixed directory prefix of a glob, up to and including its last '/' before a wildcard."""
     cut = min((i for i, ch in enumerate(path) if ch in "*?["), default=len(path))
     head = path[:cut]
@@ -147,7 +147,7 @@ def list_objects(spec: str, wanted: Any) -> list[tuple[str, str, int, str]]:
     protocol = spec.split("://", 1)[0]
     try:
         if _is_glob(root):
-            base = _glob_base(root)
+            base = glob_base(root)
             found = fs.glob(root, detail=True)
             infos = {p: i for p, i in sorted(found.items()) if i.get("type") == "file"}
             if not infos:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError
 from ..formats import get_format
 from ..formats.base import MAX_SHARD_TOKENS
 from ..manifest import Manifest
+from .settings_support import header
 
 __all__ = ["Target", "default_shard_path", "OPTION_FLAGS"]
 
@@ -53,7 +54,7 @@ class Target:
     gathers: bool = False
     """The reader drops up to a global batch at every shard's end, so shards of one work unit each (small
     inputs: small shards) would waste more than 1% of the tokens: every split is gathered into shards of
-    ``shard_tokens`` instead (a second write of the tokens; ``build/layout.py``)."""
+    ``shard_tokens`` instead (a second write of the tokens; ``pipeline/layout.py``)."""
     train_files_at_least: int = 1
     """The reader opens this many train files before its first batch (modded-nanogpt's BOS-aligned loader
     loads the next file ahead, and fails on a train split in one file): a gathered train split that
@@ -64,8 +65,10 @@ class Target:
     hf_tokenizer: bool = False
     """The settings name the version's ``hf_tokenizer/`` (what ``AutoTokenizer`` loads; see
     ``targets.hf_tokenizer``), so a build for this target writes it."""
-    settings_text: Callable[[Manifest, Path], str]
-    """The stack's settings for a version (its manifest and directory)."""
+    settings_title: str
+    """The stack and what its settings fill, as their first line names them: ``nanoGPT (train.py)``."""
+    settings_lines: Callable[[Manifest, Path], Iterable[str]]
+    """The stack's settings for a version (its manifest and directory), below the header every target prints."""
     file_name: Callable[[str, str, int, str], str] = default_shard_path
     """The shard's path in the version directory, from (dataset name, split, shard index, extension)."""
 
@@ -187,4 +190,4 @@ class Target:
 
     def settings(self, manifest: Manifest, directory: Path | str) -> str:
         """The settings ``stack`` needs to train on this version, as text to paste."""
-        return self.settings_text(manifest, Path(directory))
+        return "\n".join([*header(self.settings_title, manifest), *self.settings_lines(manifest, Path(directory))])

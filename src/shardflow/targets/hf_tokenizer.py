@@ -1,29 +1,11 @@
 """The version's tokenizer as a directory ``transformers.AutoTokenizer.from_pretrained`` loads: ``hf_tokenizer/``.
 
-KempnerForge (``data.tokenizer_path``, with ``pack_sequences``) and Megatron-LM
-(``--tokenizer-type HuggingFaceTokenizer --tokenizer-model``) take the
-document boundary from ``AutoTokenizer.from_pretrained(dir).eos_token_id``.
-A bare ``tokenizer.json`` is not such a directory (AutoTokenizer takes a file
-path for a hub repo id), and a version directory without a
-``tokenizer_config.json`` naming the EOS token loads with ``eos_token_id``
-None. So ``hf_tokenizer/`` holds:
-
-* ``tokenizer.json``: the version's own copy for the tokenizer.json family;
-  for the tiktoken family (``cl100k_base``, a ``.tiktoken`` rank file) the
-  same byte-level BPE rebuilt with the ``tokenizers`` library: the ranks as
-  the vocabulary, each multi-byte token's merge found by running BPE on it
-  with the lower ranks only, tiktoken's split pattern as the pre-tokenizer;
-* ``tokenizer_config.json``: ``PreTrainedTokenizerFast`` with the manifest's
-  BOS and EOS texts, so ``eos_token_id`` is the manifest's EOS id.
-
-A build whose target sets ``Target.hf_tokenizer`` writes it into the staged
-version (``build/target_files.py``, before the manifest is validated and the
-version published), like ``card/`` a view of the version, not in the
-manifest's file list. A SentencePiece ``.model``, a tiktoken pattern
-shardflow does not know, or a version built before this gets none
-(``hf_dir`` is None): the target then prints a setting that needs no
-tokenizer. This module is pure (it imports no tokenizer code): the build
-passes the vocabulary in.
+Why the trainers need it, and what it holds (``tokenizer.json``, for the tiktoken family the same
+byte-level BPE rebuilt with the ``tokenizers`` library; ``tokenizer_config.json`` naming the
+manifest's BOS and EOS): docs/TARGETS.md. A build whose target sets ``Target.hf_tokenizer`` writes
+it into the staged version (``pipeline/target_files.py``, before the manifest is validated and the
+version published); where none can be made, ``hf_dir`` is None. This module is pure (it imports no
+tokenizer code): the build passes the vocabulary in.
 """
 
 from __future__ import annotations

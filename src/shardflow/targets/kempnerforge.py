@@ -19,45 +19,40 @@ field of its ``DataConfig`` / ``ModelConfig`` (its loader rejects unknown keys).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..manifest import Manifest
 from .base import Target
 from .hf_tokenizer import HF_DIR, hf_dir
-from .settings_support import boundary_ids, header, split_dir, split_tokens
+from .settings_support import boundary_ids, split_dir, split_tokens
 
 
-def _settings(manifest: Manifest, directory: Path) -> str:
+def _settings(manifest: Manifest, directory: Path) -> Iterator[str]:
     _, eos = boundary_ids(manifest)
     info = manifest.tokenized_info
     tokenizer_dir = hf_dir(directory)
-    lines = header("KempnerForge (MemoryMappedDataset; DataConfig)", manifest)
-    lines += [
+    yield from [
         "[data]",
         f'dataset_path = "{split_dir(manifest, directory, "train")}"',
         'file_pattern = "*.npy"',
     ]
     if tokenizer_dir is not None:
-        lines += [
+        yield from [
             f"pack_sequences = true  # document-aware packing: documents end at the EOS id {eos}",
             f'tokenizer_path = "{tokenizer_dir}"  # AutoTokenizer loads it; its eos_token_id is {eos}',
         ]
     else:
-        lines.append(
+        yield (
             f"pack_sequences = false  # no {HF_DIR}/ in this version ({info['tokenizer']}): packing (documents end "
             f"at the EOS id {eos}) needs a tokenizer_path whose AutoTokenizer eos_token_id is {eos}"
         )
-    lines += ["[model]", f"vocab_size = {info['vocab_size']}  # at least this many ids"]
+    yield from ["[model]", f"vocab_size = {info['vocab_size']}  # at least this many ids"]
     if split_tokens(manifest, "val"):
-        lines.append(f'# evaluation data: dataset_path = "{split_dir(manifest, directory, "val")}", file_pattern = "*.npy"')
-    return "\n".join(lines)
+        yield f'# evaluation data: dataset_path = "{split_dir(manifest, directory, "val")}", file_pattern = "*.npy"'
 
 
 TARGET = Target(
-    name="kempnerforge",
-    stack="KempnerForge (MemoryMappedDataset)",
-    formats=("npy",),
-    boundaries=("eos", "both"),
-    hf_tokenizer=True,
-    settings_text=_settings,
+    name="kempnerforge", stack="KempnerForge (MemoryMappedDataset)", formats=("npy",), boundaries=("eos", "both"),
+    hf_tokenizer=True, settings_title="KempnerForge (MemoryMappedDataset; DataConfig)", settings_lines=_settings,
 )

@@ -1,45 +1,26 @@
 """Megatron-LM (and NeMo 2 ``GPTDataset``, GPT-NeoX, Nanotron): the indexed dataset, ``P.bin`` + ``P.idx`` per shard.
 
-``IndexedDataset(P)`` reads ``P.idx`` (magic, version, dtype code, one
-sequence per document) and memory-maps ``P.bin`` with that dtype; its
-document-aware sampling sees our documents. ``preprocess_data.py
---append-eod`` puts the EOD token after each document (its loss mask and
-``GPTDataset`` expect it there), so EOS placement; ``--bos --eos`` (both) may
-refine it.
-
-The settings are flags of Megatron-LM's ``pretrain_gpt.py``. Checked against:
-megatron-core 0.16.1 (the newest on Python 3.11; its ``get_blend_from_list``
-and ``MegatronTokenizer`` run in tests/targets/test_trainer_configs.py), and
-Megatron-LM's ``arguments.py`` / ``get_blend_and_blend_per_split`` sources and
-its NullTokenizer rule at commit d98e8a64 (modelled in tests/targets/config_readers.py):
-
-* ``--per-split-data-args-path``: a JSON file ``{"train": [prefixes], "valid":
-  [...] or null, "test": null}`` that its ``get_blend_and_blend_per_split``
-  reads, written beside the version's files (``megatron_data_args.json``) when
-  the settings are printed (its prefixes are absolute paths, known only once
-  the version is published; a read-only data root gets the prefixes inline), so
-  a version of tens of thousands of shards is one argument, not a command line
-  past the kernel's limit.
-* ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR/hf_tokenizer``:
-  Megatron's EOD is then that tokenizer's ``eos_token`` id, the manifest's EOS,
-  in both. With ``NullTokenizer`` the EOD depends on the release
-  (``vocab_size`` in megatron-core 0.16.1 and older Megatron-LM,
-  ``vocab_size - 1`` at d98e8a64 unless ``--null-tokenizer-eod-id`` is given),
-  never our EOS. A version without ``hf_tokenizer/`` (a SentencePiece
-  ``.model``; one built before it) gets ``NullTokenizer`` with
-  ``--null-tokenizer-eod-id``, which releases without that flag refuse loudly.
+``IndexedDataset(P)`` memory-maps ``P.bin`` with the dtype of ``P.idx``; its document-aware
+sampling sees our documents. EOS placement, because ``preprocess_data.py --append-eod`` puts the
+EOD token after each document (its loss mask and ``GPTDataset`` expect it there); ``--bos --eos``
+may refine it. The settings are flags of ``pretrain_gpt.py``, checked against the releases in
+docs/TARGETS.md ("Megatron versions"): ``--per-split-data-args-path`` names a JSON file of the
+shard prefixes written beside the version (``megatron_data_args.json``; absolute paths, known only
+once the version is published; a read-only data root gets the prefixes inline), so tens of
+thousands of shards are one argument, not a command line past the kernel's limit.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..manifest import Manifest
 from .._io import atomic_write_text
 from .base import Target
 from .hf_tokenizer import hf_dir
-from .settings_support import boundary_ids, header
+from .settings_support import boundary_ids
 
 
 DATA_ARGS_FILE = "megatron_data_args.json"
@@ -68,39 +49,34 @@ def data_args_file(manifest: Manifest, directory: Path) -> Path | None:
     return path
 
 
-def _settings(manifest: Manifest, directory: Path) -> str:
+def _settings(manifest: Manifest, directory: Path) -> Iterator[str]:
     bos, eos = boundary_ids(manifest)
     eod = eos if eos is not None else bos
     train = _prefixes(manifest, directory, "train") or []
     val = _prefixes(manifest, directory, "val") or []
-    lines = header("Megatron-LM (pretrain_gpt.py arguments; IndexedDataset / GPTDataset)", manifest)
     args_file = data_args_file(manifest, directory)
     if args_file is not None:
-        lines.append(f"--per-split-data-args-path {args_file}  # train: {len(train)} prefixes, valid: {len(val)}")
+        yield f"--per-split-data-args-path {args_file}  # train: {len(train)} prefixes, valid: {len(val)}"
     else:  # a read-only data root: every prefix on the command line (fine for a few hundred shards)
-        lines.append(f"# {directory / DATA_ARGS_FILE} could not be written: the prefixes follow")
-        lines.append("--train-data-path " + " ".join(train))
+        yield f"# {directory / DATA_ARGS_FILE} could not be written: the prefixes follow"
+        yield "--train-data-path " + " ".join(train)
         if val:
-            lines.append("--valid-data-path " + " ".join(val))
+            yield "--valid-data-path " + " ".join(val)
     tokenizer_dir = hf_dir(directory)
     if tokenizer_dir is not None:
-        lines.append("--tokenizer-type HuggingFaceTokenizer")
-        lines.append(f"--tokenizer-model {tokenizer_dir}  # its eos_token is Megatron's EOD: id {eod}")
+        yield "--tokenizer-type HuggingFaceTokenizer"
+        yield f"--tokenizer-model {tokenizer_dir}  # its eos_token is Megatron's EOD: id {eod}"
     else:
-        lines.append("--tokenizer-type NullTokenizer")
-        lines.append(f"--vocab-size {manifest.tokenized_info['vocab_size']}")
-        lines.append(f"--null-tokenizer-eod-id {eod}  # Megatron-LM releases with this flag; older ones refuse it")
-    lines.append("--seq-length 4096  # your sequence length")
-    lines.append(f"# add --eod-mask-loss to mask the EOD id {eod} in the loss")
-    return "\n".join(lines)
+        yield "--tokenizer-type NullTokenizer"
+        yield f"--vocab-size {manifest.tokenized_info['vocab_size']}"
+        yield f"--null-tokenizer-eod-id {eod}  # Megatron-LM releases with this flag; older ones refuse it"
+    yield "--seq-length 4096  # your sequence length"
+    yield f"# add --eod-mask-loss to mask the EOD id {eod} in the loss"
 
 
 TARGET = Target(
-    name="megatron",
-    stack="Megatron-LM (IndexedDataset)",
-    formats=("megatron",),
-    boundaries=("eos", "both"),
+    name="megatron", stack="Megatron-LM (IndexedDataset)", formats=("megatron",), boundaries=("eos", "both"),
     globs_split_dir=False,
     hf_tokenizer=True,
-    settings_text=_settings,
+    settings_title="Megatron-LM (pretrain_gpt.py arguments; IndexedDataset / GPTDataset)", settings_lines=_settings,
 )

@@ -12,11 +12,12 @@ train.bin has about 9 B): ``bin`` has no token count to overflow, and the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..manifest import Manifest
 from .base import Target
-from .settings_support import header, split_tokens
+from .settings_support import split_tokens
 
 
 BLOCK_SIZE = 1024
@@ -30,35 +31,28 @@ def _file_name(name: str, split: str, index: int, extension: str) -> str:
     return f"{split}.{extension}"
 
 
-def _settings(manifest: Manifest, directory: Path) -> str:
-    lines = header("nanoGPT (train.py)", manifest)
-    lines.append("# data_dir = os.path.join('data', dataset): link the version directory there, e.g.")
-    lines.append(f"#   ln -s {directory} data/{manifest.name}")
-    lines.append(f"dataset = '{manifest.name}'")
-    lines.append(f"# reads {directory / 'train.bin'} and {directory / 'val.bin'} as np.uint16")
+def _settings(manifest: Manifest, directory: Path) -> Iterator[str]:
+    yield "# data_dir = os.path.join('data', dataset): link the version directory there, e.g."
+    yield f"#   ln -s {directory} data/{manifest.name}"
+    yield f"dataset = '{manifest.name}'"
+    yield f"# reads {directory / 'train.bin'} and {directory / 'val.bin'} as np.uint16"
     if not split_tokens(manifest, "val"):
-        lines.append("# WARNING: no val split; train.py's estimate_loss reads val.bin: build with --val-count or --val-fraction")
+        yield "# WARNING: no val split; train.py's estimate_loss reads val.bin: build with --val-count or --val-fraction"
     for split in ("train", "val"):
         # get_batch draws torch.randint(len(data) - block_size, ...): a split needs more than block_size tokens.
         if 0 < (n := split_tokens(manifest, split)) <= BLOCK_SIZE:
-            lines.append(
+            yield (
                 f"# WARNING: {split}.bin holds {n:,} tokens, and get_batch reads block_size + 1 of them "
                 f"(block_size {BLOCK_SIZE} by default): set block_size below {n:,}, or build a larger {split} split"
             )
-    lines.append(
+    yield (
         f"# no meta.pkl: train.py uses vocab_size 50304 (GPT-2's 50257 padded); the version has "
         f"{manifest.tokenized_info['vocab_size']} ids"
     )
-    return "\n".join(lines)
 
 
 TARGET = Target(
-    name="nanogpt",
-    stack="nanoGPT (train.py)",
-    formats=("bin",),
-    boundaries=("eos",),
-    dtypes=("uint16",),
-    one_file_per_split=True,
-    settings_text=_settings,
-    file_name=_file_name,
+    name="nanogpt", stack="nanoGPT (train.py)", formats=("bin",), boundaries=("eos",), dtypes=("uint16",),
+    one_file_per_split=True, file_name=_file_name,
+    settings_title="nanoGPT (train.py)", settings_lines=_settings,
 )

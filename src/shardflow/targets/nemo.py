@@ -12,17 +12,17 @@ shardflow's runtime matches it with ``align_rule="nemo"`` (see RUNTIME.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..manifest import Manifest
 from .base import Target
-from .settings_support import boundary_ids, header, split_dir, split_tokens
+from .settings_support import boundary_ids, split_dir, split_tokens
 
 
-def _settings(manifest: Manifest, directory: Path) -> str:
+def _settings(manifest: Manifest, directory: Path) -> Iterator[str]:
     bos, _ = boundary_ids(manifest)
-    lines = header("NeMo Automodel (NanogptDataset)", manifest)
-    lines += [
+    yield from [
         "dataset:",
         "  _target_: nemo_automodel.components.datasets.llm.nanogpt_dataset.NanogptDataset",
         f'  file_pattern: "{split_dir(manifest, directory, "train")}/*.bin"',
@@ -31,7 +31,7 @@ def _settings(manifest: Manifest, directory: Path) -> str:
         "  align_to_bos: true",
     ]
     if split_tokens(manifest, "val"):
-        lines += [
+        yield from [
             "validation_dataset:",
             "  _target_: nemo_automodel.components.datasets.llm.nanogpt_dataset.NanogptDataset",
             f'  file_pattern: "{split_dir(manifest, directory, "val")}/*.bin"',
@@ -39,14 +39,10 @@ def _settings(manifest: Manifest, directory: Path) -> str:
             f"  bos_token: {bos}",
             "  align_to_bos: true",
         ]
-    lines.append(f"# model vocab_size >= {manifest.tokenized_info['vocab_size']}")
-    return "\n".join(lines)
+    yield f"# model vocab_size >= {manifest.tokenized_info['vocab_size']}"
 
 
 TARGET = Target(
-    name="nemo",
-    stack="NeMo Automodel (NanogptDataset)",
-    formats=("nanogpt", "nanogpt-legacy"),
-    boundaries=("bos",),
-    settings_text=_settings,
+    name="nemo", stack="NeMo Automodel (NanogptDataset)", formats=("nanogpt", "nanogpt-legacy"), boundaries=("bos",),
+    settings_title="NeMo Automodel (NanogptDataset)", settings_lines=_settings,
 )

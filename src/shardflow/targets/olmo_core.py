@@ -15,36 +15,32 @@ one-line setting. (Checked against ai2-olmo-core 3.0.0's
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..manifest import Manifest
 from .base import Target
-from .settings_support import boundary_ids, header, split_dir, split_tokens
+from .settings_support import boundary_ids, split_dir, split_tokens
 
 
-def _settings(manifest: Manifest, directory: Path) -> str:
+def _settings(manifest: Manifest, directory: Path) -> Iterator[str]:
     bos, eos = boundary_ids(manifest)
-    lines = header("OLMo-core (NumpyFSLDatasetConfig; NumpyDatasetConfig in older releases)", manifest)
-    lines.append("NumpyFSLDatasetConfig(")
-    lines.append(f'    paths=["{split_dir(manifest, directory, "train")}/*.bin"],')
-    lines.append(f"    expand_glob=True,  # {len(manifest.splits['train'].shards)} shards, sorted: manifest order")
-    lines.append(f"    dtype=NumpyDatasetDType.{manifest.dtype},")
-    lines.append("    sequence_length=2048,  # your sequence length")
-    lines.append(
+    yield "NumpyFSLDatasetConfig("
+    yield f'    paths=["{split_dir(manifest, directory, "train")}/*.bin"],'
+    yield f"    expand_glob=True,  # {len(manifest.splits['train'].shards)} shards, sorted: manifest order"
+    yield f"    dtype=NumpyDatasetDType.{manifest.dtype},"
+    yield "    sequence_length=2048,  # your sequence length"
+    yield (
         f"    tokenizer=TokenizerConfig(vocab_size={manifest.tokenized_info['vocab_size']}, "
         f"eos_token_id={eos}, pad_token_id={eos}, bos_token_id={bos}),"
     )
-    lines.append(")")
+    yield ")"
     if split_tokens(manifest, "val"):
-        lines.append(f'# val shards (an evaluator\'s paths, expand_glob=True): "{split_dir(manifest, directory, "val")}/*.bin"')
-    return "\n".join(lines)
+        yield f'# val shards (an evaluator\'s paths, expand_glob=True): "{split_dir(manifest, directory, "val")}/*.bin"'
 
 
 TARGET = Target(
-    name="olmo-core",
-    stack="OLMo-core (numpy datasets)",
-    formats=("bin",),
-    boundaries=("eos", "both"),
+    name="olmo-core", stack="OLMo-core (numpy datasets)", formats=("bin",), boundaries=("eos", "both"),
     globs_split_dir=False,
-    settings_text=_settings,
+    settings_title="OLMo-core (NumpyFSLDatasetConfig; NumpyDatasetConfig in older releases)", settings_lines=_settings,
 )

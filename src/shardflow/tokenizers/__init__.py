@@ -41,7 +41,6 @@ from .base import (
     Tokenizer,
     TokenizerFamily,
     TokenizerSpec,
-    _arrow_to_awkward,
     check_identity,
     unknown_tokenizer_error,
 )
@@ -75,7 +74,6 @@ __all__ = [
     "TIKTOKEN",
     "TiktokenFamily",
     "TiktokenTokenizer",
-    "_arrow_to_awkward",
 ]
 
 # Ordered: the first family whose matches() accepts a name loads it. TIKTOKEN comes

@@ -8,16 +8,16 @@ what ``encode_ordinary`` (the family's reference encoding) returns for each
 document, whichever backend computes it.
 
 Also here, because any family may need them: the probe strings a fast
-backend must agree on before it is used, ``check_identity`` (the live
-spot-check the build runs per batch), and the packing helpers that turn a
-backend's output into the flat ``(tokens, offsets)`` arrays.
+backend must agree on before it is used (``checked_fast``), the choice of
+backend (``TokenizerFamily.pick_backend``), ``check_identity`` (the live
+spot-check the build runs per batch), and ``pack_lists``, which turns lists
+of ids into the flat ``(tokens, offsets)`` arrays.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
+import logging
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, InputError
+from .routing import disputed_pattern, encode_routed, find_disputed
 
 __all__ = [
     "Tokenizer",
@@ -69,6 +70,8 @@ PROBE_STRINGS: tuple[str, ...] = (
 # own specials probe these too: in a document they are ordinary text.
 COMMON_SPECIAL_TEXTS: tuple[str, ...] = ("<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>")
 
+log = logging.getLogger("shardflow.tokenizers")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
@@ -96,9 +99,15 @@ class Tokenizer(ABC):
     reference_backend: str
     """The backend whose encoding is the reference (``encode_ordinary``); ``check_identity`` compares against it."""
 
-    def __init__(self, *, spec: TokenizerSpec, backend: str) -> None:
+    def __init__(
+        self, *, spec: TokenizerSpec, backend: str, source: Any = None, fast: Any | None = None, routed: Any | None = None
+    ) -> None:
         self.spec = spec
         self.backend = backend
+        self._source = source  # what the family loaded: its reference library's object, or that and its files' facts
+        self._fast = fast  # gigatoken.Tokenizer, or None on the reference backend
+        self._fast_lock = threading.Lock()  # gigatoken's object is not re-entrant (see routing._encode_gigatoken)
+        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
 
     # -- facts the manifest records -------------------------------------------------
     @property
@@ -106,14 +115,25 @@ class Tokenizer(ABC):
         return self.spec.name
 
     @property
-    @abstractmethod
     def eot_token(self) -> str:
         """The text of the document-boundary token (``<|endoftext|>``)."""
+        return self._boundary()[0]
 
     @property
-    @abstractmethod
     def eot_id(self) -> int:
         """The id of the boundary token, used as BOS (or EOS) between documents."""
+        return self._boundary()[1]
+
+    def _boundary(self) -> tuple[str, int]:
+        # Today's single boundary token: the EOS the tokenizer defines, else its BOS.
+        found = self.default_eos or self.default_bos
+        if found is None:
+            raise no_boundary_error(self.name, self._boundary_where())
+        return found
+
+    def _boundary_where(self) -> str:
+        """Where the family looked for a BOS and an EOS, for the error when it found neither."""
+        return "it names none"
 
     @property
     def default_bos(self) -> tuple[str, int] | None:
@@ -122,12 +142,12 @@ class Tokenizer(ABC):
         Families read it from their configuration (a tiktoken encoding has only
         ``<|endoftext|>``, which serves as both). ``--bos-token`` overrides it.
         """
-        return self.eot_token, self.eot_id
+        return None
 
     @property
     def default_eos(self) -> tuple[str, int] | None:
         """The tokenizer's own end-of-document token ``(text, id)``, if it defines one."""
-        return self.eot_token, self.eot_id
+        return None
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose text is ``text`` (special and added tokens included), or None."""
@@ -156,9 +176,13 @@ class Tokenizer(ABC):
     def max_token_value(self) -> int:
         """The largest id the encoding can emit, special tokens included (it picks the shard dtype)."""
 
-    @abstractmethod
+    libraries: tuple[str, ...] = ()
+    """The reference's packages (``tiktoken``); ``library_versions`` adds gigatoken."""
+
     def library_versions(self) -> dict[str, str | None]:
         """Versions of the packages that produced the ids (``None`` for one not used), for the manifest."""
+        giga = dist_version("gigatoken") if self.backend == "gigatoken" else None
+        return {**{name: dist_version(name) for name in self.libraries}, "gigatoken": giga}
 
     # -- encoding -------------------------------------------------------------------
     @abstractmethod
@@ -168,16 +192,18 @@ class Tokenizer(ABC):
     def warm(self) -> None:
         """Do the fast backend's one-time set-up now, not in the first document batch.
 
-        A process's first gigatoken encode costs about 0.15 s of set-up (on the
+        A process's first gigatoken encode pays a one-time set-up (on the
         GIL); a caller with an idle moment (the command line, while Prefect's
         flow run is being created over HTTP) spends it there. No-op without one.
         """
-        fast, lock = getattr(self, "_fast", None), getattr(self, "_fast_lock", None)
-        if fast is not None and lock is not None:
-            with lock:
-                fast.encode_batch_list(["shardflow"])
+        if self._fast is not None:
+            with self._fast_lock:
+                self._fast.encode_batch_list(["shardflow"])
 
-    @abstractmethod
+    def reference_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode_ordinary`` of each text; families use their library's batch call."""
+        return [self.encode_ordinary(text) for text in texts]
+
     def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode documents; returns ``(tokens uint32, offsets int64)``.
 
@@ -185,6 +211,12 @@ class Tokenizer(ABC):
         ``encode_ordinary(texts[i])``. ``texts`` is a list of str or a pyarrow
         string array without nulls.
         """
+        if self._fast is not None:
+            return encode_routed(self._fast, self._fast_lock, texts, self._routed, self.reference_batch)
+        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+            texts = texts.to_pylist()
+        texts = list(texts)
+        return pack_lists(self.reference_batch(texts) if texts else [])
 
     @abstractmethod
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
@@ -236,6 +268,29 @@ class TokenizerFamily(ABC):
         cannot serve the name raises ``ConfigError``, as does a bad file.
         """
 
+    def pick_backend(
+        self,
+        name_or_path: str,
+        backend: str,
+        make: Callable[..., Tokenizer],
+        fast_backend: Callable[[], tuple[Any, str, Any]],
+        library: str,
+    ) -> Tokenizer:
+        """``make(backend=, fast=, routed=)`` as ``load`` says, ``library`` being the reference.
+
+        ``fast_backend()`` is gigatoken, checked: ``(fast, "", routed)``, or ``(None, why not, None)``.
+        """
+        reference = str(self.reference_backend)
+        if backend == reference:
+            return make(backend=reference)
+        fast, reason, routed = fast_backend()
+        if fast is None:
+            if backend == "gigatoken":
+                raise ConfigError(f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend {reference}")
+            log.info("tokenizer %s: using %s (%s)", name_or_path, library, reason)
+            return make(backend=reference)
+        return make(backend="gigatoken", fast=fast, routed=routed)
+
     def known_names(self) -> Sequence[str]:
         """Names (not paths) this family loads, listed when a name matches no family."""
         return ()
@@ -281,18 +336,14 @@ def check_identity(tokenizer: Tokenizer, texts: Sequence[str], *, where: str) ->
 # -- helpers shared by families ---------------------------------------------------
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _pack_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def pack_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """One list of ids per document, as flat ``(tokens uint32, offsets int64)``."""
     lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
     offsets = np.zeros(len(lists) + 1, dtype=np.int64)
@@ -301,51 +352,6 @@ def _pack_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]
     for i, ids in enumerate(lists):
         tokens[offsets[i] : offsets[i + 1]] = ids
     return tokens, offsets
-
-
-def _encode_gigatoken(fast: Any, lock: threading.Lock, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Batch-encode with a ``gigatoken.Tokenizer``, whichever family loaded it, as flat arrays.
-
-    ``lock`` must be held per tokenizer object: gigatoken's is not re-entrant
-    ("Already borrowed" when two threads call it). Serializing costs little:
-    two threads encoding at once through one object ran at 0.97x of one
-    thread here (and gigatoken's ``parallel`` batch mode used one core on
-    this 2-core machine), so the worker threads share one core's encoding
-    either way; processes (``--runner dask``) each have their own.
-    """
-    arg: Any
-    if isinstance(texts, (pa.Array, pa.ChunkedArray)):
-        arg = _arrow_to_awkward(texts)
-    else:
-        arg = list(texts)
-    if len(arg) == 0:
-        return np.empty(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
-    with lock:
-        result = fast.encode_batch(arg)
-    layout = result.layout
-    offsets = np.asarray(layout.offsets.data, dtype=np.int64)
-    tokens = np.asarray(layout.content.data)
-    if offsets[0] != 0:
-        tokens = tokens[offsets[0] : offsets[-1]]
-        offsets = offsets - offsets[0]
-    else:
-        tokens = tokens[: offsets[-1]]
-    return tokens.astype(np.uint32, copy=False), offsets
-
-
-def _gigatoken_ordinary(config: dict[str, Any]) -> Any:
-    """A ``gigatoken.Tokenizer`` for a parsed tokenizer.json that encodes special-token text as ordinary text.
-
-    gigatoken always splits the file's added tokens out of the text and has no
-    switch for it, so the special ones are removed from the copy it loads. The
-    non-special added tokens stay: the reference (the tokenizers library with
-    ``encode_special_tokens = True``) still splits those out too.
-    """
-    import gigatoken
-
-    ordinary = dict(config)
-    ordinary["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
-    return gigatoken.Tokenizer.from_json(json.dumps(ordinary, ensure_ascii=False))
 
 
 def _disagreement(fast: Any, reference: Callable[[str], list[int]], texts: Sequence[str]) -> str | None:
@@ -360,13 +366,41 @@ def _disagreement(fast: Any, reference: Callable[[str], list[int]], texts: Seque
     return None
 
 
-def _one_line(exc: BaseException) -> str:
+def checked_fast(
+    name: str,
+    fast: Any,
+    reference: Callable[[str], list[int]],
+    reference_batch: Callable[[list[str]], list[list[int]]],
+    *,
+    own: Sequence[str],
+    key: str,
+    library: str,
+    routed: Sequence[str] = (),
+) -> tuple[Any | None, str, Any | None]:
+    """gigatoken's ``fast`` if it agrees with ``library``, the reference: ``(fast, "", routed pattern)``, else ``(None, why not, None)``.
+
+    The probes are the shared ones and the tokenizer's ``own`` special texts, alone and inside words,
+    less those holding a ``routed`` text (the reference encodes their documents). ``key`` names the
+    vocabulary for ``find_disputed``'s cache.
+    """
+    texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *own, *(f"a{t}b {t}\n{t}{t}" for t in own)]
+    bad = _disagreement(fast, reference, [t for t in texts if not any(r and r in t for r in routed)])
+    if bad is not None:
+        return None, f"gigatoken disagrees with {library} on the probe string {bad[:40]!r}", None
+    disputed = find_disputed(fast, reference_batch, cache_key=key)
+    if disputed:
+        log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
+                 "are encoded by %s", name, len(disputed), library)
+    return fast, "", disputed_pattern(disputed, routed)
+
+
+def one_line(exc: BaseException) -> str:
     """An exception's message on one line (Rust errors carry a multi-line location trailer)."""
     text = str(exc).strip().splitlines()
     return text[0].strip() if text else type(exc).__name__
 
 
-def _file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:
+def file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:
     """``(path, mtime_ns, size)`` of each file, None for one that does not exist."""
     out: list[Any] = []
     for path in paths:
@@ -379,32 +413,6 @@ def _file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _file_name(path: Path) -> str:
+def name_of_file(path: Path) -> str:
     """A tokenizer's name from its file: the stem, or the directory's name for a generic ``tokenizer.*``."""
     return path.parent.resolve().name if path.stem == "tokenizer" and path.parent.resolve().name else path.stem
-
-
-def _arrow_to_awkward(texts: pa.Array | pa.ChunkedArray) -> Any:
-    """Wrap an Arrow string array's buffers as an awkward string array, no copy of the text.
-
-    gigatoken reads the flat UTF-8 buffer and offsets directly, which avoids
-    building one Python ``str`` per document.
-    """
-    import awkward as ak  # installed with gigatoken
-
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
-    if texts.null_count:
-        raise ValueError("encode_batch needs an array without nulls; filter them first")
-    if pa.types.is_large_string(texts.type):
-        off_dtype = np.int64
-    elif pa.types.is_string(texts.type):
-        off_dtype = np.int32
-    else:
-        raise TypeError(f"expected a string array, got {texts.type}")
-    bufs = texts.buffers()
-    n = len(texts)
-    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[texts.offset : texts.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
-    chars = ak.contents.NumpyArray(data, parameters={"__array__": "char"})
-    return ak.Array(ak.contents.ListOffsetArray(ak.index.Index64(offsets), chars, parameters={"__array__": "string"}))

@@ -38,32 +38,15 @@ import functools
 import hashlib
 import json
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
-from .base import (
-    COMMON_SPECIAL_TEXTS,
-    PROBE_STRINGS,
-    Tokenizer,
-    TokenizerFamily,
-    TokenizerSpec,
-    _disagreement,
-    _dist_version,
-    _file_name,
-    _file_stamp,
-    _gigatoken_ordinary,
-    _one_line,
-    _pack_lists,
-    no_boundary_error,
-)
-from .routing import disputed_pattern, encode_routed, find_disputed
+from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file, one_line
 
 __all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON"]
 
@@ -95,14 +78,8 @@ class HFTokenizer(Tokenizer):
     """One tokenizer.json with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
 
     reference_backend = "hf"
-
-    def __init__(self, *, source: _Source, backend: str, fast: Any | None, routed: Any | None = None) -> None:
-        super().__init__(spec=source.spec, backend=backend)
-        self._source = source
-        self._ref = source.ref
-        self._fast = fast  # gigatoken.Tokenizer or None
-        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
-        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
+    libraries = ("tokenizers",)
+    _source: _Source
 
     # -- boundary tokens ------------------------------------------------------------
     @property
@@ -113,24 +90,12 @@ class HFTokenizer(Tokenizer):
     def default_eos(self) -> Token | None:
         return self._source.eos
 
-    def _boundary(self) -> Token:
-        # Today's single boundary token: the EOS the files define, else their BOS.
-        found = self._source.eos or self._source.bos
-        if found is None:
-            raise no_boundary_error(self.name, f"none in {', '.join(_SIDE_FILES)} or the post-processor of {self._source.path}")
-        return found
-
-    @property
-    def eot_token(self) -> str:
-        return self._boundary()[0]
-
-    @property
-    def eot_id(self) -> int:
-        return self._boundary()[1]
+    def _boundary_where(self) -> str:
+        return f"none in {', '.join(_SIDE_FILES)} or the post-processor of {self._source.path}"
 
     def token_id(self, text: str) -> int | None:
         """An added or vocabulary token's id by its spelling (``<|begin_of_text|>``, ``Ġthe``), or the id of a one-token text."""
-        found = self._ref.token_to_id(text)
+        found = self._source.ref.token_to_id(text)
         if found is not None:
             return int(found)
         ids = self.encode_ordinary(text)
@@ -138,7 +103,7 @@ class HFTokenizer(Tokenizer):
 
     def token_text(self, token_id: int) -> str | None:
         token_id = int(token_id)
-        if not 0 <= token_id <= self._source.max_id or self._ref.id_to_token(token_id) is None:
+        if not 0 <= token_id <= self._source.max_id or self._source.ref.id_to_token(token_id) is None:
             return None
         return self.decode([token_id])
 
@@ -156,28 +121,17 @@ class HFTokenizer(Tokenizer):
         """The ids of the added tokens the file marks special: no text ever encodes to one."""
         return self._source.special_ids
 
-    def library_versions(self) -> dict[str, str | None]:
-        return {
-            "tokenizers": _dist_version("tokenizers"),
-            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
-        }
-
     # -- encoding -------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:
         """The reference: ``encode(text, add_special_tokens=False)`` with special-token text as ordinary text."""
-        return list(self._ref.encode(text, add_special_tokens=False).ids)
+        return list(self._source.ref.encode(text, add_special_tokens=False).ids)
 
-    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self._fast is not None:
-            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._ref))
-        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
-            texts = texts.to_pylist()
-        texts = list(texts)
-        return _pack_lists(_reference_lists(self._ref, texts) if texts else [])
+    def reference_batch(self, texts: list[str]) -> list[list[int]]:
+        return _reference_lists(self._source.ref, texts)
 
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """The tokenizers library's ``decode``, special tokens kept (invalid UTF-8 is replaced)."""
-        return self._ref.decode(np.asarray(tokens, dtype=np.int64).tolist(), skip_special_tokens=False)
+        return self._source.ref.decode(np.asarray(tokens, dtype=np.int64).tolist(), skip_special_tokens=False)
 
     def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
         """The bytes the ids stand for: exact for byte-level files; otherwise the UTF-8 of ``decode``."""
@@ -197,7 +151,7 @@ class HFTokenizer(Tokenizer):
             return None
         inverse = {ch: b for b, ch in bytes_to_unicode().items()}
         table: dict[int, bytes] = {}
-        for token, tid in self._ref.get_vocab(with_added_tokens=False).items():
+        for token, tid in self._source.ref.get_vocab(with_added_tokens=False).items():
             try:
                 table[int(tid)] = bytes(inverse[ch] for ch in token)
             except KeyError:
@@ -210,8 +164,7 @@ class HFTokenizer(Tokenizer):
 class HFFamily(TokenizerFamily):
     """Paths to a Hugging Face ``tokenizer.json`` (any ``*.json``), or to a directory holding one."""
 
-    name = "hf"
-    reference_backend = "hf"
+    name = reference_backend = "hf"
     serves = "tokenizer.json"
     path_hint = "a path to a Hugging Face tokenizer.json (or a directory holding one)"
 
@@ -222,20 +175,13 @@ class HFFamily(TokenizerFamily):
     def stamp(self, name_or_path: str) -> tuple[Any, ...]:
         path = Path(name_or_path).expanduser()
         json_path = path / TOKENIZER_JSON if path.is_dir() else path
-        return _file_stamp([json_path, *(json_path.parent / side for side in _SIDE_FILES)])
+        return file_stamp([json_path, *(json_path.parent / side for side in _SIDE_FILES)])
 
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
         stamp = self.stamp(name_or_path)
         source = _load_source(name_or_path, stamp)
-        if backend == "hf":
-            return HFTokenizer(source=source, backend="hf", fast=None)
-        fast, reason, routed = _fast_backend(name_or_path, stamp)
-        if fast is None:
-            if backend == "gigatoken":
-                raise ConfigError(f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend hf")
-            log.info("tokenizer %s: using the tokenizers library (%s)", name_or_path, reason)
-            return HFTokenizer(source=source, backend="hf", fast=None)
-        return HFTokenizer(source=source, backend="gigatoken", fast=fast, routed=routed)
+        make = functools.partial(HFTokenizer, spec=source.spec, source=source)
+        return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(name_or_path, stamp), "the tokenizers library")
 
 
 @functools.lru_cache(maxsize=4)
@@ -247,17 +193,11 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, A
     except ImportError:
         return None, "gigatoken is not installed (pip install gigatoken)", None
     except Exception as exc:  # a model type or option gigatoken does not implement
-        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+        return None, f"gigatoken cannot load it ({one_line(exc)})", None
     ref = source.ref
-    bad = _disagreement(fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids), _probes(source))
-    if bad is not None:
-        return None, f"gigatoken disagrees with the tokenizers library on the probe string {bad[:40]!r}", None
-    key = f"hf {source.spec.rank_file_sha256} tokenizers {_dist_version('tokenizers')}"
-    disputed = find_disputed(fast, functools.partial(_reference_lists, ref), cache_key=key)
-    if disputed:
-        log.info("tokenizer %s: documents holding any of %d characters gigatoken classes differently "
-                 "(newer Unicode tables) are encoded by the tokenizers library", name, len(disputed))
-    return fast, "", disputed_pattern(disputed)
+    key = f"hf {source.spec.rank_file_sha256} tokenizers {dist_version('tokenizers')}"
+    return checked_fast(name, fast, lambda t: list(ref.encode(t, add_special_tokens=False).ids),
+                        functools.partial(_reference_lists, ref), own=sorted(source.added), key=key, library="the tokenizers library")
 
 
 def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
@@ -269,10 +209,19 @@ def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
 HF = HFFamily()
 
 
-def _probes(source: _Source) -> list[str]:
-    """The strings gigatoken must encode as the reference does: the shared probes and this file's added tokens."""
-    added = sorted(source.added)
-    return [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *added, *(f"a{t}b {t}\n{t}{t}" for t in added)]
+def _gigatoken_ordinary(config: dict[str, Any]) -> Any:
+    """A ``gigatoken.Tokenizer`` for a parsed tokenizer.json that encodes special-token text as ordinary text.
+
+    gigatoken always splits the file's added tokens out of the text and has no
+    switch for it, so the special ones are removed from the copy it loads. The
+    non-special added tokens stay: the reference (the tokenizers library with
+    ``encode_special_tokens = True``) still splits those out too.
+    """
+    import gigatoken
+
+    ordinary = dict(config)
+    ordinary["added_tokens"] = [t for t in config.get("added_tokens") or [] if not t.get("special")]
+    return gigatoken.Tokenizer.from_json(json.dumps(ordinary, ensure_ascii=False))
 
 
 def _tokenizer_json(name: str) -> Path:
@@ -301,7 +250,7 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
     try:
         config = json.loads(data)
     except ValueError as exc:  # a truncated copy, most often
-        problem = f"not JSON, or cut short: {_one_line(exc)}"
+        problem = f"not JSON, or cut short: {one_line(exc)}"
     else:
         if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
             problem = "it has no 'model' section"
@@ -309,7 +258,7 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
             try:
                 ref = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
             except Exception as exc:  # an unknown model type, a hand-edited field: the library says which
-                problem = _one_line(exc)
+                problem = one_line(exc)
     if problem is not None:
         raise ConfigError(
             f"tokenizer file {str(path)!r} is not a valid tokenizer.json ({problem}); "
@@ -327,7 +276,7 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
         raise ConfigError(f"tokenizer file {str(path)!r} defines no tokens")
     bos, eos = _defaults(path, config, ref)
     spec = TokenizerSpec(
-        name=_file_name(path) if not Path(name).expanduser().is_dir() else Path(name).expanduser().resolve().name,
+        name=name_of_file(path) if not Path(name).expanduser().is_dir() else Path(name).expanduser().resolve().name,
         rank_file=str(path.resolve()),
         rank_file_sha256=_sha256_bytes(data),
         pretokenizer=None,
@@ -355,7 +304,7 @@ def _defaults(path: Path, config: dict[str, Any], ref: Any) -> tuple[Token | Non
         try:
             side_config = json.loads(side_path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{side_path}: not valid JSON ({_one_line(exc)}); fix it or remove it") from None
+            raise ConfigError(f"{side_path}: not valid JSON ({one_line(exc)}); fix it or remove it") from None
         if not isinstance(side_config, dict):
             continue
         for role in ("bos", "eos"):

@@ -32,37 +32,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import ConfigError
-from .base import (
-    COMMON_SPECIAL_TEXTS,
-    PROBE_STRINGS,
-    Tokenizer,
-    TokenizerFamily,
-    TokenizerSpec,
-    _disagreement,
-    _dist_version,
-    _file_name,
-    _file_stamp,
-    _one_line,
-    _pack_lists,
-    no_boundary_error,
-)
-from .routing import disputed_pattern, encode_routed, find_disputed
+from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file, one_line
 
 __all__ = ["SENTENCEPIECE", "SentencePieceFamily", "SentencePieceTokenizer"]
-
-log = logging.getLogger("shardflow.tokenizers")
 
 _SPACE = "\u2581"  # "▁": how SentencePiece spells a space inside pieces
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -86,48 +67,30 @@ class SentencePieceTokenizer(Tokenizer):
     """One SentencePiece model with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
 
     reference_backend = "sentencepiece"
-
-    def __init__(self, *, model: _Model, backend: str, fast: Any | None, routed: Any | None = None) -> None:
-        super().__init__(spec=model.spec, backend=backend)
-        self._model = model
-        self._sp = model.sp
-        self._fast = fast  # gigatoken.Tokenizer or None
-        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
-        self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
+    libraries = ("sentencepiece",)
+    _source: _Model
 
     # -- boundary tokens ------------------------------------------------------------
     def _piece(self, token_id: int) -> Token | None:
-        return (self._sp.id_to_piece(token_id), token_id) if token_id >= 0 else None
+        return (self._source.sp.id_to_piece(token_id), token_id) if token_id >= 0 else None
 
     @property
     def default_bos(self) -> Token | None:
-        return self._piece(int(self._sp.bos_id()))
+        return self._piece(int(self._source.sp.bos_id()))
 
     @property
     def default_eos(self) -> Token | None:
-        return self._piece(int(self._sp.eos_id()))
+        return self._piece(int(self._source.sp.eos_id()))
 
-    def _boundary(self) -> Token:
-        # Today's single boundary token: the model's EOS, else its BOS.
-        found = self.default_eos or self.default_bos
-        if found is None:
-            raise no_boundary_error(self.name, f"{self._model.path} has bos_id and eos_id -1")
-        return found
-
-    @property
-    def eot_token(self) -> str:
-        return self._boundary()[0]
-
-    @property
-    def eot_id(self) -> int:
-        return self._boundary()[1]
+    def _boundary_where(self) -> str:
+        return f"{self._source.path} has bos_id and eos_id -1"
 
     def token_id(self, text: str) -> int | None:
         """A piece's id by its spelling (``<s>``, ``▁the``), spaces written as spaces or as ``▁``."""
         for piece in (text, text.replace(" ", _SPACE)):
-            token_id = int(self._sp.piece_to_id(piece))
+            token_id = int(self._source.sp.piece_to_id(piece))
             # piece_to_id answers the unknown piece's id for any piece it does not know.
-            if token_id != self._sp.unk_id() or piece == self._sp.id_to_piece(token_id):
+            if token_id != self._source.sp.unk_id() or piece == self._source.sp.id_to_piece(token_id):
                 return token_id
         return None
 
@@ -136,10 +99,11 @@ class SentencePieceTokenizer(Tokenizer):
         token_id = int(token_id)
         if not 0 <= token_id <= self.max_token_value:
             return None
-        piece = self._sp.id_to_piece(token_id)
-        if self._sp.is_byte(token_id):
+        sp = self._source.sp
+        piece = sp.id_to_piece(token_id)
+        if sp.is_byte(token_id):
             return bytes([int(_BYTE_PIECE.match(piece).group(1), 16)]).decode("utf-8", errors="replace")  # type: ignore[union-attr]
-        if self._sp.is_control(token_id) or self._sp.is_unknown(token_id):
+        if sp.is_control(token_id) or sp.is_unknown(token_id):
             return piece
         return piece.replace(_SPACE, " ")
 
@@ -149,26 +113,15 @@ class SentencePieceTokenizer(Tokenizer):
     @property
     def max_token_value(self) -> int:
         """The largest piece id (a 32,000-piece model: 31999, so uint16)."""
-        return int(self._sp.get_piece_size()) - 1
-
-    def library_versions(self) -> dict[str, str | None]:
-        return {
-            "sentencepiece": _dist_version("sentencepiece"),
-            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
-        }
+        return int(self._source.sp.get_piece_size()) - 1
 
     # -- encoding -------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:
         """The reference: sentencepiece's ``encode(text)`` (no BOS/EOS; control-piece text stays ordinary)."""
-        return list(self._sp.encode(text))
+        return list(self._source.sp.encode(text))
 
-    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self._fast is not None:
-            return encode_routed(self._fast, self._fast_lock, texts, self._routed, functools.partial(_reference_lists, self._sp))
-        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
-            texts = texts.to_pylist()
-        texts = list(texts)
-        return _pack_lists(_reference_lists(self._sp, texts) if texts else [])
+    def reference_batch(self, texts: list[str]) -> list[list[int]]:
+        return _reference_lists(self._source.sp, texts)
 
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """sentencepiece's ``decode``, control pieces shown as spelled (``</s>``); invalid UTF-8 is replaced.
@@ -178,34 +131,36 @@ class SentencePieceTokenizer(Tokenizer):
         pieces is decoded by the library, and a control piece is its text.
         """
         ids = np.asarray(tokens, dtype=np.int64).tolist()
+        sp = self._source.sp
         parts: list[str] = []
         run: list[int] = []
         for token_id in ids:
-            if self._sp.is_control(token_id):
-                parts += [self._sp.decode(run), self._sp.id_to_piece(token_id)]
+            if sp.is_control(token_id):
+                parts += [sp.decode(run), sp.id_to_piece(token_id)]
                 run = []
             else:
                 run.append(token_id)
-        parts.append(self._sp.decode(run))
+        parts.append(sp.decode(run))
         return "".join(parts)
 
     def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
         """The bytes ``decode`` stands for, byte pieces one by one (``decode`` would replace a partial character)."""
         ids = np.asarray(tokens, dtype=np.int64).tolist()
+        sp = self._source.sp
         out = bytearray()
         first = True
         for token_id in ids:
-            if self._sp.is_control(token_id):
-                out += self._sp.id_to_piece(token_id).encode("utf-8")
+            if sp.is_control(token_id):
+                out += sp.id_to_piece(token_id).encode("utf-8")
                 first = True  # as in decode, the pieces after it are a new run
                 continue
-            if self._sp.is_byte(token_id):
-                out.append(int(_BYTE_PIECE.match(self._sp.id_to_piece(token_id)).group(1), 16))  # type: ignore[union-attr]
-            elif first or self._sp.is_unknown(token_id):
+            if sp.is_byte(token_id):
+                out.append(int(_BYTE_PIECE.match(sp.id_to_piece(token_id)).group(1), 16))  # type: ignore[union-attr]
+            elif first or sp.is_unknown(token_id):
                 # The library drops the dummy-prefix space of the text's first piece; let it decide.
-                out += self._sp.decode([token_id]).encode("utf-8")
+                out += sp.decode([token_id]).encode("utf-8")
             else:
-                out += self._sp.id_to_piece(token_id).replace(_SPACE, " ").encode("utf-8")
+                out += sp.id_to_piece(token_id).replace(_SPACE, " ").encode("utf-8")
             first = False
         return bytes(out)
 
@@ -213,8 +168,7 @@ class SentencePieceTokenizer(Tokenizer):
 class SentencePieceFamily(TokenizerFamily):
     """Paths to a SentencePiece ``.model`` file."""
 
-    name = "sentencepiece"
-    reference_backend = "sentencepiece"
+    name = reference_backend = "sentencepiece"
     serves = "SentencePiece .model files"
     path_hint = "a path to a SentencePiece .model file"
 
@@ -222,22 +176,13 @@ class SentencePieceFamily(TokenizerFamily):
         return name_or_path.endswith(".model")
 
     def stamp(self, name_or_path: str) -> tuple[Any, ...]:
-        return _file_stamp([Path(name_or_path).expanduser()])
+        return file_stamp([Path(name_or_path).expanduser()])
 
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
         stamp = self.stamp(name_or_path)
         model = _load_model(name_or_path, stamp)
-        if backend == "sentencepiece":
-            return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
-        fast, reason, routed = _fast_backend(name_or_path, stamp)
-        if fast is None:
-            if backend == "gigatoken":
-                raise ConfigError(
-                    f"tokenizer backend 'gigatoken' cannot serve {name_or_path!r}: {reason}; use --backend sentencepiece"
-                )
-            log.info("tokenizer %s: using sentencepiece (%s)", name_or_path, reason)
-            return SentencePieceTokenizer(model=model, backend="sentencepiece", fast=None)
-        return SentencePieceTokenizer(model=model, backend="gigatoken", fast=fast, routed=routed)
+        make = functools.partial(SentencePieceTokenizer, spec=model.spec, source=model)
+        return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(name_or_path, stamp), "sentencepiece")
 
 
 SENTENCEPIECE = SentencePieceFamily()
@@ -254,7 +199,7 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, A
     except ImportError:
         return None, "gigatoken is not installed (pip install gigatoken), or cannot read .model files", None
     except Exception as exc:  # unigram models, options gigatoken does not implement
-        return None, f"gigatoken cannot load it ({_one_line(exc)})", None
+        return None, f"gigatoken cannot load it ({one_line(exc)})", None
     sp = model.sp
     # gigatoken splits control pieces out of the text, as special tokens; sentencepiece
     # never matches them in text. gigatoken has no public switch for it, so the
@@ -262,18 +207,10 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, A
     controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i)]
     # What gigatoken splits out of text: the control and the user-defined pieces.
     pieces = sorted(set(fast.as_hf().get_added_vocab()) | set(controls))
-    texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *pieces, *(f"a{t}b {t}\n{t}{t}" for t in pieces)]
+    key = f"sentencepiece {model.spec.rank_file_sha256} sentencepiece {dist_version('sentencepiece')}"
     # The probe texts that hold a control piece are routed, so gigatoken never encodes them.
-    probed = [t for t in texts if not any(c and c in t for c in controls)]
-    bad = _disagreement(fast, lambda t: list(sp.encode(t)), probed)
-    if bad is not None:
-        return None, f"gigatoken disagrees with sentencepiece on the probe string {bad[:40]!r}", None
-    key = f"sentencepiece {model.spec.rank_file_sha256} sentencepiece {_dist_version('sentencepiece')}"
-    disputed = find_disputed(fast, functools.partial(_reference_lists, sp), cache_key=key)
-    if disputed:
-        log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
-                 "are encoded by sentencepiece", name, len(disputed))
-    return fast, "", disputed_pattern(disputed, controls)
+    return checked_fast(name, fast, lambda t: list(sp.encode(t)), functools.partial(_reference_lists, sp),
+                        own=pieces, key=key, library="sentencepiece", routed=controls)
 
 
 def _reference_lists(sp: Any, texts: list[str]) -> list[list[int]]:
@@ -296,7 +233,7 @@ def _load_model(name: str, stamp: tuple[Any, ...]) -> _Model:
         # From the bytes read, so the SHA-256 recorded is of the model loaded.
         sp = sentencepiece.SentencePieceProcessor(model_proto=data)
     except Exception as exc:
-        message = _one_line(exc)
+        message = one_line(exc)
         # The library names its own source line and a protobuf call; say what it means.
         problem = "sentencepiece cannot parse it" if "Parse" in message else message
     else:
@@ -309,7 +246,7 @@ def _load_model(name: str, stamp: tuple[Any, ...]) -> _Model:
             fix = "pass a .model file written by sentencepiece's trainer"
         raise ConfigError(f"tokenizer file {str(path)!r} is not a SentencePiece model ({problem}); {fix}")
     spec = TokenizerSpec(
-        name=_file_name(path),
+        name=name_of_file(path),
         rank_file=str(path.resolve()),
         rank_file_sha256=hashlib.sha256(data).hexdigest(),
         pretokenizer=None,

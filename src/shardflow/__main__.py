@@ -1,0 +1,5 @@
+"""``python -m shardflow``: the ``shardflow`` command."""
+
+from shardflow.cli import run
+
+run()

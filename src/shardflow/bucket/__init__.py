@@ -1,0 +1,1 @@
+"""Object storage: builds, pushes, lifecycle and URLs of versions on a bucket."""

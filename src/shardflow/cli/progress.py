@@ -1,0 +1,252 @@
+"""Build progress: events the flow emits as work finishes, and the terminal display of the CLI.
+
+The ``build_dataset`` flow calls :func:`emit` each time a work unit or a shard
+finishes; anything in the same process can listen with :func:`listening`
+(the ``shardflow build`` command does, to draw its progress bar). The Prefect
+UI gets the same information from the run's progress artifact.
+
+The display is a ``rich`` progress bar (work units, tokens/s, ETA) when
+standard error is a terminal, and plain throttled lines when it is piped or
+runs under CI (``CI`` set) or ``TERM=dumb``; standard output is left alone, so
+the command's last line stays the manifest path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TextIO
+
+__all__ = ["Progress", "emit", "listening", "ProgressDisplay", "choose_mode", "format_rate", "format_eta"]
+
+log = logging.getLogger("shardflow.flows")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One step of a build: ``done`` of ``total`` items of ``phase`` finished."""
+
+    dataset: str
+    phase: str
+    """``tokenize`` (work units), ``write`` (shards), ``finish`` (validate and publish), ``done``."""
+    done: int
+    total: int
+    tokens: int = 0
+    """Tokens produced so far in this phase (tokenize), or written (write)."""
+    elapsed: float = 0.0
+    """Seconds since the phase started."""
+    ref: str | None = None
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.total <= 0 else min(1.0, self.done / self.total)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current pace of items, or None before the first item."""
+        if self.done <= 0 or self.elapsed <= 0:
+            return None
+        return max(0.0, (self.total - self.done) * self.elapsed / self.done)
+
+
+_listeners: list[Callable[[Progress], None]] = []
+_lock = threading.Lock()
+
+
+def emit(event: Progress) -> None:
+    """Tell every listener; a failing listener is logged, never fails the build."""
+    with _lock:
+        listeners = list(_listeners)
+    for fn in listeners:
+        try:
+            fn(event)
+        except Exception:  # a display problem must not fail a build
+            log.debug("progress listener %r failed", fn, exc_info=True)
+
+
+@contextlib.contextmanager
+def listening(fn: Callable[[Progress], None]) -> Iterator[None]:
+    with _lock:
+        _listeners.append(fn)
+    try:
+        yield
+    finally:
+        with _lock:
+            _listeners.remove(fn)
+
+
+class BuildProgress:
+    """The build driver's events (``shardflow.pipeline.Events``) as ``Progress``: units tokenized, shards written.
+
+    ``display`` gets each ``Progress`` (a ``ProgressDisplay``, or :func:`emit`
+    to whoever listens). Counts, tokens and seconds per stage are kept for a
+    run's summary.
+    """
+
+    PHASES = {"tokenize-unit": "tokenize", "write-shard": "write"}
+
+    def __init__(self, name: str, display: Callable[[Progress], None] = emit) -> None:
+        self.name, self.display = name, display
+        self.started = time.monotonic()
+        self.plan: Any = None
+        self.counts: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.totals: dict[str, int] = {}
+        self.began: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def planned(self, plan: Any) -> None:
+        self.plan = plan
+
+    def stage_started(self, stage: Any, plan: Any, jobs: Any) -> None:
+        self.began[stage.name] = time.monotonic()
+        self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
+        if stage.name in self.PHASES:
+            self.step(stage.name)
+        elif stage.name == "validate":
+            self.display(Progress(dataset=self.name, phase="finish", done=0, total=1))
+
+    def job_done(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
+        self.counts[stage.name] = self.counts.get(stage.name, 0) + 1
+        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + int(getattr(result, "tokens", 0) or 0)
+        self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
+        if stage.name in self.PHASES:
+            self.step(stage.name)
+
+    def stage_failed(self, stage: Any, plan: Any, error: BaseException) -> None:
+        """Whoever runs the build reports the error."""
+
+    def step(self, stage: str) -> None:
+        """One more job of a shown stage (or its start)."""
+        self.display(Progress(dataset=self.name, phase=self.PHASES[stage], done=self.counts[stage],
+                              total=self.totals[stage], tokens=self.tokens[stage],
+                              elapsed=time.monotonic() - self.began[stage]))
+
+
+def format_rate(tokens_per_second: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens_per_second >= scale:
+            return f"{tokens_per_second / scale:.1f}{unit} tokens/s"
+    return f"{tokens_per_second:.0f} tokens/s"
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA ?"
+    s = int(round(seconds))
+    return f"ETA {s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def choose_mode(requested: str = "auto", stream: TextIO | None = None) -> str:
+    """``bar``, ``plain`` or ``none``: ``auto`` is a bar on a terminal, plain lines when piped or under CI."""
+    if requested != "auto":
+        return requested
+    stream = stream or sys.stderr
+    if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+        return "plain"
+    try:
+        return "bar" if stream.isatty() else "plain"
+    except (AttributeError, ValueError):
+        return "plain"
+
+
+_PHASE_WORDS = {"tokenize": "work units", "write": "shards"}
+
+
+class ProgressDisplay:
+    """Listens to build progress and draws it: a rich bar, plain lines, or nothing."""
+
+    def __init__(self, mode: str = "auto", *, stream: TextIO | None = None, interval: float | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.mode = choose_mode(mode, self.stream)
+        env_interval = os.environ.get("SHARDFLOW_PROGRESS_INTERVAL")
+        self.interval = interval if interval is not None else float(env_interval) if env_interval else 5.0
+        self._last_line = 0.0
+        self._last_phase: str | None = None
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}
+        self.console: Any = None
+        """The bar's rich console while it is shown: other log lines print above the bar through it."""
+
+    # -- context management -------------------------------------------------
+    def __enter__(self) -> "ProgressDisplay":
+        if self.mode == "bar":
+            self._start_bar()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        self.console = None
+
+    def _start_bar(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        console = Console(file=self.stream, force_terminal=True)
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[what]}"),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}"),
+            console=console,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._bar.start()
+        self.console = console
+
+    # -- events ---------------------------------------------------------------
+    def __call__(self, ev: Progress) -> None:
+        if self.mode == "bar":
+            self._draw_bar(ev)
+        elif self.mode == "plain":
+            self._print_line(ev)
+
+    def _draw_bar(self, ev: Progress) -> None:
+        if ev.phase not in _PHASE_WORDS:
+            return
+        key = ev.phase
+        fields = dict(
+            what=_PHASE_WORDS[ev.phase],
+            rate=format_rate(ev.tokens_per_second) if ev.phase == "tokenize" else "",
+            eta=format_eta(ev.eta) if ev.done < ev.total else "",
+        )
+        if key not in self._tasks:
+            label = f"{ev.dataset} tokenize" if ev.phase == "tokenize" else f"{ev.dataset} write"
+            self._tasks[key] = self._bar.add_task(label, total=ev.total, completed=ev.done, **fields)
+        else:
+            self._bar.update(self._tasks[key], total=ev.total, completed=ev.done, **fields)
+
+    def _print_line(self, ev: Progress) -> None:
+        now = time.monotonic()
+        first_or_last = ev.phase != self._last_phase or ev.done >= ev.total or ev.phase == "done"
+        if not first_or_last and now - self._last_line < self.interval:
+            return
+        self._last_line, self._last_phase = now, ev.phase
+        if ev.phase == "done":
+            line = f"shardflow: {ev.dataset}: done, {ev.ref}"
+        elif ev.phase == "finish":
+            line = f"shardflow: {ev.dataset}: validating and publishing"
+        else:
+            line = f"shardflow: {ev.dataset}: {ev.phase} {ev.done}/{ev.total} {_PHASE_WORDS.get(ev.phase, '')}"
+            line += f" ({100 * ev.fraction:.0f}%)"
+            if ev.phase == "tokenize":
+                line += f", {ev.tokens:,} tokens, {format_rate(ev.tokens_per_second)}"
+            if ev.done < ev.total:
+                line += f", {format_eta(ev.eta)}"
+        print(line, file=self.stream, flush=True)

@@ -1,0 +1,1 @@
+"""Embeddings: the models, computing them, their files and PCA."""
