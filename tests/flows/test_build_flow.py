@@ -57,7 +57,7 @@ def test_past_max_task_runs_a_task_run_takes_several_jobs_and_a_failed_batch_is_
     from shardflow.tasks import build as tasks_build
 
     monkeypatch.setattr(flows_build, "MAX_TASK_RUNS", 2)
-    # Retried at once (the task's own delay is 2 s); EIO on the first unit's commit only: a transient error.
+    # Retried at once (not after errors.RETRY.delays()); EIO on the first unit's commit only: a transient error.
     for name, t in tasks_build.STAGE_BATCH_TASKS.items():
         monkeypatch.setitem(tasks_build.STAGE_BATCH_TASKS, name, t.with_options(retry_delay_seconds=0))
     config = BuildConfig(name="batched", sources=(str(SAMPLE),), shard_tokens=50_000, unit_bytes=1)
@@ -65,7 +65,7 @@ def test_past_max_task_runs_a_task_run_takes_several_jobs_and_a_failed_batch_is_
     monkeypatch.setenv("SHARDFLOW_FAULT", "eio:tokenize-tokens:1")
     state = flows_build.build_dataset(config=config, workers=1, data_root=str(tmp_path / "flow" / "data"),
                                       catalog=str(tmp_path / "flow" / "cat"), return_state=True)
-    assert state.result() == "batched@v1"
+    assert state.result().ref == "batched@v1"
     assert files_of(tmp_path / "flow" / "data" / "batched" / "v1") == files_of(Path(plain.manifest_path).parent)
 
     with get_client(sync_client=True) as client:

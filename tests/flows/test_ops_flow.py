@@ -210,7 +210,7 @@ def test_finished_units_are_not_recomputed_after_task_and_flow_retries(
 
     config = BuildConfig(name="ops-retry", sources=(str(SAMPLE),), shard_tokens=50_000, unit_bytes=1)
     flow = build_dataset.with_options(retries=1, retry_delay_seconds=0)
-    ref = flow(config=config, workers=2, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat"))
+    ref = flow(config=config, workers=2, data_root=str(tmp_path / "data"), catalog=str(tmp_path / "cat")).ref
     assert ref == "ops-retry@v1"
 
     assert len(layout_attempts) == 2  # the flow run was retried once ...
