@@ -21,13 +21,10 @@ any published version (``shardflow validate REF``):
 
 Shards are scanned in bounded blocks, so memory does not grow with shard size.
 One shard's checks (``validate_shard_entry``) need its manifest entry and a
-``ShardContext`` (the version's facts), not the whole manifest. A shard of
-manifest schema 3 holds whole documents, so its boundaries are checked from its
-own files alone; only a version of schemas 1 and 2, whose shards were cut
-across documents, has a neighbouring shard's edge token read (the context's
-lookups, which ``validate_shard`` fills from the manifest). A build's
-validate-shard job builds the context from its plan alone and reads no other
-shard and no neighbour's record (``pipeline/check.py``).
+``ShardContext`` (the version's facts), not the whole manifest. A schema-3 shard
+holds whole documents and is checked from its own files; only schemas 1 and 2
+read a neighbour's edge token. A build's validate-shard job reads no other shard
+and no neighbour's record (``pipeline/check.py``).
 """
 
 from __future__ import annotations
@@ -112,15 +109,10 @@ class ShardContext:
     """What validating one shard needs besides its own manifest entry: the version's facts, and for shards cut
     across documents (schemas 1 and 2) lookups of the two neighbours' edge tokens.
 
-    Built from a manifest (``of_manifest``, as ``validate_shard`` does, with
-    lookups that read a neighbouring shard's edge token) or, by a build's
-    validate-shard job, from its plan alone (``pipeline/check.shard_context``:
-    ``whole_documents`` and no lookups), so that validating one shard reads its
-    own record, not the whole manifest nor a neighbour's. With
-    ``whole_documents`` (schema 3) no check calls the lookups. Otherwise they are
-    called only when a check needs them, and may raise ``ValidationError``,
-    ``OSError`` or ``ValueError`` when that shard cannot be read (then reported on
-    its own): the check then trusts the index.
+    Built from a manifest (``of_manifest``) or, by a build's validate-shard job, from its plan alone
+    (``pipeline/check.shard_context``: ``whole_documents``, no lookups). The lookups are called only for
+    schemas 1 and 2, when a check needs them, and may raise ``ValidationError``, ``OSError`` or ``ValueError``
+    when that shard cannot be read (then reported on its own): the check then trusts the index.
     """
 
     format_name: str

@@ -62,8 +62,3 @@ class BuildRequest:
         """The data root and catalog the build writes: the options, or a build to a bucket's scratch mirror."""
         places = self.places
         return (self.data_root, self.catalog) if places is None else (str(places.data_root), str(places.catalog))
-
-    def manifest_path(self, ref: str, directory: Any) -> str:
-        """Where the published manifest of ``ref`` lives: in ``directory``, or its URL on the bucket."""
-        places = self.places
-        return f"{places.version_url(ref)}/metadata.yaml" if places is not None else str(directory / "metadata.yaml")
