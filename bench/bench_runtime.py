@@ -26,12 +26,33 @@ the process's CPU time by default (``--clock wall`` for elapsed time): the
 loops are single-threaded and read a warm page cache, so CPU time is the time
 they take, and it does not count the time other jobs on a shared machine hold
 the core.
+
+    python bench/bench_runtime.py --checks           # the readers' checks: open time and reads, with and without
+
+``--checks`` builds a version of 2,000 and more shards instead (a ``--mb 100``
+corpus in 10,000-token shards) and measures what the
+readers' trust checks cost (issue 40): at open, the pin (a shared ``flock`` on
+the version directory) and reading the record of published files; as shards
+are first mapped, a stat each against that record; and the token-id check of
+every served window (``TokenDataset``: one ``argmax`` per group of 64 samples).
+"Without" is the same code with those four taken out (patched here; the
+token-id check by a ``__getitem__`` as it was before the checks). Rounds
+alternate between the two; each figure is the median of ``--repeats`` rounds,
+and the ratio of the medians is printed: targets, open under 1.10x and reads
+over 0.95x. Reads are measured four ways: ``TokenDataset`` random access on
+mapped, checked shards (steady state, as the table above measures it); the
+first pass over a freshly opened ``TokenDataset``, in order and in a random
+order (every shard mapped and stat-checked, every group of samples id-checked,
+once); and a ``StreamingTokenDataset`` epoch over a fresh one (shuffled).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import contextlib
 import gc
+import operator
 import json
 import shutil
 import subprocess
@@ -39,7 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -50,10 +71,12 @@ MAKE_CORPUS = ROOT.parent / "shared" / "tools" / "make_corpus.py"
 from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.formats import get_format  # noqa: E402
-from shardflow.runtime import TokenDataset  # noqa: E402
+from shardflow import reader  # noqa: E402
+from shardflow.runtime import StreamingTokenDataset, TokenDataset  # noqa: E402
+from shardflow.runtime.packing import pack_fields  # noqa: E402
 
 
-def prepare(work: Path, mb: int, shard_tokens: int) -> tuple[Path, str]:
+def prepare(work: Path, mb: int, shard_tokens: int, name: str = "benchrt") -> tuple[Path, str]:
     corpus = work / f"corpus-{mb}mb"
     if not corpus.exists():
         t0 = time.perf_counter()
@@ -61,7 +84,7 @@ def prepare(work: Path, mb: int, shard_tokens: int) -> tuple[Path, str]:
         print(f"made the {mb} MB corpus in {time.perf_counter() - t0:.1f} s", flush=True)
     t0 = time.perf_counter()
     result = build(
-        BuildConfig(name="benchrt", sources=(str(corpus),), shard_tokens=shard_tokens),
+        BuildConfig(name=name, sources=(str(corpus),), shard_tokens=shard_tokens),
         data_root=work / "data",
         catalog=work / "manifests",
         workers=2,
@@ -151,6 +174,122 @@ def measure(
     return rates
 
 
+class UncheckedTokenDataset(TokenDataset):
+    """``TokenDataset`` whose ``__getitem__`` is the one from before the token-id check (issue 40): the baseline."""
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        i = index if type(index) is int else operator.index(index)
+        n = self._len
+        if i < 0:
+            i += n
+        if i < 0 or i >= n:
+            raise IndexError(f"sample {index} out of range: {self.shards.name} split {self.split!r} has {n} samples")
+        cum = self._cum
+        k = bisect.bisect_right(cum, i) - 1
+        starts = self._starts
+        start = (i - cum[k]) * self._window if starts is None else int(starts[i])
+        view = self._views[k]
+        if view is None:
+            view = self.shards.shard(k)
+        w = view[start : start + self._window]
+        item = {"input_ids": w[:-1].astype(np.int64), "labels": w[1:].astype(np.int64)}
+        if self.pack_sequences:
+            item.update(pack_fields(self.shards.doc_starts(k), start, item["labels"]))
+        return item
+
+
+@contextlib.contextmanager
+def checks_off() -> Iterator[None]:
+    """Open readers without the trust checks: no pin, no record of published files (so no stat as a shard is
+    first mapped); the datasets made meanwhile are made ``UncheckedTokenDataset`` (no token-id check) by ``open_ds``."""
+    saved = reader.VersionPin, reader.published_stats
+    reader.VersionPin = lambda directory, ref: None  # type: ignore[assignment,misc]
+    reader.published_stats = lambda *args, **kwargs: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        reader.VersionPin, reader.published_stats = saved  # type: ignore[misc]
+
+
+def measure_checks(catalog: Path, ref: str, seq_len: int, samples: int, repeats: int, seed: int,
+                   clock: Callable[[], float]) -> dict[str, tuple[float, float]]:
+    """``{measure: (median with the checks, median without)}``: seconds to open, samples/s of three reads."""
+
+    def open_ds(checked: bool) -> TokenDataset:
+        if checked:
+            return TokenDataset(ref, seq_len=seq_len, catalog=catalog)
+        with checks_off():
+            ds = TokenDataset(ref, seq_len=seq_len, catalog=catalog)
+        ds.__class__ = UncheckedTokenDataset
+        return ds
+
+    def opened(checked: bool) -> float:
+        gc.collect()
+        t0 = clock()
+        ds = open_ds(checked)
+        took = clock() - t0
+        del ds
+        return took
+
+    def first_pass(checked: bool) -> float:
+        ds = open_ds(checked)
+        return rate(lambda: [ds[i] for i in range(len(ds))], len(ds), clock)
+
+    def first_random_pass(checked: bool) -> float:
+        ds = open_ds(checked)
+        order = np.random.default_rng(seed).permutation(len(ds)).tolist()
+        return rate(lambda: [ds[i] for i in order], len(ds), clock)
+
+    def stream_pass(checked: bool) -> float:
+        stream = StreamingTokenDataset(open_ds(checked), seed=seed)
+        n = len(stream)
+        return rate(lambda: [None for _ in stream], n, clock)
+
+    warm(open_ds(False))
+    mapped = {True: open_ds(True), False: open_ds(False)}
+    idx = np.random.default_rng(seed).integers(0, len(mapped[True]), samples).tolist()
+    for ds in mapped.values():  # every shard mapped (and, checked, stat- and id-checked) before the timed rounds
+        for i in range(len(ds)):
+            ds[i]
+
+    def random_reads(checked: bool) -> float:
+        ds = mapped[checked]
+        return rate(lambda: [ds[i] for i in idx], samples, clock)
+
+    measures = {"open (s)": opened, "random reads, mapped (samples/s)": random_reads,
+                "first pass in order, fresh (samples/s)": first_pass,
+                "first pass at random, fresh (samples/s)": first_random_pass,
+                "streaming epoch, fresh (samples/s)": stream_pass}
+    runs: dict[str, dict[bool, list[float]]] = {name: {True: [], False: []} for name in measures}
+    for r in range(repeats):  # alternating, so drifting machine load hits both alike
+        for name, fn in measures.items():
+            for _ in range(5 if fn is random_reads else 1):  # the quick one: five times a round
+                for checked in ((True, False) if r % 2 == 0 else (False, True)):
+                    runs[name][checked].append(fn(checked))
+    return {name: (float(np.median(v[True])), float(np.median(v[False]))) for name, v in runs.items()}
+
+
+def main_checks(args: argparse.Namespace, work: Path) -> None:
+    catalog, ref = prepare(work, args.mb, args.shard_tokens, name="benchchecks")
+    shards = TokenDataset(ref, seq_len=args.seq_lens[0], catalog=catalog).shards
+    print(f"{ref}: {shards.num_tokens:,} tokens in {shards.num_shards:,} shards of {shards.dtype.name}; "
+          f"median of {args.repeats} rounds, warm page cache, {args.clock} clock\n")
+    head = f"{'seq_len':>7}  {'measure':<44} {'with checks':>12} {'without':>12} {'ratio':>7}"
+    print(head)
+    print("-" * len(head))
+    results = {}
+    for seq_len in args.seq_lens:
+        figures = measure_checks(catalog, ref, seq_len, args.samples, args.repeats, args.seed, CLOCKS[args.clock])
+        results[str(seq_len)] = figures
+        for name, (with_, without) in figures.items():
+            fmt = "{:>12.4f}" if name.startswith("open") else "{:>12,.0f}"
+            print(f"{seq_len:>7}  {name:<44} {fmt.format(with_)} {fmt.format(without)} {with_ / without:>7.3f}")
+        print()
+    if args.json:
+        args.json.write_text(json.dumps({"ref": ref, "shards": shards.num_shards, "clock": args.clock,
+                                         "repeats": args.repeats, "checks": results}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, help="directory for the corpus and the version (default: a temporary one)")
@@ -169,11 +308,22 @@ def main() -> None:
         "page cache is warm, so it is the time they take); wall: elapsed time",
     )
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--checks", action="store_true",
+                    help="measure the readers' trust checks on a version of 2,000+ shards (defaults: --mb 100 "
+                    "--shard-tokens 10000 --seq-lens 1024 --repeats 15)")
     args = ap.parse_args()
+    if args.checks:
+        given = set(sys.argv[1:])
+        for flag, value in (("--mb", 100), ("--shard-tokens", 10_000), ("--seq-lens", [1024]), ("--repeats", 15)):
+            if flag not in given:
+                setattr(args, flag[2:].replace("-", "_"), value)
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-runtime-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        if args.checks:
+            main_checks(args, work)
+            return
         catalog, ref = prepare(work, args.mb, args.shard_tokens)
         info = TokenDataset(ref, seq_len=1024, catalog=catalog).shards
         print(

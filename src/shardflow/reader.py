@@ -13,18 +13,24 @@ checksum and the index invariants (``shardflow validate``).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .catalog import Catalog, published_manifest_problems, resolve_ref
+from .catalog import Catalog, asked_name_problem, resolve_version, vouch_for
 from .errors import ValidationError
 from .manifest import Manifest, SplitEntry, read_manifest, version_file
+from .pins import VersionPin, published_stats
 from .shardset import ShardSet
 
 __all__ = ["Version", "Split", "open_version"]
+
+log = logging.getLogger("shardflow.reader")
+_WARNED: set[str] = set()
+"""Version directories opened by path that no catalog lists, warned about once (per process)."""
 
 
 class Split:
@@ -38,7 +44,9 @@ class Split:
         self.version = version
         self.name = name
         self.entry = entry
-        self.shards = ShardSet.from_manifest(version.directory, version.manifest, name, version=version)
+        self.shards = ShardSet.from_manifest(
+            version.directory, version.manifest, name, version=version, pin=version.pin, published=version.published
+        )
         """The split's shards: offsets, per-shard and split-wide document starts, token ranges, maps."""
 
     @property
@@ -95,11 +103,21 @@ class Split:
 
 
 class Version:
-    """A published version: its directory, its manifest and its splits."""
+    """A published version: its directory, its manifest and its splits.
 
-    def __init__(self, directory: Path, manifest: Manifest) -> None:
+    ``pin`` (``shardflow.pins.VersionPin``) keeps ``shardflow rm`` off the version while this object or
+    one of its splits' shard sets lives; ``published`` is each file's size and mtime as published, which
+    the shard sets check as they first map a shard (``open_version`` gives both).
+    """
+
+    def __init__(
+        self, directory: Path, manifest: Manifest, *, pin: VersionPin | None = None,
+        published: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
         self.directory = directory
         self.manifest = manifest
+        self.pin = pin
+        self.published = published
         self.dtype = np.dtype(manifest.dtype).newbyteorder("<")
         self._splits = {name: Split(self, name, entry) for name, entry in manifest.splits.items()}
 
@@ -155,13 +173,27 @@ def check_files(directory: Path, manifest: Manifest) -> None:
 def open_version(
     ref: str | os.PathLike[str], *, catalog: Catalog | str | os.PathLike[str] | None = None, verify: bool = False
 ) -> Version:
-    """Open ``NAME@VERSION``, ``NAME@latest`` or a version directory / ``metadata.yaml`` path."""
-    directory = resolve_ref(ref, catalog)
+    """Open ``NAME@VERSION``, ``NAME@latest`` or a version directory / ``metadata.yaml`` path.
+
+    ``NAME@REF`` is always looked up in the catalog (``./NAME@REF`` is a folder). A path is checked
+    against the catalog that published it (``catalog``, else the one its publisher record names);
+    one that no catalog lists (a version received from elsewhere) is served, checked against its own
+    manifest only, with a one-line warning (once per directory and process).
+    """
+    directory, asked = resolve_version(ref, catalog)
+    pin = VersionPin(directory, os.fspath(ref))  # before anything is read: rm refuses it from here on
     manifest = read_manifest(directory)
-    edited = published_manifest_problems(directory, manifest, catalog)
-    if edited:
-        raise ValidationError(edited[0])
+    vouch = vouch_for(directory, manifest, catalog)
+    wrong = [*vouch.problems, asked_name_problem(asked, manifest, directory)]
+    if wrong[0]:
+        raise ValidationError(wrong[0])
+    if vouch.catalog is None and str(directory) not in _WARNED:
+        _WARNED.add(str(directory))
+        log.warning("%s; it is served checked against its own manifest only", vouch.unlisted(directory))
     check_files(directory, manifest)
+    # What the shard sets check as they first map a shard: the record of the catalog that lists the
+    # version, or with verify the stats of the files about to be hashed.
+    published = published_stats(directory, manifest, vouch.catalog, current=verify)
     if verify:
         # Imported here, not at the top: full validation brings the embedding checks and their
         # codecs (ml_dtypes), and ``import shardflow`` (this module) must stay numpy and PyYAML
@@ -169,4 +201,4 @@ def open_version(
         from .validation import validate_dir
 
         validate_dir(directory, manifest, checksums=True)
-    return Version(directory, manifest)
+    return Version(directory, manifest, pin=pin, published=published)

@@ -19,23 +19,38 @@ first use and cached, and never pickled (a copy sent to another process
 reopens what it uses). It needs numpy and PyYAML only, never pyarrow or a
 tokenizer. Plain directories of shards without a manifest are opened by
 ``shardflow.runtime.open_shards``, into the same type.
+
+A set that ``open_version`` made for a reader also holds the version's pin
+(``shardflow.pins``: ``shardflow rm`` refuses the version while it lives) and
+the stats its files were published with: a shard or index whose mtime is not
+the recorded one when it is first mapped or read is hashed, and refused if its
+bytes changed; a file gone because the version was removed says so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from ._io import sha256_file
 from .errors import ConfigError, ValidationError
 from .formats import ShardFormat, bosidx, get_format
 from .manifest import Manifest, ShardEntry, version_file
+from .pins import removed_error
 
 __all__ = ["ShardInfo", "ShardSet", "fingerprint"]
+
+log = logging.getLogger("shardflow.reader")
+_rehashed: set[tuple[str, int, int, int]] = set()
+"""Files found to hold their published bytes under another mtime: (path, inode, size, mtime_ns), hashed once per process."""
+_warned: set[Path] = set()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +104,8 @@ class ShardSet:
         fingerprint: str,
         directory: Path,
         version: Any = None,
+        published: dict[str, tuple[int, int]] | None = None,
+        pin: Any = None,
     ) -> None:
         self.name = name
         """The reference as given (``NAME@vN`` for versions), for messages."""
@@ -108,6 +125,12 @@ class ShardSet:
         self.directory = directory
         self.version = version
         """The ``shardflow.reader.Version`` the set was opened from, if any (not pickled)."""
+        self.published = published
+        """``{file: (size, mtime_ns)}`` as published (``shardflow.pins.published_stats``): a shard or index whose
+        file differs when it is first mapped or read is refused. None: not checked (plain directories, builds)."""
+        self.pin = pin
+        """The ``shardflow.pins.VersionPin`` that keeps ``shardflow rm`` off the version while this set lives
+        (pickled as its directory: a copy in another process pins the version again). None: not pinned."""
         self.tokens = np.array([s.tokens for s in shards], dtype=np.int64)
         """Token count of every shard."""
         self.offsets = _read_only(np.concatenate(([0], np.cumsum(self.tokens))).astype(np.int64))
@@ -118,14 +141,16 @@ class ShardSet:
 
     @classmethod
     def from_manifest(
-        cls, directory: Path | str, manifest: Manifest, split: str, *, version: Any = None
+        cls, directory: Path | str, manifest: Manifest, split: str, *, version: Any = None,
+        published: dict[str, tuple[int, int]] | None = None, pin: Any = None,
     ) -> "ShardSet":
         """Split ``split`` of the version in ``directory`` that ``manifest`` describes.
 
         Reads no file: sizes and checksums are checked by whoever opens the
         version (``open_version``, validation, the build). Each ``ShardInfo``
         keeps its manifest entry. ``version`` is recorded for callers that need
-        more of the version (its tokenizer).
+        more of the version (its tokenizer); ``published`` and ``pin`` are what
+        ``open_version`` gives a reader (see the attributes).
         """
         directory = Path(directory)
         try:
@@ -154,6 +179,8 @@ class ShardSet:
             fingerprint=fingerprint({"build_key": manifest.build_key, "ref": manifest.ref, "split": split}),
             directory=directory,
             version=version,
+            published=published,
+            pin=pin,
         )
 
     # Memory maps and cached indexes stay out of pickles: a DataLoader worker
@@ -208,10 +235,59 @@ class ShardSet:
 
     def _open(self, k: int) -> np.ndarray:
         info = self.shards[k]
-        mm = self.format.open(info.path, self.dtype)
+        entry = info.entry
+        # Given the stat the format takes anyway: one stat for both.
+        check = None if self.published is None or entry is None else (
+            lambda st: self._check_published(info.path, entry.file, entry.sha256, st))
+        try:
+            mm = self.format.open(info.path, self.dtype) if check is None else \
+                self.format.open(info.path, self.dtype, check=check)
+        except FileNotFoundError:
+            raise self._missing(info.path) from None
         if len(mm) != info.tokens:
             raise ValidationError(f"{info.path}: {len(mm)} tokens, but {info.tokens} were expected when it was opened")
         return mm
+
+    def _check_published(self, path: Path, name: str, sha256: str, st: os.stat_result | None = None) -> None:
+        """Refuse ``path`` (manifest name ``name``; ``st`` its stat, else taken) if it changed since it was published.
+
+        Its size and mtime are compared with those recorded at publish. Where they differ, the
+        bytes may still be the published ones (a copy that did not keep mtimes, a ``touch``): the
+        file is hashed once (per process) and refused only if its SHA-256 is not the manifest's.
+        """
+        if st is None:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise self._missing(path) from None
+        assert self.published is not None
+        if (st.st_size, st.st_mtime_ns) == self.published.get(name):
+            return
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _rehashed:
+            return
+        if self.directory not in _warned:
+            _warned.add(self.directory)
+            log.warning(
+                "%s: files of %s whose modification times are not those recorded at publish are hashed as they are "
+                "first read (a copy that did not keep mtimes? cp -a and rsync -a keep them)", self.directory, self.name
+            )
+        if sha256_file(path) != sha256:
+            raise ValidationError(
+                f"{path}: changed after {self.name} was published (its modification time is not the one the catalog "
+                "recorded, and its SHA-256 is not the manifest's), so this reader refuses it. Check the version with "
+                f"`shardflow validate {self.name}` and rebuild it (or restore the file); readers never serve a shard "
+                "changed in place"
+            )
+        _rehashed.add(key)
+
+    def _missing(self, path: Path) -> Exception:
+        """A file of the set that is gone: its version removed under the reader (``shardflow rm``), or damaged."""
+        if self.pin is not None and not self.directory.is_dir():
+            return removed_error(self.name, self.directory, str(path))
+        return ValidationError(
+            f"{path}: missing; {self.name} is damaged. Check it with `shardflow validate {self.name}`, and rebuild it"
+        )
 
     def locate(self, token: int) -> tuple[int, int]:
         """Split-wide token index -> (shard ``k``, token index within shard ``k``)."""
@@ -264,7 +340,12 @@ class ShardSet:
         if starts is None:
             info = self.shards[k]
             if info.index is not None:
-                starts = bosidx.read(info.index, info.tokens)
+                try:
+                    starts = bosidx.read(info.index, info.tokens)
+                except FileNotFoundError:
+                    raise self._missing(info.index) from None
+                if self.published is not None and info.entry is not None:
+                    self._check_published(info.index, info.entry.index.file, info.entry.index.sha256)
                 self._check_index(k, starts)
             elif self.boundary_token is not None:
                 starts = self._derive_starts(k).astype(bosidx.entry_dtype(info.tokens))

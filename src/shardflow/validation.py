@@ -440,28 +440,39 @@ def validate_dir(
     published: bool = False,
     catalog: Any = None,
     shards: bool = True,
+    standalone: bool = False,
+    workers: int | None = None,
+    progress: Callable[[int, int], Callable[[int], None]] | None = None,
 ) -> ValidationReport:
     """Validate a version directory; raises ``ValidationError`` listing every problem.
 
     ``shards=False`` leaves out the per-shard checks (``validate_shard``), for a
-    build whose shards were each validated by a job of their own (``pipeline/check.py``).
+    build whose shards were each validated by a job of their own (``pipeline/check.py``). ``workers`` shards
+    are checked at once (default: up to 4, the cores'); ``progress(shards, bytes)``, given, is called once with
+    the totals and returns what is told of each shard's bytes as it is checked.
 
     ``published=True`` also checks the manifest against the SHA-256 that the
     catalog (``catalog``, default ``$SHARDFLOW_CATALOG`` or ``./manifests``)
-    recorded when the version was published.
+    recorded when the version was published: the catalog that lists the directory, that
+    one or the one its publisher record names (``catalog.vouch_for``). A directory no
+    catalog lists is a problem then, unless ``standalone`` (its files are then checked
+    against its own manifest only).
     """
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
     _refuse_repeated_shards(directory, manifest)
     report = ValidationReport(directory=str(directory))
     if published:
-        report.problems.extend(published_manifest_problems(directory, manifest, catalog))
+        report.problems.extend(published_manifest_problems(directory, manifest, catalog, standalone=standalone))
     jobs = [(split, k, shard) for split, entry in manifest.splits.items() for k, shard in enumerate(entry.shards)] if shards else []
-    # hashlib and numpy release the GIL on large buffers, so threads use every core.
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    # hashlib and numpy release the GIL on large buffers, so threads use every core (``workers`` shards at once).
+    done = progress(len(jobs), sum(shard.bytes for _, _, shard in jobs)) if progress is not None else None
+    with ThreadPoolExecutor(max_workers=max(1, workers or min(4, os.cpu_count() or 1))) as pool:
         found = pool.map(lambda job: validate_shard(directory, manifest, *job, checksums=checksums), jobs)
-        for problems in found:
+        for (_, _, shard), problems in zip(jobs, found):
             report.problems.extend(problems)
+            if done is not None:
+                done(shard.bytes)
     for split, entry in manifest.splits.items():
         tokens = documents = 0
         for shard in entry.shards:

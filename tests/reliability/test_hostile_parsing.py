@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from support.cli import CliRun, run_main
+from support.cli import CliRun, cli_env, run_cli, run_main
 from support.corpus import small_vocab
 from support.paths import SAMPLE
 from shardflow.catalog import Catalog
@@ -385,3 +385,61 @@ def test_a_json_integer_over_4300_digits_is_skipped_and_counted(tmp_path, big_in
     assert rc == 0, err
     totals = read_manifest(tmp_path / "data" / "big" / "v1").totals
     assert totals["bad_records"] == 1 and totals["documents"] == 2
+
+
+# --- a tokenizer.json whose pattern makes the library panic -----------------------------------------------------------
+
+def _split_tokenizer(path: Path, pattern: str) -> Path:
+    """A 5 KB byte-level tokenizer.json (256 byte tokens, no merges, ``<|endoftext|>``) whose pre-tokenizer is a
+    Split on ``pattern``, then ByteLevel. gigatoken refuses a Split regex it does not know, so it is the tokenizers
+    library (Oniguruma) that runs the pattern, and panics when the engine gives up on it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<|endoftext|>": 0, **{ch: i + 1 for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_file_that_makes_its_library_panic_is_one_line_naming_it(tmp_path):
+    pytest.importorskip("tokenizers")
+    corpus = tmp_path / "in" / "docs.jsonl"
+    corpus.parent.mkdir()
+    # A run of 'a's and one of 'ab's, as any corpus may hold: each makes one of the files' patterns give up.
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["plain text", "a" * 40 + "!", "ab" * 40 + "!"]))
+
+    def build(tokenizer: Path, name: str) -> subprocess.CompletedProcess[str]:
+        # RUST_BACKTRACE=1, as on the machine of the report: the library's panic came with 90 lines.
+        return run_cli(["build", corpus, "--name", name, "--tokenizer", tokenizer, "--bos-token", "<|endoftext|>",
+                        "--no-prefect", "--progress", "none", "--data-root", tmp_path / "data",
+                        "--catalog", tmp_path / "catalog"], env=cli_env({"RUST_BACKTRACE": "1"}), timeout=60)
+
+    # (a+)+$ backtracks catastrophically on a run of 'a's (25 of them make Oniguruma give up, and the library
+    # panic: a PanicException, which no `except Exception` catches). Refused as the file is loaded, in one line.
+    nested = _split_tokenizer(tmp_path / "nested" / "tokenizer.json", r"(a+)+$")
+    res = build(nested, "nested")
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr  # no Python traceback, nor the library's backtrace
+    assert res.stderr.startswith(f"shardflow: error: tokenizer {nested}: the tokenizer library panicked while encoding a "
+                                 "run of 1024 'a' then '!' (Onig: Regex search error: retry-limit-in-match over); its "
+                                 "pre-tokenizer's regular expression (a Split pattern) backtracks catastrophically")
+    assert "the file is at fault, not the text" in res.stderr
+    # ((ab)+)+$ passes those runs and panics on a document: the build stops there, in one line of shardflow's
+    # after the library's own notice (printed before Python sees the panic), exit 2, nothing published.
+    pairs = _split_tokenizer(tmp_path / "pairs" / "tokenizer.json", r"((ab)+)+$")
+    res = build(pairs, "pairs")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.count("shardflow: error:") == 1, res.stderr
+    assert res.stderr.splitlines()[-1].startswith(f"shardflow: error: tokenizer {pairs.resolve()}: the tokenizer "
+                                                  "library panicked while encoding text (Onig: Regex search error")
+    assert not (tmp_path / "catalog").exists() or not list((tmp_path / "catalog").glob("*.yaml"))
+    # And in this process: a ConfigError (exit 2), from encoding and from the reference alike.
+    tok = load_tokenizer(str(pairs))
+    for call in (lambda: tok.encode_batch(["ab" * 40 + "!"]), lambda: tok.encode_ordinary("ab" * 40 + "!")):
+        with pytest.raises(ConfigError, match=rf"^tokenizer {re.escape(str(pairs.resolve()))}: the tokenizer library panicked"):
+            call()
+    assert tok.decode(tok.encode_ordinary("plain text")) == "plain text"

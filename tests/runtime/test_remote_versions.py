@@ -221,7 +221,7 @@ def test_a_damaged_object_is_refused_after_one_retry(published, s3, tmp_path, ca
         path.write_bytes(bytes(data))
 
     url = damaged_copy(s3, published, "flipped", flip)
-    refused = rf"{url}/{name}: SHA-256 [0-9a-f]{{64}}, but the manifest says .*fetched twice.*Upload the version again"
+    refused = rf"{url}/{name}: SHA-256 [0-9a-f]{{64}}, but the manifest says .*fetched twice.*shardflow push NAME@VERSION --repair"
     with pytest.raises(ValidationError, match=refused):
         TokenDataset(url, seq_len=SEQ, cache_dir=tmp_path)
     retries = [r for r in caplog.records if r.name == REMOTE_LOG and "fetching it again" in r.getMessage()]

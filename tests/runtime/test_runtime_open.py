@@ -115,9 +115,9 @@ def test_opening_reads_no_shard_data(cat, monkeypatch):
     opened: list[str] = []
     original = ShardFormat.open
 
-    def spy(self, path, dtype=None):
+    def spy(self, path, dtype=None, **kwargs):
         opened.append(str(path))
-        return original(self, path, dtype)
+        return original(self, path, dtype, **kwargs)
 
     monkeypatch.setattr(ShardFormat, "open", spy)
     ds = TokenDataset("wiki@latest", seq_len=512, catalog=cat.path)

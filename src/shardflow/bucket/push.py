@@ -38,6 +38,7 @@ from .fs import filesystem, put_if_absent, read_with_etag, update_object
 from ..validation import validate_dir
 
 __all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
+__all__ += ["upload_file"]
 
 SHA256_METADATA = "sha256"
 """The user metadata key holding an uploaded object's SHA-256, checked on the way up."""
@@ -169,6 +170,12 @@ def _upload(fs: Any, path: Path, key: str, size: int, sha: str) -> None:
                               f"says {size} bytes, {sha[:16]}...; the file changed during the push: validate the version "
                               "and push again")
     out.close()
+
+
+def upload_file(fs: Any, path: Path, key: str, size: int, sha: str) -> None:
+    """A push's upload of one file (``push --repair``'s too): streamed from ``path`` to ``key``, hashed as it is sent,
+    committed only if its bytes are ``size`` and ``sha`` (recorded as the object's ``sha256`` metadata)."""
+    _upload(fs, path, key, size, sha)
 
 
 def _parent_files(fs: Any, mirror: Mirror, cat: Catalog, name: str, manifest: Manifest) -> tuple[str | None, dict[str, tuple[str, int]]]:

@@ -17,7 +17,7 @@ from shardflow.errors import ShardflowError
 
 from .build import cmd_build, cmd_embed, cmd_serve
 from .card import add_card_parser, cmd_card
-from .options import add_build_options, add_command, add_embed_options, check_local_paths, count, is_url
+from .options import add_build_options, add_command, add_embed_options, check_local_paths, count, is_url, positive
 from .terminal import PIPELINE_HINT, PIPELINE_MODULES, quiet_broken_pipe, stdout_closed
 from .versions import BUCKET_COMMANDS, add_lifecycle_parsers, cmd_diff, cmd_gc, cmd_ls, cmd_push
 from .versions import cmd_rm, cmd_show, cmd_validate
@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = add_command(sub, "validate", "check a published version against its manifest")
     v.add_argument("--no-checksums", action="store_true", help="skip SHA-256 checks (faster)")
+    v.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help="files checked at once (default: up to 4 locally, the cores'; 8 objects at once from a bucket)")
+    v.add_argument("--standalone", action="store_true",
+                   help="a version directory that no catalog lists: check its files against its own manifest only "
+                   "(without it, such a directory fails)")
     from shardflow.targets import TARGETS
 
     v.add_argument("--for", dest="for_target", default=None, choices=list(TARGETS), metavar="TARGET",

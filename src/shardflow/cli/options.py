@@ -110,6 +110,14 @@ def count(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """A positive integer option, such as ``--workers`` (argparse names this function in its message on a bad value)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)

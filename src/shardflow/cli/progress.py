@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TextIO
 
-__all__ = ["Progress", "emit", "listening", "ProgressDisplay", "choose_mode", "format_rate", "format_eta"]
+__all__ = ["Progress", "emit", "listening", "ProgressDisplay", "choose_mode", "format_rate", "format_eta", "CheckProgress"]
 
 log = logging.getLogger("shardflow.flows")
 
@@ -250,3 +250,50 @@ class ProgressDisplay:
             if ev.done < ev.total:
                 line += f", {format_eta(ev.eta)}"
         print(line, file=self.stream, flush=True)
+
+
+def _bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+class CheckProgress:
+    """Plain, throttled lines on stderr while a version's files are checked (``shardflow validate``, ``push
+    --repair``), whatever stderr is: ``shardflow: validate wiki@v3: fetched 120 of 4,000 files (3.2 GiB of 80.0
+    GiB), 25s``. None before the first interval (``SHARDFLOW_PROGRESS_INTERVAL`` seconds, else 5) has passed,
+    so a short run prints nothing; then at most one per interval."""
+
+    def __init__(self, what: str, *, stream: TextIO | None = None, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        env_interval = os.environ.get("SHARDFLOW_PROGRESS_INTERVAL")
+        self.what, self.stream, self.clock = what, stream, clock
+        self.interval = interval if interval is not None else float(env_interval) if env_interval else 5.0
+        self._lock = threading.Lock()
+        self._began = self._last = clock()
+
+    def phase(self, verb: str, noun: str = "files") -> Callable[[int, int], Callable[[int], None]]:
+        """The ``progress`` argument of one phase (``fetch_version``'s, ``validate_dir``'s): called with its totals,
+        it returns what each checked item's bytes are told to; ``verb`` (``fetched``) and ``noun`` name them."""
+
+        def begin(items: int, total: int) -> Callable[[int], None]:
+            count = [0, 0]
+
+            def advance(nbytes: int) -> None:
+                with self._lock:
+                    count[0] += 1
+                    count[1] += nbytes
+                    now = self.clock()
+                    if now - self._last < self.interval:
+                        return
+                    self._last = now
+                    line = (f"shardflow: {self.what}: {verb} {count[0]:,} of {items:,} {noun} ({_bytes(count[1])} of "
+                            f"{_bytes(total)}), {now - self._began:.0f}s")
+                print(line, file=self.stream or sys.stderr, flush=True)
+
+            return advance
+
+        return begin

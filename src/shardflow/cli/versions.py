@@ -25,30 +25,57 @@ from shardflow.errors import ShardflowError
 __all__ = ["cmd_validate", "cmd_ls", "cmd_show", "cmd_diff", "add_lifecycle_parsers", "cmd_rm", "cmd_gc"]
 __all__ += ["cmd_push", "BUCKET_COMMANDS"]
 
-BUCKET_COMMANDS = frozenset({"rm", "gc", "validate", "ls", "diff", "show"})
+BUCKET_COMMANDS = frozenset({"rm", "gc", "validate", "ls", "diff", "show", "push"})
 """Commands that take s3:// URLs as --data-root and --catalog and check them themselves (the others refuse URLs)."""
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from shardflow.catalog import resolve_ref
+    import sys
+
+    from shardflow.catalog import asked_name_problem, resolve_version, vouch_for
+    from shardflow.errors import ValidationError
     from shardflow.manifest import read_manifest
     from shardflow.runtime.remote import fetch_version, is_remote_ref
     from shardflow.validation import validate_dir
 
+    from shardflow.cli.progress import CheckProgress
+    from shardflow.runtime.remote import FETCH_WORKERS, REPAIR_COMMAND
+
     catalog = args.catalog or os.environ.get("SHARDFLOW_CATALOG")
+    workers = getattr(args, "workers", None)
+    progress = CheckProgress(f"validate {args.ref}")
     if is_remote_ref(args.ref, catalog):
-        # On a bucket: every file read back into the cache, each verified against the manifest's SHA-256 as it
-        # arrives (the manifest against the bucket catalog's entry), then the same checks as a local version's.
-        url, directory, manifest = fetch_version(args.ref, catalog=catalog, verify=not args.no_checksums)
-        report = validate_dir(directory, manifest, checksums=False)
+        # On a bucket: every object streamed from the bucket again, whatever the cache holds, and hashed against
+        # the manifest's SHA-256 as it arrives (the manifest against the bucket catalog's entry): the bucket is
+        # what is validated. The verified copies replace the cache's; then the same checks as a local version's.
+        try:
+            url, directory, manifest = fetch_version(args.ref, catalog=catalog, verify=not args.no_checksums,
+                                                     refetch=not args.no_checksums, workers=workers or FETCH_WORKERS,
+                                                     progress=progress.phase("fetched"))
+        except ValidationError as exc:  # a damaged object: the repair command, for this version and catalog
+            if "@" not in str(args.ref) or catalog is None or REPAIR_COMMAND not in str(exc):
+                raise
+            raise ValidationError(str(exc).replace(
+                REPAIR_COMMAND, f"shardflow push {args.ref} --repair --catalog {catalog.rstrip('/')}")) from None
+        report = validate_dir(directory, manifest, checksums=False, workers=workers,
+                              progress=progress.phase("checked", "shards"))
         shown: Any = url
     else:
         from shardflow.cli.options import check_local_paths
 
         check_local_paths(args)  # a gs:// catalog, say: refused, as by the other commands
-        directory = resolve_ref(args.ref, args.catalog)
+        directory, asked = resolve_version(args.ref, args.catalog)  # NAME@REF: the catalog's, never a folder
         manifest = read_manifest(directory)
-        report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog)
+        standalone = getattr(args, "standalone", False)
+        if standalone and (vouch := vouch_for(directory, manifest, args.catalog)).catalog is None:
+            print(f"note: {vouch.unlisted(directory)}; --standalone: its files are checked against its own manifest "
+                  "only", file=sys.stderr)
+        # A path is checked against the catalog that published it; one that no catalog lists fails, unless --standalone.
+        report = validate_dir(directory, manifest, checksums=not args.no_checksums, published=True, catalog=args.catalog,
+                              standalone=standalone, workers=workers, progress=progress.phase("checked", "shards"))
+        wrong = asked_name_problem(asked, manifest, directory)  # (the catalog's entry says so first, if it lists it)
+        if wrong:
+            raise ValidationError(wrong)
         shown = directory
     if args.for_target is not None:  # before "OK": a version the trainer cannot load is not OK for it
         from shardflow.cli.targets import check_target
@@ -263,11 +290,16 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "Remove NAME@vN: its catalog entry first (the catalog's latest becomes the newest remaining "
         "version), then its directory. A version that a remaining one names as its parent is refused unless "
         "--force (the child's shards are hard links: it keeps working). Rerun after an interruption, it "
-        "finishes the job. A removed version's name is never given again. With --catalog s3://BUCKET/catalog, the "
+        "finishes the job. A removed version's name is never given again. A version that a reader holds open (a "
+        "training job pins it: a shared lock on its directory, per node) is refused, naming the process, unless "
+        "--ignore-pins. With --catalog s3://BUCKET/catalog, the "
         "entry is taken out of the bucket's NAME.yaml (a conditional write), then every object under the version's "
         "prefix is deleted (a child's objects are its own copies there: it keeps working).",
         ref="NAME@vN (the version to remove; NAME@latest is refused: name it)")
     r.add_argument("--force", action="store_true", help="remove it even if remaining versions name it as their parent")
+    r.add_argument("--ignore-pins", action="store_true",
+                   help="remove it even while readers hold it open (they fail at the next shard they open); "
+                   "local versions only")
 
     g = add_command(
         sub, "gc", "remove abandoned staging directories and what interrupted removals left, with their sizes",
@@ -279,6 +311,8 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "pushes and builds, interrupted removals), those older than --older-than hours; never a listed version.",
         ref=None)
     g.add_argument("--dry-run", action="store_true", help="print what would be removed, and remove nothing")
+    g.add_argument("--ignore-pins", action="store_true",
+                   help="also remove what interrupted removals left that a reader still holds open")
     g.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data); "
                    "s3://BUCKET/PREFIX with --catalog s3://BUCKET/PREFIX: the bucket's leftovers")
     g.add_argument("--older-than", type=float, metavar="HOURS",
@@ -291,12 +325,25 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "files of the parent version already in the bucket are copied there, not sent again), then list it in "
         "CATALOG_URL/NAME.yaml with a conditional write: the commit point, before which no reader sees it. Rerun "
         "after an interruption, it resumes; the same build pushed again is reported as already pushed. Training "
-        "jobs read it with catalog=CATALOG_URL. Credentials and endpoint: AWS_* in the environment.",
-        ref="NAME@vN (or NAME@latest) in the local catalog")
-    p.add_argument("--data-root-url", required=True, help="where versions go in the bucket, e.g. s3://BUCKET/data")
-    p.add_argument("--catalog-url", required=True,
+        "jobs read it with catalog=CATALOG_URL. Credentials and endpoint: AWS_* in the environment. With --repair "
+        "(and --catalog s3://BUCKET/catalog, or --catalog-url): read every object of the version the bucket "
+        "catalog lists, by content, and send again each one that is missing or damaged, from a local copy that "
+        "verifies (--from DIR, the scratch of builds to the bucket, the runtime cache).",
+        ref="NAME@vN (or NAME@latest) in the local catalog (with --repair: in the bucket catalog)")
+    p.add_argument("--data-root-url", help="where versions go in the bucket, e.g. s3://BUCKET/data (required but with "
+                   "--repair)")
+    p.add_argument("--catalog-url",
                    help="the bucket's catalog, in the same bucket, e.g. s3://BUCKET/catalog (what readers pass as catalog=)")
-    p.add_argument("--workers", type=int, default=8, help="files sent at once (default 8)")
+    p.add_argument("--workers", type=int, default=8, help="files sent (with --repair: objects checked) at once (default 8)")
+    p.add_argument("--repair", action="store_true",
+                   help="check the bucket's copy of NAME@vN by content and restore its missing or damaged objects from "
+                   "verified local copies")
+    p.add_argument("--from", dest="sources", action="append", default=[], metavar="DIR",
+                   help="with --repair: a directory holding a copy of the version's files (a local data root's NAME/vN, "
+                   "or a rebuild's); repeatable; looked in before the scratch and the runtime cache")
+    p.add_argument("--scratch", default=None,
+                   help="with --repair: the scratch of builds to the bucket (default: $SHARDFLOW_SCRATCH or "
+                   "~/.cache/shardflow/scratch)")
 
 
 def _size(n: int) -> str:
@@ -336,7 +383,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     catalog, option = _given(args, "--catalog", "SHARDFLOW_CATALOG")
     if catalog and is_url(catalog):
         return _rm_bucket(args, catalog, option)
-    r = remove_version(args.ref, catalog=args.catalog, force=args.force)
+    r = remove_version(args.ref, catalog=args.catalog, force=args.force, ignore_pins=args.ignore_pins)
     if r.resumed and not r.left:
         print(f"{r.ref} was already removed; nothing of it was left in {r.directory.parent}")
         return 0
@@ -368,6 +415,8 @@ def _gc_bucket(args: argparse.Namespace, data_root: str, catalog: str) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    import sys
+
     from shardflow.catalog import default_data_root
     from shardflow.errors import ConfigError
     from shardflow.cli.options import is_url
@@ -387,28 +436,69 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.older_than is not None:
         raise ConfigError(f"--older-than {args.older_than:.12g}: only gc on a bucket has an age threshold (a local gc "
                           "asks each build's lock whether it is running); leave it out")
-    found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run)
+    found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run,
+                            ignore_pins=args.ignore_pins)
+    kept = [g for g in found if g.kept]
+    found = [g for g in found if not g.kept]
     verb = "would remove" if args.dry_run else "removed"
     for g in found:
         print(f"{verb} {g.path} ({_size(g.freed)}): {g.why}")
-    if not found:
+    if not found and not kept:
         print(f"nothing to remove under {default_data_root(args.data_root)}")
-    else:
+    elif found:
         n = len(found)
         print(f"{'would free' if args.dry_run else 'freed'} {_size(sum(g.freed for g in found))} "
               f"({n} director{'ies' if n != 1 else 'y'})")
+    for g in kept:  # refused in one line each, as rm refuses a pinned version; the rest is done
+        print(f"shardflow: {'would keep' if args.dry_run else 'error: kept'} {g.path}: {g.kept}", file=sys.stderr)
+    return 2 if kept and not args.dry_run else 0
+
+
+def _push_repair(args: argparse.Namespace) -> int:
+    """``push NAME@vN --repair``: the bucket catalog is ``--catalog-url``, else ``--catalog`` (or
+    ``$SHARDFLOW_CATALOG``), an s3:// URL."""
+    from shardflow.bucket.repair import repair_bucket_version
+    from shardflow.cli.options import is_url
+    from shardflow.cli.progress import CheckProgress
+    from shardflow.errors import ConfigError
+
+    catalog, option = (args.catalog_url, "--catalog-url") if args.catalog_url else _given(args, "--catalog", "SHARDFLOW_CATALOG")
+    if not catalog or not is_url(catalog):
+        raise ConfigError(f"{option if catalog else '--catalog'} {catalog or '(unset)'}: push --repair needs the bucket catalog that lists the version, "
+                          "e.g. --catalog s3://BUCKET/catalog")
+    progress = CheckProgress(f"push --repair {args.ref}")
+    r = repair_bucket_version(args.ref, catalog_url=catalog, sources=args.sources, scratch=args.scratch,
+                              workers=args.workers, progress=progress.phase("checked", "objects"))
+    if not r.restored:
+        print(f"{r.ref}: all {r.checked} objects under {r.url}/ are the manifest's; nothing to repair")
+        return 0
+    print(f"repaired {r.ref} ({r.url}/): {len(r.restored)} of {r.checked} objects restored")
+    for file, why, copy in r.restored:
+        print(f"  {file}: {why}; sent again from {copy}")
     return 0
 
 
 def cmd_push(args: argparse.Namespace) -> int:
     from shardflow.bucket.push import push_version
+    from shardflow.cli.options import check_local_paths
+    from shardflow.errors import ConfigError
 
     if args.workers < 1:
         raise ShardflowError(f"--workers {args.workers}: give at least 1")
+    if args.repair:
+        return _push_repair(args)
+    if args.sources or args.scratch:
+        raise ConfigError(f"{'--from' if args.sources else '--scratch'}: only push --repair takes it")
+    check_local_paths(args)  # --catalog is the local catalog here (with --repair, the bucket's)
+    missing = [o for o, v in (("--data-root-url", args.data_root_url), ("--catalog-url", args.catalog_url)) if not v]
+    if missing:
+        raise ConfigError(f"push needs {' and '.join(missing)} (where the version goes in the bucket), e.g. "
+                          "--data-root-url s3://BUCKET/data --catalog-url s3://BUCKET/catalog; or --repair")
     r = push_version(args.ref, data_root_url=args.data_root_url, catalog_url=args.catalog_url, catalog=args.catalog,
                      workers=args.workers)
     if r.already:
-        print(f"{r.ref} was already pushed: {r.url} (catalog {r.catalog_file})")
+        print(f"{r.ref} was already pushed: {r.url} (catalog {r.catalog_file}; its objects were not read: "
+              "push --repair checks them by content)")
         return 0
     copied = f", {r.copied} copied from {r.parent}" if r.copied else ""
     skipped = f", {r.skipped} already there" if r.skipped else ""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -64,11 +66,20 @@ class ShardFormat(ABC):
         """
         return []
 
-    def open(self, path: Path | str, dtype: np.dtype | None = None) -> np.ndarray:
-        """A read-only memory map of the shard's tokens, after checking header and size."""
+    def open(
+        self, path: Path | str, dtype: np.dtype | None = None, *, check: Callable[[os.stat_result], None] | None = None
+    ) -> np.ndarray:
+        """A read-only memory map of the shard's tokens, after checking header and size.
+
+        ``check``, given, is called with the file's ``stat`` first (a reader's check against the stats recorded
+        at publish, ``ShardSet``: one ``stat`` for both).
+        """
         path = Path(path)
         offset, ntokens, dt = self.read_header(path, dtype)
-        size = path.stat().st_size
+        st = path.stat()
+        if check is not None:
+            check(st)
+        size = st.st_size
         expected = offset + ntokens * dt.itemsize
         if size != expected:
             raise ValidationError(

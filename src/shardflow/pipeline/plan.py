@@ -35,6 +35,7 @@ from .staging import (
     remove_abandoned,
     reset_staging,
     staging_lock,
+    staging_name,
     sweep_stale_tmp,
     write_plan,
 )
@@ -171,7 +172,8 @@ def plan_build(
     if not units or all(u.rows == 0 for u in units):  # (-1: not counted while planning, see sources/jsonl.py)
         raise InputError(f"the corpus is empty: {', '.join(config.sources)} hold no rows")
     key = build_key(config, inputs, tokenizer)
-    staging = Staging(dataset_dir / ".staging" / key[:16])
+    # One per build and catalog: catalogs that share the data root never resume (nor publish) each other's builds.
+    staging = Staging(dataset_dir / ".staging" / staging_name(key, cat))
     # Other builds' staging directories that no rerun will resume (published, or staged by an older shardflow).
     remove_abandoned(dataset_dir, cat, config.name, keep=staging.root)
     latest = cat.latest(config.name)

@@ -23,12 +23,21 @@ from pathlib import Path
 
 from .._io import atomic_write_text, fsync_dir, sha256_file
 from ..card import CARD_DIR, card_wanted, stamp_card, write_card, write_card_text
-from ..catalog import Catalog, VersionEntry, default_catalog, default_data_root
+from ..catalog import (
+    Catalog,
+    VersionEntry,
+    catalog_id,
+    claim_publisher,
+    default_catalog,
+    default_data_root,
+    publisher_record,
+    read_publisher,
+)
 from ..config import EmbedOptions
 from ..embed.compute import add_embeddings, check_embed_options
 from ..embed.embedder import check_available
 from ..embed.files import embedding_key, validate_embeddings
-from ..errors import ValidationError
+from ..errors import ShardflowError, ValidationError
 from ..faults import fault
 from ..manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, SplitEntry, read_manifest, write_manifest
 from ..targets.hf_tokenizer import HF_DIR
@@ -37,7 +46,7 @@ from ..validation import validate_dir
 from .card_stage import CardResult, card_done, draw_card, parent_dir
 from .assemble import now
 from .model import BuildPlan, BuildResult
-from .staging import Staging, as_plan, discard_staging
+from .staging import Staging, as_plan, discard_staging, publish_record, staging_name
 from .collect_stats import collecting
 from .staged import content_key, staged_manifest
 from .target_files import write_target_files
@@ -148,6 +157,44 @@ def _seal(final: Path, manifest: Manifest, record: Path) -> str:
     return sha256_file(record)
 
 
+def _own_claim(final: Path, cat: Catalog, name: str, build_key: str) -> bool:
+    """Whether the publisher record of ``final`` is this catalog's claim of it for this build."""
+    return read_publisher(final) == {"catalog": catalog_id(cat), "name": name, "version": final.name, "build_key": build_key}
+
+
+def _choose_version(cat: Catalog, name: str, dataset_dir: Path, out: Path, build_key: str,
+                    staging: Path | None) -> tuple[str, bool]:
+    """The version name this publish gets, claimed (``claim_publisher``), and whether its directory is in place
+    already (a publish of this build that was killed, or failed, after its rename and before its catalog entry).
+
+    The name recorded in the staging directory ``staging``'s ``publish.json`` (``staging.publish_record``) is taken up again
+    while this catalog does not list it and its publisher record is still this claim; otherwise the next name
+    that no directory, trash (``.vN.removed``) or publisher record holds, for this catalog or any other that
+    shares the data root. No other directory is ever adopted or stamped.
+    """
+    taken = {v.version for v in cat.versions(name)} | {v.version for v in cat.removed(name)}
+    recorded = publish_record(Staging(staging), cat, name) if staging is not None else None
+    if recorded is not None and recorded["build_key"] == build_key and recorded["version"] not in taken:
+        final = dataset_dir / recorded["version"]
+        if _own_claim(final, cat, name, build_key):
+            if out.exists() and not final.exists():
+                return final.name, False
+            if not out.exists() and final.is_dir() and not final.is_symlink():
+                try:
+                    if read_manifest(final).build_key == build_key:
+                        return final.name, True
+                except ShardflowError:
+                    pass
+    version = cat.next_version(name)
+    while True:
+        final = dataset_dir / version
+        free = not (final.exists() or final.is_symlink() or publisher_record(final).exists()
+                    or (dataset_dir / f".{version}.removed").exists())  # (lifecycle.trash_path: an interrupted rm's)
+        if free and claim_publisher(final, catalog=cat, name=name, build_key=build_key):
+            return version, False
+        version = f"v{int(version[1:]) + 1}"
+
+
 def publish_out(
     out: Path,
     *,
@@ -159,7 +206,9 @@ def publish_out(
 ) -> str:
     """Publish the complete, validated version directory ``out`` (manifest inside); returns ``NAME@VERSION``.
 
-    Under the dataset's catalog lock: pick the version name, stamp it into the
+    Under the dataset's catalog lock: pick the version name and claim it (its
+    publisher record, ``.vN.publisher.json``, names this catalog; ``cleanup``'s
+    ``publish.json`` records it too), stamp it into the
     manifest, rename ``out`` to ``<data_root>/<name>/<version>`` (atomic), then
     add the catalog entry (the commit point). An identical version (same build
     key) already in the catalog wins, and nothing new is published. The
@@ -175,21 +224,17 @@ def publish_out(
                 discard_staging(cleanup)
             return f"{name}@{existing.version}"
         dataset_dir = Path(data_root) / name
-        version = cat.next_version(name)
+        if out.exists():
+            _refuse_symlinks(out)  # before anything is claimed
+        # The name is claimed first (``.vN.publisher.json``: several catalogs may share the data root), and
+        # recorded in the staging directory (``publish.json``) before the rename: a rerun after a publish that
+        # died after its rename but before its catalog entry takes back that directory, and no other.
+        version, in_place = _choose_version(cat, name, dataset_dir, out, build_key, cleanup)
         final = dataset_dir / version
-        # A directory left by a publish that died after its rename but before its
-        # catalog entry: adopt it if it is this build, else step past it.
-        while final.exists():
-            try:
-                orphan = read_manifest(final)
-            except Exception:
-                orphan = None
-            if orphan is not None and orphan.build_key == build_key and not out.exists():
-                break
-            version = f"v{int(version[1:]) + 1}"
-            final = dataset_dir / version
-        if not final.exists():
-            _refuse_symlinks(out)
+        if cleanup is not None:
+            record = {"catalog": catalog_id(cat), "name": name, "version": version, "build_key": build_key}
+            atomic_write_text(Staging(cleanup).publish_file, json.dumps(record, sort_keys=True))
+        if not in_place:
             _stamp(out, version, final, build_key)
             fault("publish-stamped", out)
             os.replace(out, final)
@@ -243,7 +288,7 @@ def embed_version(
         found = f"{parent.name}@{existing.version}"
         return BuildResult(ref=found, manifest_path=str(cat.version_dir(existing) / "metadata.yaml"), created=False)
     root = given_root or src_dir.parent.parent
-    staging = root / parent.name / ".staging" / f"emb-{key[:16]}"
+    staging = root / parent.name / ".staging" / f"emb-{staging_name(key, cat)}"  # one per build and catalog
     out = staging / "out"
     if out.exists():
         shutil.rmtree(out)

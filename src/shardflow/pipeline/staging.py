@@ -1,8 +1,11 @@
 """The staging directory of a build: every path in it, its lock, and cleaning up after killed runs.
 
-``<data_root>/<name>/.staging/<first 16 hex digits of the build key>/``: ``plan.json``, the units'
+``<data_root>/<name>/.staging/<16 hex digits>/`` (``staging_name``: of the build key and the catalog's
+resolved path, so two catalogs over one data root never share one): ``plan.json``, the units'
 pieces and markers under ``parts/``, the layout's and the shards' markers under ``layout/``,
-``embed.json``, and ``out/``, the future version directory. Which stage writes and reads each file:
+``embed.json``, ``out/``, the future version directory, and ``publish.json``, the version name
+``publish`` gave it (the proof that a directory ``vN`` is this build's, if its publish is killed
+before the catalog entry). Which stage writes and reads each file:
 docs/ARCHITECTURE.md ("The staging directory"). Each file is written under a temporary name and
 renamed into place, the ``.json`` marker of a step last, so a run killed anywhere resumes where it
 stopped. ``<staging>.lock`` (beside the directory) admits one run at a time.
@@ -10,13 +13,15 @@ stopped. ``<staging>.lock`` (beside the directory) admits one run at a time.
 A staging directory lives until its build is published (``publish`` discards it)
 and is resumed by a rerun until then. One that can never be resumed is removed
 when any build of the dataset starts (``remove_abandoned``): its build key is
-published, or this code cannot resume its plan; never one whose lock is held.
+published, or this code cannot resume its plan; never one whose lock is held, nor one
+whose plan names another catalog.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -29,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
-from ..catalog import Catalog, file_lock
+from ..catalog import Catalog, catalog_id, file_lock, read_publisher
 from ..errors import ConfigError, ShardflowError
 from ..formats import bosidx
 from ..manifest import SCHEMA_VERSION, read_manifest
@@ -37,6 +42,8 @@ from .model import BUILD_FORMAT_VERSION, BuildPlan, UnitResult
 
 __all__ = [
     "Staging",
+    "staging_name",
+    "staged_elsewhere",
     "DOC_DTYPE",
     "SEGMENT_DTYPE",
     "as_plan",
@@ -47,6 +54,7 @@ __all__ = [
     "build_lock",
     "sweep_stale_tmp",
     "adopt_orphan",
+    "publish_record",
     "reset_staging",
     "shard_check_record",
     "discard_staging",
@@ -100,6 +108,12 @@ class Staging:
     @property
     def embed_file(self) -> Path:
         return self.root / "embed.json"
+
+    @property
+    def publish_file(self) -> Path:
+        """``publish.json``: the catalog (resolved path), version name and build key ``publish`` gave ``out/``,
+        written before ``out/`` is renamed to ``vN`` (``adopt_orphan`` takes back only that directory)."""
+        return self.root / "publish.json"
 
     @property
     def lock_file(self) -> Path:
@@ -157,6 +171,31 @@ class Staging:
 
     def unit_docs(self, unit: int) -> np.ndarray:
         return load_npy(self.unit_files(unit)[1], mmap_mode="r")
+
+
+def staging_name(build_key: str, catalog: Catalog | str | os.PathLike[str]) -> str:
+    """The name of a build's staging directory: 16 hex digits of the SHA-256 of its build key and its catalog's
+    resolved path. One per build and catalog: a build of the same inputs for another catalog over the same data
+    root never resumes (or publishes into the catalog of) this one's."""
+    return hashlib.sha256(f"{build_key}\0{catalog_id(catalog)}".encode()).hexdigest()[:16]
+
+
+def staged_elsewhere(root: Path, cat: Catalog) -> bool:
+    """Whether the staging directory ``root`` is another catalog's build: its plan names another catalog.
+
+    Such a directory is never removed, reset or resumed from ``cat`` (a plan that names no catalog, or none,
+    is judged as before)."""
+    try:
+        plan = json.loads(Staging(root).plan_file.read_text())
+    except (OSError, ValueError):
+        return False
+    named = plan.get("catalog") if isinstance(plan, dict) else None
+    if not isinstance(named, str) or not named:
+        return False
+    try:
+        return catalog_id(named) != catalog_id(cat)
+    except ShardflowError:
+        return True
 
 
 def shard_check_record(entry: Any) -> dict[str, Any]:
@@ -239,32 +278,55 @@ def sweep_stale_tmp(staging: Staging) -> None:
             stray.unlink(missing_ok=True)
 
 
+def publish_record(staging: Staging, cat: Catalog, name: str) -> dict[str, str] | None:
+    """The version name ``publish`` gave this staging directory's ``out/`` for ``cat`` (``publish.json``:
+    ``catalog``, ``name``, ``version``, ``build_key``), or None: none recorded, or recorded for another catalog."""
+    try:
+        record = json.loads(staging.publish_file.read_text())
+    except (OSError, ValueError):
+        return None
+    fields = ("catalog", "name", "version", "build_key")
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+        return None
+    if record["catalog"] != catalog_id(cat) or record["name"] != name or not re.fullmatch(r"v[0-9]+", record["version"]):
+        return None
+    return {k: record[k] for k in fields}
+
+
 def adopt_orphan(cat: Catalog, plan: BuildPlan, dataset_dir: Path) -> None:
     """Take back this build's version directory if a killed publish renamed it but never entered it.
 
     It goes back to ``out/`` of the staging directory (which the rename
     emptied), so the rerun validates and publishes it again instead of
     redoing it. An unlisted directory was never visible: the catalog entry is
-    the commit point. (Another build's such directory waits for that build's
-    rerun; ``publish`` steps past it.)
+    the commit point. Only a directory proven this build's is taken: the
+    ``vN`` that this staging directory's ``publish.json`` names for this
+    catalog, which this catalog neither lists nor removed, whose publisher
+    record (``.vN.publisher.json``) is that same claim, and whose manifest has
+    the recorded build key. Any other unlisted directory (another build's,
+    another catalog's) is never moved; ``publish`` steps past it.
     """
-    out = Staging(plan.staging).out
+    staging = Staging(plan.staging)
+    out = staging.out
     if out.exists() or not dataset_dir.is_dir():
         return
-    with cat.lock(plan.config.name):
-        listed = {cat.version_dir(v) for v in cat.versions(plan.config.name)}
-        for d in sorted(dataset_dir.iterdir()):
-            if not re.fullmatch(r"v[0-9]+", d.name) or not d.is_dir() or d.resolve() in listed:
-                continue
-            try:
-                orphan = read_manifest(d)
-            except ShardflowError:
-                continue
-            if orphan.build_key == plan.build_key:
-                os.replace(d, out)
-                fsync_dir(dataset_dir)
-                log.info("%s: this build's version, left unpublished by an interrupted publish; publishing it again", d)
-                return
+    name = plan.config.name
+    with cat.lock(name):
+        recorded = publish_record(staging, cat, name)
+        if recorded is None:
+            return
+        d = dataset_dir / recorded["version"]
+        taken = {v.version for v in cat.versions(name)} | {v.version for v in cat.removed(name)}
+        if recorded["version"] in taken or d.is_symlink() or not d.is_dir() or read_publisher(d) != recorded:
+            return
+        try:
+            orphan = read_manifest(d)
+        except ShardflowError:
+            return
+        if orphan.build_key == recorded["build_key"]:
+            os.replace(d, out)
+            fsync_dir(dataset_dir)
+            log.info("%s: this build's version, left unpublished by an interrupted publish; publishing it again", d)
 
 
 def reset_staging(staging: Staging) -> None:
@@ -292,17 +354,21 @@ def discard_staging(root: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def never_resumed(staging: Staging, published: set[str]) -> str | None:
+def never_resumed(staging: Staging, published: set[str], cat: Catalog | None = None) -> str | None:
     """Why the build of ``staging`` will never be resumed, or None if a rerun of it may resume it.
 
-    ``published``: the build keys of the dataset's versions.
+    ``published``: the build keys of the dataset's versions in ``cat``. A staging directory whose
+    plan names another catalog is that catalog's to judge: None.
     """
+    if cat is not None and staged_elsewhere(staging.root, cat):
+        return None
     try:
         old = json.loads(staging.plan_file.read_text())
     except (OSError, ValueError):
         old = None
     if not isinstance(old, dict):  # no plan: being written, only begun (kept), or left by a killed clean-up
-        return "its build is published" if staging.root.name in {key[:16] for key in published} else None
+        names = {staging_name(key, cat) if cat is not None else key[:16] for key in published}
+        return "its build is published" if staging.root.name in names else None
     if old.get("build_key") in published:
         return "its build is published"
     versions = (old.get("build_format_version"), old.get("manifest_schema"))
@@ -319,7 +385,8 @@ def remove_abandoned(dataset_dir: Path, cat: Catalog, name: str, *, keep: Path |
     catalog entry: a rerun would only report the version), one whose plan this shardflow cannot
     resume (a rerun would empty it), and a discarded one whose deleting process died. Kept: ``keep``
     (the caller's own), and every other one, which a rerun of its build resumes; and one whose lock
-    is held is never touched (checked with the lock, without waiting).
+    is held is never touched (checked with the lock, without waiting), nor one whose plan names another
+    catalog (``staged_elsewhere``: several catalogs may share a data root).
     """
     parent = dataset_dir / ".staging"
     if not parent.is_dir():
@@ -328,17 +395,19 @@ def remove_abandoned(dataset_dir: Path, cat: Catalog, name: str, *, keep: Path |
     removed: list[Path] = []
     for path in sorted(parent.iterdir()):
         if is_stale_tmp(path) and path.is_dir():  # a discard_staging killed midway
+            if staged_elsewhere(path, cat):
+                continue  # another catalog's build: its own builds and gc finish it
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
             continue
         if not re.fullmatch(r"[0-9a-f]{16}", path.name) or not path.is_dir() or (keep is not None and path == Path(keep)):
             continue
         staging = Staging(path)
-        if never_resumed(staging, published) is None:
+        if never_resumed(staging, published, cat) is None:
             continue
         try:
             with file_lock(staging.lock_file, timeout=0, what=f"the build of {name!r} ({path})", remove=True):
-                why = never_resumed(staging, published)  # again, now that no run can start on it
+                why = never_resumed(staging, published, cat)  # again, now that no run can start on it
                 if why is None:
                     continue
                 trash = tmp_path_for(path)

@@ -12,13 +12,14 @@ that would run past the shard's end, are not used. Items are fresh int64 arrays 
 from __future__ import annotations
 
 import bisect
+import mmap
 import operator
 import os
 from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ValidationError
 from ..formats import bosidx
 from .options import DATASET_OPTIONS, REMOTE_OPTIONS, SHARD_OPTIONS, AlignRule, Overflow, ReadOptions
 from .packing import pack_fields
@@ -29,6 +30,14 @@ __all__ = ["TokenDataset", "aligned_starts"]
 
 _ALIGN_GAP = {"shardflow": 0, "nemo": 1}
 """Tokens between one aligned sample's last label and the earliest start of the next, per rule."""
+
+ID_GROUP_BITS = 6
+"""Token ids are checked against the vocabulary for groups of ``2**ID_GROUP_BITS`` (64) consecutive samples of
+one shard at once, before the first of them is served: one vectorized pass over their windows in the shard
+being read (a numpy call per window would cost a tenth of a sample's time), then one byte per group says
+it was done, in memory shared with forked DataLoader workers (a group is checked once per process tree, not
+once per pass). A group never reaches into another shard: a streaming reader's fetch plan sees only the
+shards it reads."""
 
 
 def aligned_starts(
@@ -151,6 +160,7 @@ class TokenDataset:
         self._cum: list[int] = self.sample_offsets.tolist()
         self._views = self.shards._views  # the ShardSet's list of opened maps, filled as shards are used
         self._len = int(self.sample_offsets[-1])
+        self._checked, self._groups = self._id_checks()
         if self._len == 0:
             largest = int(self.shards.tokens.max()) if self.shards.num_shards else 0
             how = "with a document start early enough for a whole window" if self.align_to_bos else "of at least that many tokens"
@@ -165,11 +175,52 @@ class TokenDataset:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_views"]
+        state.pop("_checked", None)
+        state.pop("_groups", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._views = self.shards._views
+        self._checked, self._groups = self._id_checks()  # one byte per 64 samples: made again, not pickled
+
+    # -- token ids against the vocabulary ------------------------------------
+
+    def _id_checks(self) -> tuple[bytearray | mmap.mmap, list[int]]:
+        """One byte per group of samples (``ID_GROUP_BITS``), set once its windows' token ids were checked, and
+        each shard's first group. All set where no id can be out of range (no vocabulary known, as for plain
+        directories, or one the dtype cannot exceed). The bytes are an anonymous shared mapping: a group that a
+        forked DataLoader worker checked is checked for the parent and the workers of later passes too."""
+        per_shard = [((b - a) + (1 << ID_GROUP_BITS) - 1) >> ID_GROUP_BITS for a, b in zip(self._cum, self._cum[1:])]
+        first = [0]
+        for n in per_shard:
+            first.append(first[-1] + n)
+        vocab = self.shards.vocab_size
+        if vocab is None or int(np.iinfo(self.shards.dtype).max) < vocab:
+            return bytearray(b"\x01") * first[-1], first
+        return mmap.mmap(-1, max(first[-1], 1)), first
+
+    def _check_ids(self, k: int, group: int, view: np.ndarray) -> None:
+        """Refuse the windows of sample group ``group`` (of shard ``k``, whose tokens are ``view``) if a token id
+        in them is at or above the vocabulary size: one ``argmax`` over the tokens from the group's first window
+        to its last (a few hundred kilobytes at most, never the whole shard), then the group is marked checked."""
+        cum, window, starts = self._cum, self._window, self._starts
+        a = (group - self._groups[k]) << ID_GROUP_BITS  # the group's samples, numbered within shard k
+        b = min(a + (1 << ID_GROUP_BITS), cum[k + 1] - cum[k])
+        if starts is None:
+            first, last = a * window, b * window
+        else:
+            first, last = int(starts[cum[k] + a]), int(starts[cum[k] + b - 1]) + window
+        toks = view[first:last]
+        at = toks.argmax()
+        if toks[at] >= self.shards.vocab_size:
+            name = self.shards.name
+            raise ValidationError(
+                f"{self.shards.shards[k].path}: token id {int(toks[at])} at token {first + int(at)} is not below the "
+                f"vocabulary size {self.shards.vocab_size:,} of {name}: the shard was changed after it was published, "
+                f"or is damaged. Check it with `shardflow validate {name}` and rebuild it; readers never serve such ids"
+            )
+        self._checked[group] = 1
 
     # -- description -------------------------------------------------------
 
@@ -235,11 +286,15 @@ class TokenDataset:
             raise IndexError(f"sample {index} out of range: {self.shards.name} split {self.split!r} has {n} samples")
         cum = self._cum
         k = bisect.bisect_right(cum, i) - 1
+        j = i - cum[k]
         starts = self._starts
-        start = (i - cum[k]) * self._window if starts is None else int(starts[i])
+        start = j * self._window if starts is None else int(starts[i])
         view = self._views[k]
         if view is None:
             view = self.shards.shard(k)
+        g = self._groups[k] + (j >> 6)  # >> ID_GROUP_BITS: the group's ids are checked before any is served
+        if not self._checked[g]:
+            self._check_ids(k, g, view)
         w = view[start : start + self._window]
         item = {"input_ids": w[:-1].astype(np.int64), "labels": w[1:].astype(np.int64)}
         if self.pack_sequences:
@@ -253,4 +308,8 @@ class TokenDataset:
     def window(self, index: int) -> np.ndarray:
         """The raw ``seq_len + 1`` tokens of sample ``index`` (a read-only view, storage dtype)."""
         k, start = self.locate(index)
-        return self.shards.shard(k)[start : start + self._window]
+        view = self.shards.shard(k)
+        g = self._groups[k] + ((self._index(index) - self._cum[k]) >> ID_GROUP_BITS)
+        if not self._checked[g]:
+            self._check_ids(k, g, view)
+        return view[start : start + self._window]

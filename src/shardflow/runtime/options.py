@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..formats import FORMATS
 from ..formats.base import TOKEN_DTYPES
 
-__all__ = ["ReadOptions", "check_int", "SHARD_OPTIONS", "REMOTE_OPTIONS", "DATASET_OPTIONS", "STREAM_OPTIONS", "MIXTURE_OPTIONS"]
+__all__ = ["ReadOptions", "check_int", "shown", "SHARD_OPTIONS", "REMOTE_OPTIONS", "DATASET_OPTIONS", "STREAM_OPTIONS", "MIXTURE_OPTIONS"]
 
 Overflow = Literal["skip", "continue"]
 AlignRule = Literal["shardflow", "nemo"]
@@ -50,12 +50,27 @@ _MINIMUMS = {"seq_len": 1, "cache_limit_bytes": 1, "samples_per_epoch": 1, "worl
              "num_workers": 1, "worker_id": 0, "block_size": 1, "seed": 0, "shuffle_group": 1}
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> int:
-    """``value`` as an int, refused unless it is an integer (not a bool) of at least ``minimum``."""
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, never raising and never long (Python refuses to print an int of over 4,300
+    digits: a number that large is named by its size)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and abs(int(value)).bit_length() > 64:
+        return f"a {abs(int(value)).bit_length()}-bit {'negative ' if value < 0 else ''}number"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is still named
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int, refused (``ValueError``) unless it is an integer (not a bool) from ``minimum`` to
+    ``maximum`` (when given)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, not {value!r}")
+        raise ValueError(f"{name} must be an integer, not {shown(value)}")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, not {value}")
+        raise ValueError(f"{name} must be at least {minimum}, not {shown(value)}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum:,}, not {shown(value)}")
     return int(value)
 
 

@@ -140,12 +140,13 @@ class EpochRuns:
     def epoch_at(self, position: int) -> int:
         """The epoch of rank-stream ``position``."""
         u = self.run_at(position)
-        return int(self.first_epoch[u] + (position - self.start[u]) // self.share[u])
+        # Python ints: a product of int64 scalars would wrap around silently.
+        return int(self.first_epoch[u]) + (position - int(self.start[u])) // int(self.share[u])
 
     def epoch_span(self, epoch: int) -> tuple[int, int]:
         """Rank-stream positions ``[start, stop)`` of ``epoch`` (empty where this rank reads none of it)."""
         u = self.run_of_epoch(epoch)
-        start = int(self.start[u] + (epoch - self.first_epoch[u]) * self.share[u])
+        start = int(self.start[u]) + (epoch - int(self.first_epoch[u])) * int(self.share[u])
         return start, start + int(self.share[u])
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

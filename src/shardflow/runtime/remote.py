@@ -31,10 +31,10 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .._io import atomic_write_bytes, remove_quietly, sha256_file
-from ..catalog import VersionEntry, file_lock
+from ..catalog import VersionEntry, file_lock, is_catalog_ref
 from ..errors import ConfigError, ShardflowError, ValidationError
 from ..manifest import MANIFEST_NAME, Manifest, check_relative_file, read_manifest
 from ..manifest_files import named_files
@@ -53,6 +53,12 @@ READ_BLOCK = 8 << 20
 """Bytes per ranged GET while downloading (bounded memory, few requests)."""
 FETCH_WORKERS = 8
 """Concurrent downloads when a whole split is fetched at open."""
+REPAIR_COMMAND = "shardflow push NAME@VERSION --repair --catalog CATALOG_URL"
+"""The command that restores a bucket version's damaged objects; callers that know the version and its catalog
+put them in its place."""
+REPAIR_HINT = (f"Repair the bucket's copy from a verified one: {REPAIR_COMMAND} (the catalog that lists it; "
+               "docs/OPERATIONS.md), or publish a new version")
+"""What to do about an object of a published version that is not the manifest's (damaged, changed or gone)."""
 
 
 def is_remote_ref(ref: Any, catalog: Any) -> bool:
@@ -61,7 +67,9 @@ def is_remote_ref(ref: Any, catalog: Any) -> bool:
         return False
     if is_remote(os.fspath(ref)):
         return True
-    return isinstance(catalog, (str, os.PathLike)) and is_remote(os.fspath(catalog)) and not Path(os.fspath(ref)).exists()
+    # NAME@REF is the catalog's even where a folder of that name exists (``./NAME@REF`` is the folder).
+    return isinstance(catalog, (str, os.PathLike)) and is_remote(os.fspath(catalog)) and (
+        is_catalog_ref(ref) or not Path(os.fspath(ref)).exists())
 
 
 # A cache that cannot take a file: a person must free space or point the cache elsewhere (not retried).
@@ -150,12 +158,14 @@ class VersionCache:
             if (manifest.name, manifest.version) != (name, found.version):
                 raise ValidationError(
                     f"{url}: the manifest calls itself {manifest.name!r}@{manifest.version!r}, but the catalog "
-                    f"{catalog_url} lists this directory as {name}@{found.version}; restore the file or upload the version again"
+                    f"{catalog_url} lists this directory as {name}@{found.version}; restore it from a verified copy: "
+                    f"shardflow push {name}@{found.version} --repair --catalog {catalog_url}"
                 )
             if found.manifest_sha256 and hashlib.sha256(data).hexdigest() != found.manifest_sha256:
                 raise ValidationError(
                     f"{url}: the manifest is not the one published as {name}@{found.version} (its SHA-256 is not the "
-                    f"one recorded in the catalog {catalog_url}); versions are immutable: upload the version again"
+                    f"one recorded in the catalog {catalog_url}); versions are immutable: restore it from a verified copy: "
+                    f"shardflow push {name}@{found.version} --repair --catalog {catalog_url}"
                 )
         return manifest
 
@@ -177,25 +187,31 @@ class VersionCache:
         atomic_write_bytes(_hidden(path, "ok"), json.dumps(marker).encode())
         self._state()["verified"].add(str(path))
 
-    def ensure(self, name: str, size: int, sha: str) -> Path:
-        """The local path of the version's file ``name``, fetched and verified first unless the cache holds it."""
+    def ensure(self, name: str, size: int, sha: str, *, refetch: bool = False) -> Path:
+        """The local path of the version's file ``name``, fetched and verified first unless the cache holds it.
+
+        ``refetch``: fetched from the bucket and verified whatever the cache holds (``shardflow validate``: the
+        bucket's bytes are what is checked); a cached copy is replaced only by one that verifies."""
         path = self.directory / name
-        if self._trusted(path, size, sha):
+        if not refetch and self._trusted(path, size, sha):
             return path
         with _cache_writes(self.object_url(name), self.directory):
-            return self._ensure(name, path, size, sha)
+            return self._ensure(name, path, size, sha, refetch=refetch)
 
-    def _ensure(self, name: str, path: Path, size: int, sha: str) -> Path:
+    def _ensure(self, name: str, path: Path, size: int, sha: str, *, refetch: bool = False) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(_hidden(path, "lock"), timeout=None, what=f"the cached file {path}", remove=True):
-            if self._trusted(path, size, sha):  # another process fetched it while this one waited
+            if not refetch and self._trusted(path, size, sha):  # another process fetched it while this one waited
                 return path
             with contextlib.suppress(OSError):
-                if path.stat().st_size == size and sha256_file(path) == sha:  # verified, but its marker is gone
+                if not refetch and path.stat().st_size == size and sha256_file(path) == sha:  # verified, marker gone
                     self._mark(path, sha)
                     return path
             for stray in path.parent.glob(f".{path.name}.tmp-*"):  # of a download that died (this one holds the lock)
                 remove_quietly(stray)
+            if refetch:  # the object as the store holds it now, not a size or ETag this process remembers
+                fs, root = self._fs()
+                fs.invalidate_cache(f"{root}/{name}")
             self._fetch(name, path, size, sha)
         return path
 
@@ -227,7 +243,7 @@ class VersionCache:
             )
         raise ValidationError(
             f"{url}: {problem} (fetched twice); the object is not the file the manifest {self.object_url(MANIFEST_NAME)} "
-            "lists: it was damaged or changed after publishing. Upload the version again (or publish a new one)"
+            f"lists: it was damaged or changed after publishing. {REPAIR_HINT}"
         )
 
     @staticmethod
@@ -251,15 +267,19 @@ class VersionCache:
         fs, root = self._fs()
         return int(retrying(self.object_url(name), lambda: fs.size(f"{root}/{name}")))
 
-    def download(self, files: Sequence[tuple[str, int, str]]) -> None:
-        """Fetch the version's files ``(name, bytes, sha256)`` into the cache, verified, several at once."""
+    def download(self, files: Sequence[tuple[str, int, str]], *, refetch: bool = False, workers: int = FETCH_WORKERS,
+                 done: Callable[[int], None] | None = None) -> None:
+        """Fetch the version's files ``(name, bytes, sha256)`` into the cache, verified, ``workers`` at once
+        (``refetch``: as ``ensure``); ``done(bytes)`` is told of each file as it is in place."""
 
         def one(name: str, size: int, sha: str) -> None:
             with self.pinned([name]):  # no other process evicts it mid-download
-                self.ensure(name, size, sha)
+                self.ensure(name, size, sha, refetch=refetch)
+            if done is not None:
+                done(size)
 
         self.prepare()
-        with ThreadPoolExecutor(max_workers=FETCH_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             for future in [pool.submit(one, *f) for f in files]:
                 future.result()
 
@@ -416,10 +436,14 @@ def remote_version(ref: str | os.PathLike[str], *, catalog: Any = None,
 
 
 def fetch_version(ref: str | os.PathLike[str], *, catalog: Any = None, cache_dir: str | os.PathLike[str] | None = None,
-                  verify: bool = True) -> tuple[str, Path, Manifest]:
+                  verify: bool = True, refetch: bool = False, workers: int = FETCH_WORKERS,
+                  progress: Callable[[int, int], Callable[[int], None]] | None = None) -> tuple[str, Path, Manifest]:
     """Every file of a version on object storage, in the cache: ``(its URL, the cache's version directory, its
     manifest)``. Each file is verified against the manifest's SHA-256 as it arrives (``verify``: cached files
-    are hashed again too), so the directory is a checked copy of the bucket's bytes, for ``validate_dir``."""
+    are hashed again too; ``refetch``: every file is fetched again, the cache trusted for nothing, as
+    ``shardflow validate`` does), so the directory is a checked copy of the bucket's bytes, for ``validate_dir``.
+    ``workers`` files at once; ``progress(files, bytes)``, given, is called once with the totals and returns what
+    is told of each file's bytes as it is in place."""
     cache, manifest = _open_version(ref, catalog, cache_dir, verify)
     files: dict[str, tuple[int, str]] = {}
     for name, size, sha, where in named_files(manifest):
@@ -427,5 +451,6 @@ def fetch_version(ref: str | os.PathLike[str], *, catalog: Any = None, cache_dir
         if not isinstance(sha, str) or not sha:
             raise ValidationError(f"{cache.object_url(name)}: {where} names it without a SHA-256; rebuild the version")
         files[name] = (cache.object_size(name) if size is None else size, sha)  # None: the tokenizer's copy
-    cache.download([(name, size, sha) for name, (size, sha) in files.items()])
+    done = progress(len(files), sum(size for size, _ in files.values())) if progress is not None else None
+    cache.download([(name, size, sha) for name, (size, sha) in files.items()], refetch=refetch, workers=workers, done=done)
     return cache.url, cache.directory, manifest

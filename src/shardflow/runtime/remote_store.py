@@ -37,7 +37,8 @@ def storage_error(url: str, exc: BaseException) -> ShardflowError | None:
     """The one message for a missing object, missing credentials or denied access; None for anything else."""
     detail = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, FileNotFoundError):
-        return InputError(f"{url}: no such object ({detail}); check the URL, or upload the version's files again")
+        return InputError(f"{url}: no such object ({detail}); check the URL; an object of a listed version that is "
+                          "gone is restored by shardflow push NAME@VERSION --repair --catalog CATALOG_URL")
     if missing_credentials(exc):
         return InputError(
             f"{url}: no usable credentials for the object store ({detail}); set AWS_ACCESS_KEY_ID and "

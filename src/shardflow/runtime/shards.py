@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..catalog import is_catalog_ref
 from ..errors import ConfigError
 from ..formats import MEGATRON, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardFormat, bosidx, get_format, megatron
 from ..manifest import MANIFEST_NAME
@@ -53,7 +54,8 @@ def open_shards(ref: "str | os.PathLike[str] | ShardSet", *, options: ReadOption
         return ref
     ref_str = os.fspath(ref)
     path = Path(ref_str).expanduser()
-    if _looks_like_version(path) or not (path.is_dir() or _GLOB_CHARS & set(ref_str) or path.is_file()):
+    # NAME@REF is the catalog's, never a folder of that name (``./NAME@REF`` is the folder).
+    if is_catalog_ref(ref) or _looks_like_version(path) or not (path.is_dir() or _GLOB_CHARS & set(ref_str) or path.is_file()):
         given = opts.plain_given()
         if given:
             raise ConfigError(

@@ -22,16 +22,21 @@ import numpy as np
 
 from ..errors import ConfigError
 from .dataset import TokenDataset
-from .options import DATASET_OPTIONS, REMOTE_OPTIONS, STREAM_OPTIONS, ReadOptions, check_int
+from .options import DATASET_OPTIONS, REMOTE_OPTIONS, STREAM_OPTIONS, ReadOptions, check_int, shown
 from .order import EpochOrder, EpochRuns
 from .prefetch import ShardFeeder, epoch_segments
 from .remote import RemoteShardSet, is_remote_ref, open_remote_split
 from .shards import ShardSet
 
-__all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT", "check_split"]
+__all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT", "MAX_SAMPLES", "check_split"]
 
 STATE_FORMAT = 1
 """Version of the ``state_dict`` layout."""
+
+MAX_SAMPLES = 2**53
+"""A rank's positions times ``world_size`` stay below this (positions, epochs, ``advance``, ``set_epoch``,
+resume states): far past any run (9e15 samples), JSON-exact, and it keeps the int64 arithmetic of epochs
+and mixture components exact. A state beyond it is refused with a ``ValueError``."""
 
 _CHUNK = 4096  # positions resolved at once (one vectorized epoch-order lookup)
 
@@ -95,13 +100,21 @@ class SampleStream:
     def epoch(self) -> int:
         return self._layout.epoch_at(self._position)
 
+    @property
+    def max_position(self) -> int:
+        """The largest position this rank's stream takes (``MAX_SAMPLES // world_size``)."""
+        return MAX_SAMPLES // self.world_size
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``)."""
-        self._position = self._layout.epoch_span(check_int("epoch", epoch, minimum=0))[0]
+        start = self._layout.epoch_span(check_int("epoch", epoch, minimum=0, maximum=self.max_position))[0]
+        if start > self.max_position:
+            raise ValueError(f"epoch {epoch:,} starts at position {start:,}, past the last one, {self.max_position:,}")
+        self._position = start
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more samples of the rank stream consumed (for consumers that merge worker slices)."""
-        self._position += check_int("n", n, minimum=0)
+        self._position += check_int("n", n, minimum=0, maximum=self.max_position - self._position)
 
     def pass_bounds(self, start: int | None = None) -> tuple[int, int | None]:
         """``(start, stop)`` of the pass from ``start`` (default: the position): to the epoch's end, or None if infinite."""
@@ -242,19 +255,38 @@ class SampleStream:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; refuses a state of another dataset, seed, rank layout or options."""
-        if not isinstance(state, dict) or state.get("kind") != self.kind or state.get("format") != STATE_FORMAT:
-            found = (state.get("kind"), state.get("format")) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a {self.kind} state (format {STATE_FORMAT}): got {found!r}")
+        """Continue from ``state``; refuses a state of another dataset, seed, rank layout or options.
+
+        Every field is checked before anything changes: whatever a checkpoint holds, a state this stream
+        cannot continue is one ``ValueError`` naming the field (positions past ``max_position`` included).
+        """
+        if not isinstance(state, dict) or not _same(state.get("kind"), self.kind) or not _same(state.get("format"), STATE_FORMAT):
+            found = (shown(state.get("kind")), shown(state.get("format"))) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a {self.kind} state (format {STATE_FORMAT}): got {found}")
         saved, mine = state.get("check", {}), self._check_fields()
-        diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+        if not isinstance(saved, dict):
+            raise ValueError(f"not a {self.kind} state: its 'check' field is {shown(saved)}, not a dict")
+        diff = sorted(str(k) for k in set(saved) | set(mine) if not _same(saved.get(k), mine.get(k)))
         if diff:
-            details = "; ".join(f"{k}: saved {saved.get(k)!r}, now {mine.get(k)!r}" for k in diff)
+            details = "; ".join(f"{k}: saved {shown(saved.get(k))}, now {shown(mine.get(k))}" for k in diff)
             raise ValueError(
                 f"this state was saved by a different stream and would not continue it exactly ({details}). "
                 "Resume with the same dataset version, options, seed, rank and world_size"
             )
-        self._position = check_int("position", state.get("position"), minimum=0)
+        limit = self.max_position
+        position = check_int("position", state.get("position"), minimum=0, maximum=limit)
+        for name in ("epoch", "offset"):  # derived from the position, for people; checked all the same
+            if name in state:
+                check_int(name, state[name], minimum=0, maximum=limit)
+        self._position = position
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` as one bool, False where the comparison fails or is not a bool (arrays in a state, say)."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - any value a checkpoint holds compares, or differs
+        return False
 
 
 class StreamingTokenDataset(SampleStream):

@@ -42,6 +42,8 @@ from .base import (
     TokenizerFamily,
     TokenizerSpec,
     check_identity,
+    is_library_panic,
+    library_panic_error,
     unknown_tokenizer_error,
 )
 from .hf_family import HF, HFFamily, HFTokenizer
@@ -112,7 +114,12 @@ def _load_tokenizer(name: str, backend: str, family: TokenizerFamily, stamp: tup
     reference = family.reference_backend
     if reference is not None and backend not in ("auto", "gigatoken", reference):
         raise ConfigError(f"--backend {backend} does not apply to {family.serves}; use auto, gigatoken or {reference}")
-    return family.load(name, backend)
+    try:
+        return family.load(name, backend)
+    except BaseException as exc:  # a library's panic (not an Exception): the file, named in one line
+        if not is_library_panic(exc):
+            raise
+        raise library_panic_error(name, "loading it", exc) from None
 
 
 def load_reference_tokenizer(name: str) -> Tokenizer:

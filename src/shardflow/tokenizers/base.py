@@ -16,13 +16,18 @@ of ids into the flat ``(tokens, offsets)`` arrays.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import logging
+import os
+import sys
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +44,9 @@ __all__ = [
     "check_identity",
     "unknown_tokenizer_error",
     "no_boundary_error",
+    "is_library_panic",
+    "library_panic_error",
+    "panic_notice_held",
 ]
 
 # Strings that stress pre-tokenization and byte-level BPE: special-token text
@@ -73,6 +81,94 @@ COMMON_SPECIAL_TEXTS: tuple[str, ...] = ("<s>", "</s>", "<|begin_of_text|>", "<|
 log = logging.getLogger("shardflow.tokenizers")
 
 
+def is_library_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust library's panic as Python sees it: pyo3's ``PanicException`` (tokenizers,
+    gigatoken), a ``BaseException`` that no public module exports, so matched by its class name."""
+    return any(cls.__name__ == "PanicException" for cls in type(exc).__mro__)
+
+
+def library_panic_error(tokenizer: str, doing: str, exc: BaseException) -> ConfigError:
+    """One line for a tokenizer library that panicked ``doing`` something with the file ``tokenizer``: the file
+    is the cause (the library's own notice, and its backtrace, are no use to the person who runs the build)."""
+    detail = one_line(exc)
+    if "retry-limit" in detail or "backtrack" in detail:
+        cause = ("its pre-tokenizer's regular expression (a Split pattern) backtracks catastrophically on some text, "
+                 "and the regex engine gave up; the file is at fault, not the text (a well-formed pattern, as Llama "
+                 "3's, takes 200,000-character runs in under a second): fix the pattern or use another tokenizer file")
+    else:
+        cause = ("a tokenizer library does not panic on a well-formed file, whatever the text: the file is at fault; "
+                 "check it, or use another tokenizer file")
+    return ConfigError(f"tokenizer {tokenizer}: the tokenizer library panicked while {doing} ({detail}); {cause}")
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def panic_notice_held() -> Iterator[None]:
+    """Hold back what is written to file descriptor 2 during the block, and copy it there after, unless the block
+    raised a library panic: then it is dropped. A Rust library prints its panic's notice (and, under
+    ``RUST_BACKTRACE``, a backtrace of dozens of lines) to fd 2 before Python sees the exception, so a caller that
+    reports the panic in one line runs the library calls that may panic under this. It holds the whole process's
+    fd 2: for short blocks only (loading a tokenizer file), never around a build's encoding."""
+    with _STDERR_LOCK:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 (a daemon): nothing to hold back
+            yield
+            return
+        panicked = False
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            except BaseException as exc:
+                panicked = is_library_panic(exc)
+                raise
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                if not panicked:  # another thread's lines meanwhile (progress, a warning): late, not lost
+                    held.seek(0)
+                    with contextlib.suppress(OSError):
+                        while block := memoryview(held.read(1 << 16)):
+                            while block:
+                                block = block[os.write(2, block):]
+
+
+def _panics_named(method: Callable[..., Any], doing: str) -> Callable[..., Any]:
+    """``method`` of a ``Tokenizer``, a library's panic in it raised as ``library_panic_error`` naming the file."""
+    if getattr(method, "_panics_named", False):
+        return method
+
+    @functools.wraps(method)
+    def call(self: "Tokenizer", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if not is_library_panic(exc):
+                raise
+            raise library_panic_error(self.spec.rank_file or self.name, doing, exc) from None
+
+    call._panics_named = True  # type: ignore[attr-defined]
+    return call
+
+
+def _library_call(doing: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``_panics_named`` as a decorator, for ``Tokenizer``'s own methods (its subclasses' are wrapped as they are defined)."""
+    return lambda method: _panics_named(method, doing)
+
+
+_LIBRARY_CALLS = {
+    "encode_ordinary": "encoding text", "reference_batch": "encoding text", "encode_batch": "encoding text",
+    "warm": "encoding text", "decode": "decoding tokens", "decode_bytes": "decoding tokens",
+}
+"""The ``Tokenizer`` methods that call a tokenizer library, and what they do, for ``_panics_named``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizerSpec:
     """How to build an encoding: what the manifest records about the tokenizer."""
@@ -94,7 +190,18 @@ class TokenizerSpec:
 
 
 class Tokenizer(ABC):
-    """One vocabulary with one backend; ``encode_batch`` is ``encode_ordinary`` exactly."""
+    """One vocabulary with one backend; ``encode_batch`` is ``encode_ordinary`` exactly.
+
+    A panic of the library under one of its encoding or decoding methods (pyo3's ``PanicException``,
+    which no ``except Exception`` catches) is raised as one ``ConfigError`` naming the file
+    (``library_panic_error``): every subclass's methods in ``_LIBRARY_CALLS`` are wrapped as it is defined.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, doing in _LIBRARY_CALLS.items():
+            if name in cls.__dict__:
+                setattr(cls, name, _panics_named(cls.__dict__[name], doing))
 
     reference_backend: str
     """The backend whose encoding is the reference (``encode_ordinary``); ``check_identity`` compares against it."""
@@ -189,6 +296,7 @@ class Tokenizer(ABC):
     def encode_ordinary(self, text: str) -> list[int]:
         """The reference encoding of one text; special-token text in it is encoded as ordinary text."""
 
+    @_library_call("encoding text")
     def warm(self) -> None:
         """Do the fast backend's one-time set-up now, not in the first document batch.
 
@@ -200,10 +308,12 @@ class Tokenizer(ABC):
             with self._fast_lock:
                 self._fast.encode_batch_list(["shardflow"])
 
+    @_library_call("encoding text")
     def reference_batch(self, texts: list[str]) -> list[list[int]]:
         """``encode_ordinary`` of each text; families use their library's batch call."""
         return [self.encode_ordinary(text) for text in texts]
 
+    @_library_call("encoding text")
     def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode documents; returns ``(tokens uint32, offsets int64)``.
 

@@ -47,6 +47,7 @@ import numpy as np
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
 from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file, one_line
+from .base import is_library_panic, library_panic_error, panic_notice_held
 
 __all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON"]
 
@@ -256,9 +257,14 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
             problem = "it has no 'model' section"
         else:
             try:
-                ref = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+                with panic_notice_held():
+                    ref = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
             except Exception as exc:  # an unknown model type, a hand-edited field: the library says which
                 problem = one_line(exc)
+            except BaseException as exc:  # a panic (not an Exception) reading it
+                if not is_library_panic(exc):
+                    raise
+                problem = f"the tokenizers library panicked reading it: {one_line(exc)}"
     if problem is not None:
         raise ConfigError(
             f"tokenizer file {str(path)!r} is not a valid tokenizer.json ({problem}); "
@@ -268,6 +274,7 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
     ref.no_truncation()
     ref.no_padding()
     ref.encode_special_tokens = True
+    _refuse_backtracking(ref, path)
     added = {str(t["content"]): int(t["id"]) for t in config.get("added_tokens") or []}
     special_ids = frozenset(int(t["id"]) for t in config.get("added_tokens") or [] if t.get("special"))
     vocab = ref.get_vocab(with_added_tokens=True)
@@ -284,6 +291,44 @@ def _load_source(name: str, stamp: tuple[Any, ...]) -> _Source:
         family="hf",
     )
     return _Source(path=path, config=config, ref=ref, spec=spec, bos=bos, eos=eos, added=added, special_ids=special_ids, max_id=max_id)
+
+
+RUN_PROBE = 1024
+"""Characters in each run that ``_refuse_backtracking`` encodes (Llama 3's file: about 5 ms for all of them)."""
+_RUN_CHARS = ("a", "Z", "0", " ", "\n", "\t", ".", "_", "'", "\u00e9", "\u4e2d", "\U0001f642")
+
+
+def _refuse_backtracking(ref: Any, path: Path) -> None:
+    """Refuse a file whose pre-tokenizer's regular expression backtracks catastrophically, now, in one line.
+
+    Such a pattern (a Split's ``(a+)+$``) makes the regex engine give up on a long enough run of one
+    character, and the tokenizers library then panics: mid-build, with its backtrace, had the run come
+    in a document. Runs of ``RUN_PROBE`` of each of a few characters, then one other, are encoded here
+    with that notice held back (``panic_notice_held``). A pattern that gives up only on longer or
+    other text still stops the build in one line, naming the file, where it is encoded (``Tokenizer``).
+    """
+    probes = [c * RUN_PROBE + end for c in _RUN_CHARS for end in ("!", "\x00")]
+    try:
+        with panic_notice_held():
+            _reference_lists(ref, probes)
+        return
+    except Exception:  # not a panic: an encoding error of the library's is the documents' to meet
+        return
+    except BaseException as exc:
+        if not is_library_panic(exc):
+            raise
+        first = exc
+    for probe in probes:  # which run: one at a time
+        try:
+            with panic_notice_held():
+                ref.encode(probe, add_special_tokens=False)
+        except Exception:
+            continue
+        except BaseException as exc:
+            if not is_library_panic(exc):
+                raise
+            raise library_panic_error(str(path), f"encoding a run of {RUN_PROBE} {probe[0]!r} then {probe[-1]!r}", exc) from None
+    raise library_panic_error(str(path), "encoding runs of one character", first) from None
 
 
 def _sha256_bytes(data: bytes) -> str:
