@@ -5,7 +5,7 @@ Removing ``NAME@vN`` (``remove_version``), under the dataset's catalog lock:
 1. refuse a version that a remaining version names as its parent (unless
    ``force``), one that a running build is reading (its plan's parent), and
    one that a reader pins (``shardflow.pins``: a shared ``flock`` on its
-   directory, which this takes exclusively without waiting; unless ``ignore_pins``);
+   directory, which this takes exclusively without waiting; unless ``force``);
 2. take its entry out of the catalog (``Catalog.remove``): the commit point;
 3. rename its directory to ``.vN.removed`` beside it (quick, atomic);
 
@@ -17,7 +17,7 @@ they hold hard links, never symlinks (``publish`` refuses them).
 
 ``collect_garbage`` (``shardflow gc``) removes the staging directories that no
 rerun would resume (``build.staging.remove_abandoned``) and what interrupted
-removals left, but not a leftover a reader still pins (unless ``ignore_pins``).
+removals left, but not a leftover a reader still pins (unless ``force``).
 See docs/OPERATIONS.md ("Remove versions and leftovers").
 
 Several catalogs may share one data root: neither ever touches a version directory,
@@ -240,13 +240,13 @@ def _check_version_dir(directory: Path, ref: str) -> None:
 
 
 def remove_version(
-    ref: str, *, catalog: str | os.PathLike[str] | None = None, force: bool = False, ignore_pins: bool = False
+    ref: str, *, catalog: str | os.PathLike[str] | None = None, force: bool = False
 ) -> Removal:
     """Remove the published version ``ref`` (``NAME@vN``): its catalog entry, then its directory.
 
     Refused, in one message: a version another remaining version names as its parent (unless
     ``force``: theirs are hard links, they keep working), one a running build reads, one a reader
-    pins (unless ``ignore_pins``: its readers then fail at the next shard they map, saying the version
+    pins (unless ``force``: its readers then fail at the next shard they map, saying the version
     was removed), and an unknown one (the message lists the versions). Rerun after an interruption,
     it finishes the job.
     """
@@ -285,7 +285,7 @@ def remove_version(
         left = directory.is_dir() or trash_path(directory).is_dir()
         freed, shared = disk_usage(directory if directory.is_dir() else trash_path(directory))
         # Held exclusively from here to the rename: a reader that pins it meanwhile waits, then finds it removed.
-        with exclusive(directory if directory.is_dir() else trash_path(directory), ref, ignore_pins=ignore_pins):
+        with exclusive(directory if directory.is_dir() else trash_path(directory), ref, force=force):
             if entry is not None:
                 cat.remove(name, version, removed_at=_now())  # the commit point: no reader resolves it from here on
             trash = _to_trash(directory)  # under the lock: no publish adopts it as an orphan meanwhile
@@ -356,14 +356,14 @@ def _abandoned_staging(cat: Catalog, name: str, dataset_dir: Path) -> list[tuple
 
 def collect_garbage(
     *, data_root: str | os.PathLike[str] | None = None, catalog: str | os.PathLike[str] | None = None,
-    dry_run: bool = False, ignore_pins: bool = False,
+    dry_run: bool = False, force: bool = False,
 ) -> list[Garbage]:
     """Remove abandoned staging directories and what interrupted removals left; returns what was removed.
 
     ``dry_run``: remove nothing, return what would be removed. Staging directories that a rerun
     of their build would resume are kept, and so is every one whose build holds its lock. A removed
     version's directory that a reader still pins is kept and returned with ``kept`` saying so (unless
-    ``ignore_pins``).
+    ``force``).
     """
     from .pipeline.staging import remove_abandoned  # the build package: only where there is staging to look at
 
@@ -374,7 +374,7 @@ def collect_garbage(
     for name, dataset_dir in _dataset_dirs(root, cat):
         leftovers = []
         for path, why in _removed_leftovers(cat, name, dataset_dir):
-            kept = None if ignore_pins else pinned(path, str(path))
+            kept = None if force else pinned(path, str(path))
             result.append(Garbage(path=path, why=why, freed=0 if kept else disk_usage(path)[0], kept=kept or ""))
             if not kept:
                 leftovers.append((path, why))

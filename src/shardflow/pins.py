@@ -238,7 +238,7 @@ def _refusal(directory: Path, ref: str, flag: str) -> str:
             "remove it anyway: its readers then fail at the next shard they open")
 
 
-def pinned(directory: Path, ref: str, *, flag: str = "--ignore-pins") -> str | None:
+def pinned(directory: Path, ref: str, *, flag: str = "--force") -> str | None:
     """Why ``directory`` may not be removed now (a reader pins it: one line naming the holders and ``flag``), or
     None. Probed without waiting; nothing stays held."""
     try:
@@ -252,10 +252,10 @@ def pinned(directory: Path, ref: str, *, flag: str = "--ignore-pins") -> str | N
 
 
 @contextlib.contextmanager
-def exclusive(directory: Path, ref: str, *, ignore_pins: bool = False, flag: str = "--ignore-pins") -> Iterator[None]:
+def exclusive(directory: Path, ref: str, *, force: bool = False, flag: str = "--force") -> Iterator[None]:
     """Hold ``directory`` exclusively (``flock`` without waiting) while the body removes it; refuse a pinned one.
 
-    The refusal is one ``CatalogError`` (``pinned``'s message). ``ignore_pins``: go on anyway (the readers
+    The refusal is one ``CatalogError`` (``pinned``'s message). ``force``: go on anyway (the readers
     fail at the next shard they map). A directory already gone, or a filesystem without ``flock``, is not
     held (there is nothing to see). A reader that opens the version meanwhile waits, then finds it removed.
     """
@@ -265,7 +265,7 @@ def exclusive(directory: Path, ref: str, *, ignore_pins: bool = False, flag: str
         yield
         return
     try:
-        if not _exclusive_now(fd) and not ignore_pins:
+        if not _exclusive_now(fd) and not force:
             raise CatalogError(_refusal(directory, ref, flag))
         yield
     finally:

@@ -3,8 +3,8 @@
 ``shardflow validate`` of a bucket version reads every object from the bucket again and hashes it, so an object
 damaged after a first validate filled the cache fails the next one, naming the object and the command that
 repairs it; ``shardflow push NAME@vN --repair`` checks the objects by content (a plain push says "already
-pushed", a build "nothing new") and restores the damaged ones from verified local copies, after which a reader
-with an empty cache reads the version. The version is the reliability suite's sample (``published``), pushed to
+pushed", a build "nothing new") and restores the damaged ones from verified local copies, or where there is
+none, from a rebuild of the version's recorded inputs, after which a reader with an empty cache reads the version. The version is the reliability suite's sample (``published``), pushed to
 moto's S3 server on loopback.
 """
 
@@ -15,16 +15,21 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
 from support.cli import run_main  # noqa: E402
+from support.corpus import small_vocab, write_parquet  # noqa: E402
+from support.paths import SAMPLE  # noqa: E402
 from support.s3 import S3Server, new_bucket, s3_fixture  # noqa: E402
 from shardflow.bucket.push import push_version  # noqa: E402
+from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402
 from shardflow.manifest_files import named_files  # noqa: E402
+from shardflow.pipeline import build  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402
 
 NAME = "trust"
@@ -119,7 +124,7 @@ def test_push_repair_restores_damaged_objects_from_verified_copies(pushed, s3, t
     flip(s3, first, at=100)
     monkeypatch.setenv("SHARDFLOW_CACHE", str(tmp_path / "other-cache"))
     elsewhere = ["--catalog", catalog_url, "--scratch", str(tmp_path / "other-scratch")]
-    rc, out, err = run_main("push", f"{NAME}@v1", "--repair", *elsewhere)
+    rc, out, err = run_main("push", f"{NAME}@v1", "--repair", *elsewhere, "--no-rebuild")  # (its inputs are here)
     assert rc == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith(f"shardflow: error: s3://{first}: SHA-256 ") and "no verified copy of it here" in err, err
     assert "run this again with --from DIR: build the version's sources again" in err, err
@@ -137,3 +142,51 @@ def test_push_repair_restores_damaged_objects_from_verified_copies(pushed, s3, t
     rc, out, err = run_main("push", f"{NAME}@v1", "--repair", *elsewhere)
     assert rc == 0 and out.rstrip().endswith(str(tmp_path / "other-scratch" / first)), (out, err)
     assert run_main("validate", f"{NAME}@v1", "--catalog", catalog_url).status == 0
+
+
+def test_push_repair_rebuilds_what_no_local_copy_has_from_the_recorded_inputs(published, s3, tmp_path, monkeypatch):
+    """A version built straight to the bucket keeps no local copy once its scratch is gone: push --repair rebuilds
+    the version from the inputs and options its manifest records (in a temporary directory, published nowhere),
+    sends the files that verify, and says so; with an input changed since, one line names what it cannot restore."""
+    bucket = new_bucket(s3, "rebuild")
+    catalog_url, url = f"s3://{bucket}/catalog", f"s3://{bucket}/data/{NAME}/v1"
+    monkeypatch.setenv("SHARDFLOW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SHARDFLOW_SCRATCH", str(tmp_path / "scratch"))
+    corpus = tmp_path / "corpus" / "sample.parquet"
+    corpus.parent.mkdir()
+    shutil.copyfile(SAMPLE, corpus)
+    vocab = small_vocab(tmp_path / "vocab")
+    config = BuildConfig(name=NAME, sources=(str(corpus),), tokenizer=str(vocab), shard_tokens=60_000,
+                         val_fraction=0.2, seed=1)  # the published sample's options
+    build(config, data_root=f"s3://{bucket}/data", catalog=catalog_url)
+    shutil.rmtree(tmp_path / "scratch")  # no copy left here: not the scratch's, none in the (empty) cache
+    vocab.unlink()  # nor the tokenizer file the build was given: the version's own copy serves
+    listed = s3.fs().cat_file(f"{bucket}/catalog/{NAME}.yaml")
+    key = shard_object(catalog_url)
+    flip(s3, key)
+
+    rc, out, err = run_main("push", f"{NAME}@v1", "--repair", "--catalog", catalog_url)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"repaired {NAME}@v1 ({url}/): 1 of ") and \
+        lines[0].endswith(" objects restored (1 rebuilt from the version's inputs)"), out
+    assert re.fullmatch(rf"  train/{NAME}_train_000000\.bin: SHA-256 [0-9a-f]{{16}}\.\.\., but the manifest says "
+                        rf"[0-9a-f]{{16}}\.\.\.; rebuilt from {re.escape(str(corpus))} and sent again", lines[1]), out
+    assert len(lines) == 2 and "rebuilding" in err, (out, err)
+    # The rebuild was published nowhere: the bucket's catalog as it was, nothing left in the scratch.
+    assert s3.fs().cat_file(f"{bucket}/catalog/{NAME}.yaml") == listed
+    assert not list((tmp_path / "scratch").rglob("*.bin")), list((tmp_path / "scratch").rglob("*"))
+    # A reader with an empty cache reads the version (the published sample's tokens: the same corpus and options).
+    remote = TokenDataset(f"{NAME}@v1", catalog=catalog_url, seq_len=SEQ, cache_dir=tmp_path / "fresh")
+    assert np.array_equal(windows(remote), windows(TokenDataset(published / "data" / NAME / "v1", seq_len=SEQ)))
+    assert run_main("validate", f"{NAME}@v1", "--catalog", catalog_url).status == 0
+
+    # An input changed since the build: nothing to rebuild from; one line naming the object, the input, the fix.
+    texts = pq.read_table(SAMPLE, columns=["text"]).column("text").to_pylist()
+    write_parquet(corpus, texts[:-1])
+    shutil.rmtree(tmp_path / "cache")  # (validate left verified copies there)
+    flip(s3, key, at=100)
+    rc, out, err = run_main("push", f"{NAME}@v1", "--repair", "--catalog", catalog_url)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"shardflow: error: s3://{key}: SHA-256 ") and "no verified copy of it here" in err, err
+    assert f"cannot be rebuilt: its inputs changed since the build: {corpus}" in err and "--from DIR" in err, err

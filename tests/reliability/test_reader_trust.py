@@ -5,7 +5,7 @@ Case 3: a shard rewritten in place at the same size, its manifest untouched, is 
 recorded at publish), and a writer who restores the mtime is caught by the token-id check of the
 window served. Case 5: a version an open reader holds is pinned: ``rm`` refuses it naming the
 reader's pid (and ``gc`` a pinned leftover), a forked worker and an unpickled copy keep the pin,
-``--ignore-pins`` removes it anyway and the reader then fails in one message saying so. Case 7:
+``--force`` removes it anyway and the reader then fails in one message saying so. Case 7:
 a resume state whose position (or epoch, offset) is out of range is one ``ValueError``.
 """
 
@@ -98,7 +98,7 @@ def test_rm_and_gc_refuse_a_version_an_open_reader_pins_and_a_forced_rm_fails_th
     assert rc == 2 and out == "", err
     assert err.strip().splitlines() == [
         f"shardflow: error: {REF} is being read: pinned by pid {os.getpid()}. Wait for that job to end (or stop it), "
-        "or pass --ignore-pins to remove it anyway: its readers then fail at the next shard they open"
+        "or pass --force to remove it anyway: its readers then fail at the next shard they open"
     ]
     assert [v.version for v in Catalog(cat).versions(NAME)] == ["v1"] and vdir(root).is_dir()
 
@@ -127,7 +127,7 @@ def test_rm_and_gc_refuse_a_version_an_open_reader_pins_and_a_forced_rm_fails_th
     assert f"kept {vdir(root)}: {vdir(root)} is being read: pinned by pid {os.getpid()}" in err
 
     # Past the pin: removed anyway, the reader fails at its next unmapped shard, saying so.
-    rc, out, err = run_main("rm", REF, "--catalog", cat, "--ignore-pins")
+    rc, out, err = run_main("rm", REF, "--catalog", cat, "--force")
     assert rc == 0 and out.startswith(f"finished removing {REF}"), err
     assert not vdir(root).exists()
     assert copy[0]["input_ids"].shape == (64,)  # its mapped shard outlives the files

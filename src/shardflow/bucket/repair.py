@@ -7,9 +7,12 @@ it says "nothing new": neither reads the objects, so neither mends one that was 
 names, streamed and hashed, ``workers`` at once; each one missing, or whose size or SHA-256 is not the
 manifest's, is sent again from the first local copy whose size and SHA-256 are (the ``sources`` directories,
 then the scratch mirror of builds to the bucket, then the runtime cache of the version), as a push sends a file
-(hashed on the way, committed only with the manifest's bytes, its SHA-256 as the object's metadata). A damaged
-manifest is restored last, from a copy whose SHA-256 is the catalog entry's. What no local copy has is named,
-with how to make one: docs/OPERATIONS.md ("Publishing to object storage").
+(hashed on the way, committed only with the manifest's bytes, its SHA-256 as the object's metadata). What no
+local copy has is rebuilt: the version built again from the inputs and options its manifest records, in a
+temporary directory under the scratch, published nowhere (``bucket/rebuild.py``), and each rebuilt file whose
+size and SHA-256 are the manifest's sent as a copy is (not with ``no_rebuild``). A damaged manifest is restored
+last, from a copy whose SHA-256 is the catalog entry's (a rebuild's has its own creation time). What is still
+not restored is named, with why and how to restore it: docs/OPERATIONS.md ("Publishing to object storage").
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..runtime.remote_store import cache_key, resolve_catalog, retrying
 from .build import default_scratch
 from .fs import filesystem, is_remote
 from .push import upload_file
+from .rebuild import RebuildError, rebuild_version
 
 __all__ = ["RepairResult", "repair_bucket_version"]
 
@@ -45,7 +49,10 @@ class RepairResult:
     checked: int
     """Objects read and hashed (the manifest included)."""
     restored: tuple[tuple[str, str, str], ...] = ()
-    """``(file, what was wrong with the bucket's object, the local copy sent in its place)``."""
+    """``(file, what was wrong with the bucket's object, the local copy sent in its place)``; for a file of
+    ``rebuilt``, the sources it was rebuilt from in place of the copy."""
+    rebuilt: tuple[str, ...] = ()
+    """The files of ``restored`` sent from a rebuild of the version (no local copy had them)."""
 
 
 def _digest(fs: Any, key: str, url: str) -> tuple[int, str] | None:
@@ -100,14 +107,23 @@ def _parse(data: bytes, url: str) -> Manifest:
             raise type(exc)(str(exc).replace(str(Path(scratch, MANIFEST_NAME)), url)) from None
 
 
+def _named(lacking: Sequence[tuple[str, str]], shown: int = 5) -> str:
+    """`` (and N more objects: a, b, ...)`` after the first of ``lacking``; empty for one."""
+    if len(lacking) < 2:
+        return ""
+    names = ", ".join(file for file, _ in lacking[1:shown + 1])
+    return f" (and {len(lacking) - 1} more objects: {names}{', ...' if len(lacking) > shown + 1 else ''})"
+
+
 def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str | os.PathLike[str]] = (),
                           scratch: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                          workers: int = 8, progress: Callable[[int, int], Callable[[int], None]] | None = None
-                          ) -> RepairResult:
+                          workers: int = 8, progress: Callable[[int, int], Callable[[int], None]] | None = None,
+                          no_rebuild: bool = False, on_rebuild: Callable[[str], None] | None = None) -> RepairResult:
     """Check every object of the bucket version ``ref`` (``NAME@vN`` or ``NAME@latest`` in the bucket catalog
-    ``catalog_url``) by content, and restore those that are not the manifest's from verified local copies
-    (module docstring). ``progress(objects, bytes)``: as ``validate_dir``'s. Raises ``ValidationError`` naming
-    what no local copy could restore (after restoring the rest)."""
+    ``catalog_url``) by content, and restore those that are not the manifest's from verified local copies, or
+    else from a rebuild of the version (module docstring; ``no_rebuild``: not). ``progress(objects, bytes)``: as
+    ``validate_dir``'s; ``on_rebuild(line)``: told before a rebuild starts (it takes as long as the build did).
+    Raises ``ValidationError`` naming what could not be restored, and why (after restoring the rest)."""
     if is_remote(ref) or "@" not in ref:
         raise ConfigError(f"{ref}: push --repair takes NAME@vN (or NAME@latest) and --catalog s3://BUCKET/PREFIX, the "
                           "bucket catalog that lists it")
@@ -120,7 +136,7 @@ def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str |
     # version built on this machine, or fetched as a parent); the runtime cache (validate, readers on this node).
     places = [*(Path(s).expanduser() for s in sources), default_scratch(scratch) / key, root / "versions" / cache_key(url)]
     looked = ", ".join(str(p) for p in places)
-    again = (f"make one and run this again with --from DIR: build the version's sources again with the options its "
+    again = (f"--no-rebuild: run this again without it, or make one and run this again with --from DIR: build the version's sources again with the options its "
              f"manifest records (shardflow show {ref} --catalog {catalog_url}) into a local data root (--data-root "
              f"DIR --catalog DIR2, not this bucket: its catalog lists the build, so a build to it does nothing); builds "
              f"are deterministic, so that version's files are these bytes; then shardflow push {ref} --repair "
@@ -186,12 +202,58 @@ def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str |
             continue
         upload_file(fs, copy, f"{key}/{file}", copy.stat().st_size, sha)
         restored.append((file, why, str(copy)))
+    rebuilt: list[str] = []
+    not_rebuilt = ""
+    if lacking and not no_rebuild:
+        scratch_root = default_scratch(scratch)
+        scratch_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".repair-", dir=scratch_root) as tmp:
+
+            def tokenizer_file(file: str) -> Path | None:
+                """A verified copy of the version's tokenizer file: here, or the bucket's object if it is intact."""
+                size, sha = files.get(file, (None, ""))
+                found = _verified_copy(places, file, size, sha)
+                if found is not None or problems.get(file, "missing") is not None:
+                    return found
+                dest = Path(tmp, "tokenizer", file)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                retrying(f"{url}/{file}", lambda: fs.get_file(f"{key}/{file}", str(dest)))
+                return _verified_copy([dest.parent], file, size, sha)
+
+            def starting() -> None:
+                if on_rebuild is not None:
+                    on_rebuild(f"{len(lacking)} object{'s' if len(lacking) > 1 else ''} of {ref} with no verified "
+                               f"copy here; rebuilding the version from its recorded inputs in {tmp} (published nowhere)")
+
+            try:
+                rebuild = rebuild_version(manifest, Path(tmp, "build"), tokenizer_file=tokenizer_file,
+                                          workers=min(max(1, workers), os.cpu_count() or 1), starting=starting)
+            except RebuildError as exc:
+                not_rebuilt = f"it cannot be rebuilt: {exc}"
+            else:
+                still: list[tuple[str, str]] = []
+                for file, why in lacking:
+                    size, sha = files[file]
+                    copy = _verified_copy([rebuild.directory], file, size, sha)
+                    if copy is None:
+                        still.append((file, why))
+                        continue
+                    upload_file(fs, copy, f"{key}/{file}", copy.stat().st_size, sha)
+                    restored.append((file, why, ", ".join(rebuild.sources)))
+                    rebuilt.append(file)
+                lacking = still
+                not_rebuilt = ("a rebuild from its recorded inputs made other bytes of it (a tokenizer or "
+                               "shardflow version that tokenizes otherwise)")
     if manifest_copy is not None and wrong_manifest is not None:  # last, as a push sends it
         upload_file(fs, manifest_copy, f"{key}/{MANIFEST_NAME}", manifest_copy.stat().st_size, entry.manifest_sha256)
         restored.append((MANIFEST_NAME, wrong_manifest, str(manifest_copy)))
     if lacking:
         file, why = lacking[0]
-        more = f" (and {len(lacking) - 1} more objects)" if len(lacking) > 1 else ""
         fixed = f"{len(restored)} restored; " if restored else ""
-        raise ValidationError(f"{url}/{file}: {why}{more}; {fixed}no verified copy of it here (looked in {looked}): {again}")
-    return RepairResult(ref=ref, url=url, checked=len(files) + 1, restored=tuple(restored))
+        if not_rebuilt:  # the inputs are what would make one: put them back, or bring a copy of the files
+            again = (f"{not_rebuilt}; put the inputs back as the build read them (shardflow show {ref} --catalog "
+                     f"{catalog_url} lists them with their SHA-256) and run this again, or copy the version's files "
+                     f"from a machine that has them and run this again with --from DIR")
+        raise ValidationError(f"{url}/{file}: {why}{_named(lacking)}; {fixed}no verified copy of it here (looked in "
+                              f"{looked}), and {again}")
+    return RepairResult(ref=ref, url=url, checked=len(files) + 1, restored=tuple(restored), rebuilt=tuple(rebuilt))

@@ -292,14 +292,13 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "--force (the child's shards are hard links: it keeps working). Rerun after an interruption, it "
         "finishes the job. A removed version's name is never given again. A version that a reader holds open (a "
         "training job pins it: a shared lock on its directory, per node) is refused, naming the process, unless "
-        "--ignore-pins. With --catalog s3://BUCKET/catalog, the "
+        "--force. With --catalog s3://BUCKET/catalog, the "
         "entry is taken out of the bucket's NAME.yaml (a conditional write), then every object under the version's "
         "prefix is deleted (a child's objects are its own copies there: it keeps working).",
         ref="NAME@vN (the version to remove; NAME@latest is refused: name it)")
-    r.add_argument("--force", action="store_true", help="remove it even if remaining versions name it as their parent")
-    r.add_argument("--ignore-pins", action="store_true",
-                   help="remove it even while readers hold it open (they fail at the next shard they open); "
-                   "local versions only")
+    r.add_argument("--force", action="store_true",
+                   help="remove it even if remaining versions name it as their parent, or while readers hold it open "
+                   "(they fail at the next shard they open)")
 
     g = add_command(
         sub, "gc", "remove abandoned staging directories and what interrupted removals left, with their sizes",
@@ -311,7 +310,7 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "pushes and builds, interrupted removals), those older than --older-than hours; never a listed version.",
         ref=None)
     g.add_argument("--dry-run", action="store_true", help="print what would be removed, and remove nothing")
-    g.add_argument("--ignore-pins", action="store_true",
+    g.add_argument("--force", action="store_true",
                    help="also remove what interrupted removals left that a reader still holds open")
     g.add_argument("--data-root", help="where versions are written (default: $SHARDFLOW_DATA_ROOT or ./data); "
                    "s3://BUCKET/PREFIX with --catalog s3://BUCKET/PREFIX: the bucket's leftovers")
@@ -328,7 +327,8 @@ def add_lifecycle_parsers(sub: Any) -> None:
         "jobs read it with catalog=CATALOG_URL. Credentials and endpoint: AWS_* in the environment. With --repair "
         "(and --catalog s3://BUCKET/catalog, or --catalog-url): read every object of the version the bucket "
         "catalog lists, by content, and send again each one that is missing or damaged, from a local copy that "
-        "verifies (--from DIR, the scratch of builds to the bucket, the runtime cache).",
+        "verifies (--from DIR, the scratch of builds to the bucket, the runtime cache), or where none does, from a "
+        "rebuild of the version from the inputs and options its manifest records (published nowhere).",
         ref="NAME@vN (or NAME@latest) in the local catalog (with --repair: in the bucket catalog)")
     p.add_argument("--data-root-url", help="where versions go in the bucket, e.g. s3://BUCKET/data (required but with "
                    "--repair)")
@@ -341,6 +341,10 @@ def add_lifecycle_parsers(sub: Any) -> None:
     p.add_argument("--from", dest="sources", action="append", default=[], metavar="DIR",
                    help="with --repair: a directory holding a copy of the version's files (a local data root's NAME/vN, "
                    "or a rebuild's); repeatable; looked in before the scratch and the runtime cache")
+    p.add_argument("--no-rebuild", action="store_true",
+                   help="with --repair: do not rebuild what no local copy has (by default the version is built again "
+                   "from the inputs and options its manifest records, in a temporary directory under the scratch, "
+                   "published nowhere, and its files that verify are sent)")
     p.add_argument("--scratch", default=None,
                    help="with --repair: the scratch of builds to the bucket (default: $SHARDFLOW_SCRATCH or "
                    "~/.cache/shardflow/scratch)")
@@ -383,7 +387,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     catalog, option = _given(args, "--catalog", "SHARDFLOW_CATALOG")
     if catalog and is_url(catalog):
         return _rm_bucket(args, catalog, option)
-    r = remove_version(args.ref, catalog=args.catalog, force=args.force, ignore_pins=args.ignore_pins)
+    r = remove_version(args.ref, catalog=args.catalog, force=args.force)
     if r.resumed and not r.left:
         print(f"{r.ref} was already removed; nothing of it was left in {r.directory.parent}")
         return 0
@@ -437,7 +441,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise ConfigError(f"--older-than {args.older_than:.12g}: only gc on a bucket has an age threshold (a local gc "
                           "asks each build's lock whether it is running); leave it out")
     found = collect_garbage(data_root=args.data_root, catalog=args.catalog, dry_run=args.dry_run,
-                            ignore_pins=args.ignore_pins)
+                            force=args.force)
     kept = [g for g in found if g.kept]
     found = [g for g in found if not g.kept]
     verb = "would remove" if args.dry_run else "removed"
@@ -457,6 +461,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def _push_repair(args: argparse.Namespace) -> int:
     """``push NAME@vN --repair``: the bucket catalog is ``--catalog-url``, else ``--catalog`` (or
     ``$SHARDFLOW_CATALOG``), an s3:// URL."""
+    import sys
+
     from shardflow.bucket.repair import repair_bucket_version
     from shardflow.cli.options import is_url
     from shardflow.cli.progress import CheckProgress
@@ -468,13 +474,17 @@ def _push_repair(args: argparse.Namespace) -> int:
                           "e.g. --catalog s3://BUCKET/catalog")
     progress = CheckProgress(f"push --repair {args.ref}")
     r = repair_bucket_version(args.ref, catalog_url=catalog, sources=args.sources, scratch=args.scratch,
-                              workers=args.workers, progress=progress.phase("checked", "objects"))
+                              workers=args.workers, progress=progress.phase("checked", "objects"),
+                              no_rebuild=args.no_rebuild,
+                              on_rebuild=lambda line: print(f"shardflow: push --repair: {line}", file=sys.stderr))
     if not r.restored:
         print(f"{r.ref}: all {r.checked} objects under {r.url}/ are the manifest's; nothing to repair")
         return 0
-    print(f"repaired {r.ref} ({r.url}/): {len(r.restored)} of {r.checked} objects restored")
+    rebuilt = f" ({len(r.rebuilt)} rebuilt from the version's inputs)" if r.rebuilt else ""
+    print(f"repaired {r.ref} ({r.url}/): {len(r.restored)} of {r.checked} objects restored{rebuilt}")
     for file, why, copy in r.restored:
-        print(f"  {file}: {why}; sent again from {copy}")
+        print(f"  {file}: {why}; rebuilt from {copy} and sent again" if file in r.rebuilt else
+              f"  {file}: {why}; sent again from {copy}")
     return 0
 
 
@@ -487,8 +497,9 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise ShardflowError(f"--workers {args.workers}: give at least 1")
     if args.repair:
         return _push_repair(args)
-    if args.sources or args.scratch:
-        raise ConfigError(f"{'--from' if args.sources else '--scratch'}: only push --repair takes it")
+    if args.sources or args.scratch or args.no_rebuild:
+        given = "--from" if args.sources else "--scratch" if args.scratch else "--no-rebuild"
+        raise ConfigError(f"{given}: only push --repair takes it")
     check_local_paths(args)  # --catalog is the local catalog here (with --repair, the bucket's)
     missing = [o for o, v in (("--data-root-url", args.data_root_url), ("--catalog-url", args.catalog_url)) if not v]
     if missing:
