@@ -229,7 +229,9 @@ def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str |
                 rebuild = rebuild_version(manifest, Path(tmp, "build"), tokenizer_file=tokenizer_file,
                                           workers=min(max(1, workers), os.cpu_count() or 1), starting=starting)
             except RebuildError as exc:
-                not_rebuilt = f"it cannot be rebuilt: {exc}"
+                not_rebuilt = (f"it cannot be rebuilt: {exc}; put back the inputs and tokenizer file the build read "
+                               f"({manifest_url} records each input's path, size and SHA-256, and the options) and "
+                               "run this again, or")
             else:
                 still: list[tuple[str, str]] = []
                 for file, why in lacking:
@@ -242,18 +244,16 @@ def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str |
                     restored.append((file, why, ", ".join(rebuild.sources)))
                     rebuilt.append(file)
                 lacking = still
-                not_rebuilt = ("a rebuild from its recorded inputs made other bytes of it (a tokenizer or "
-                               "shardflow version that tokenizes otherwise)")
+                not_rebuilt = (f"a rebuild from its recorded inputs made other bytes of it (tools that tokenize "
+                               f"otherwise? {manifest_url} records those of the build):")
     if manifest_copy is not None and wrong_manifest is not None:  # last, as a push sends it
         upload_file(fs, manifest_copy, f"{key}/{MANIFEST_NAME}", manifest_copy.stat().st_size, entry.manifest_sha256)
         restored.append((MANIFEST_NAME, wrong_manifest, str(manifest_copy)))
     if lacking:
         file, why = lacking[0]
         fixed = f"{len(restored)} restored; " if restored else ""
-        if not_rebuilt:  # the inputs are what would make one: put them back, or bring a copy of the files
-            again = (f"{not_rebuilt}; put the inputs back as the build read them (shardflow show {ref} --catalog "
-                     f"{catalog_url} lists them with their SHA-256) and run this again, or copy the version's files "
-                     f"from a machine that has them and run this again with --from DIR")
+        if not_rebuilt:  # what would make the bytes again: the inputs as they were, or a copy of the files
+            again = f"{not_rebuilt} copy the version's files from a machine that has them and run this again with --from DIR"
         raise ValidationError(f"{url}/{file}: {why}{_named(lacking)}; {fixed}no verified copy of it here (looked in "
                               f"{looked}), and {again}")
     return RepairResult(ref=ref, url=url, checked=len(files) + 1, restored=tuple(restored), rebuilt=tuple(rebuilt))
