@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from support.cli import run_main
 from support.shards import counting_shards, write_shards
@@ -82,6 +84,40 @@ def test_a_shard_changed_in_place_is_refused_when_first_mapped_and_a_restored_mt
     untouched = vdir(root) / read_manifest(vdir(root)).splits["train"].shards[2].file
     os.utime(untouched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert fresh[first_sample_of_shard(fresh, 2)]["input_ids"].shape == (64,)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.sampled_from([16, 100, 700]), align=st.booleans(), quantile=st.floats(0.9, 0.99999),
+       picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=40))
+def test_the_id_check_refuses_exactly_the_groups_that_hold_an_id_past_the_vocabulary(
+    published, seq_len, align, quantile, picks
+):
+    """Property: with a vocabulary lowered below ids the shards hold, a sample is served iff no window of its
+    group (``ID_GROUP_BITS``: 64 samples of one shard) holds an id at or above it, and what is served is below it."""
+    from shardflow.runtime.dataset import ID_GROUP_BITS
+
+    ds = TokenDataset(REF, catalog=published / "catalog", seq_len=seq_len, align_to_bos=align)
+    ids = np.concatenate([ds.shards.shard(k) for k in range(ds.shards.num_shards)])
+    ds.shards.vocab_size = max(1, int(np.quantile(ids, quantile)))  # some windows now hold ids "past" it
+    ds = pickle.loads(pickle.dumps(ds))  # the copy makes its id checks for the vocabulary it now has
+    vocab = ds.shards.vocab_size
+    for pick in picks:
+        i = pick % len(ds)
+        k = int(np.searchsorted(ds.sample_offsets, i, side="right")) - 1
+        first = int(ds.sample_offsets[k]) + (((i - int(ds.sample_offsets[k])) >> ID_GROUP_BITS) << ID_GROUP_BITS)
+        group = range(first, min(first + (1 << ID_GROUP_BITS), int(ds.sample_offsets[k + 1])))
+        bad = any(int(np.asarray(_window(ds, j)).max()) >= vocab for j in group)
+        if bad:
+            with pytest.raises(ValidationError, match=rf"token id \d+ at token \d+ is not below the vocabulary size"):
+                ds[i]
+        else:
+            assert int(ds[i]["labels"].max()) < vocab and int(ds[i]["input_ids"].max()) < vocab
+
+
+def _window(ds: TokenDataset, j: int) -> np.ndarray:
+    """Sample ``j``'s tokens, read around the checks (what the property compares against)."""
+    k, start = ds.locate(j)
+    return ds.shards.shard(k)[start : start + ds.seq_len + 1]
 
 
 # --- case 5: a version being read is pinned --------------------------------------------------------------

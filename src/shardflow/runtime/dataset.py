@@ -204,13 +204,14 @@ class TokenDataset:
         """Refuse the windows of sample group ``group`` (of shard ``k``, whose tokens are ``view``) if a token id
         in them is at or above the vocabulary size: one ``argmax`` over the tokens from the group's first window
         to its last (a few hundred kilobytes at most, never the whole shard), then the group is marked checked."""
-        cum, window, starts = self._cum, self._window, self._starts
-        a = (group - self._groups[k]) << ID_GROUP_BITS  # the group's samples, numbered within shard k
-        b = min(a + (1 << ID_GROUP_BITS), cum[k + 1] - cum[k])
+        base = self._cum[k]
+        a = base + ((group - self._groups[k]) << ID_GROUP_BITS)  # the group's first sample and its last (b)
+        b = min(a + (1 << ID_GROUP_BITS), self._cum[k + 1]) - 1
+        starts = self._starts
         if starts is None:
-            first, last = a * window, b * window
+            first, last = (a - base) * self._window, (b + 1 - base) * self._window
         else:
-            first, last = int(starts[cum[k] + a]), int(starts[cum[k] + b - 1]) + window
+            first, last = int(starts[a]), int(starts[b]) + self._window
         toks = view[first:last]
         at = toks.argmax()
         if toks[at] >= self.shards.vocab_size:
