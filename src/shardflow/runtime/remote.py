@@ -56,8 +56,8 @@ FETCH_WORKERS = 8
 REPAIR_COMMAND = "shardflow push NAME@VERSION --repair --catalog CATALOG_URL"
 """The command that restores a bucket version's damaged objects; callers that know the version and its catalog
 put them in its place."""
-REPAIR_HINT = (f"Repair the bucket's copy from a verified one: {REPAIR_COMMAND} (the catalog that lists it; "
-               "docs/OPERATIONS.md), or publish a new version")
+REPAIR_HINT = (f"Repair the bucket's copy: {REPAIR_COMMAND} (the catalog that lists it; it restores the object from a "
+               "verified local copy, or from a rebuild of the version's inputs; docs/OPERATIONS.md)")
 """What to do about an object of a published version that is not the manifest's (damaged, changed or gone)."""
 
 
