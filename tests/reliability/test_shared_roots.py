@@ -140,7 +140,8 @@ def test_a_version_opened_by_path_is_checked_against_the_catalog_that_published_
     assert status == 0 and out.startswith("OK wiki@v1") and "no catalog lists" in err, out + err
     with caplog.at_level(logging.WARNING, logger="shardflow.reader"):
         served = [open_shards(str(copy)).num_tokens for _ in range(2)]  # served, warned about once
-    assert served[0] > 0 and [r.message.count("no catalog lists") for r in caplog.records] == [1]
+    # Counted over the lines that say it: other loggers may warn meanwhile (a loaded machine's slow-path notes).
+    assert served[0] > 0 and sum(r.getMessage().count("no catalog lists") for r in caplog.records) == 1, caplog.text
 
 
 # --- case 4: NAME@REF always goes through the catalog -------------------------------------------------
