@@ -20,9 +20,9 @@ Where the work units run (``runner``):
   ``data_root`` must be storage that the flow process and every worker see at
   the same path (a shared mount); for a build to a bucket, ``scratch`` must.
 
-What the UI shows for a run is described in ``flows.report``: a progress
-artifact, a shard table, a markdown summary and a link to the manifest, keyed
-per dataset; the flow run is named ``build <dataset>`` and tagged ``shardflow``
+What the UI shows for a run is described in ``flows.report``: a summary (first
+on the run's page), the dataset card and a progress artifact, keyed per
+dataset; the flow run is named ``build <dataset>`` and tagged ``shardflow``
 and ``dataset:<name>``; its task runs carry no tags (a tagged task run asks the
 server for a concurrency slot first) and are named after their work unit or
 shard; the core library's log lines go to the run logs.
@@ -32,7 +32,6 @@ shard; the core library's log lines go to the run logs.
 
 import logging
 import time
-from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
@@ -50,9 +49,8 @@ from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from shardflow.cli.progress import BuildProgress, Progress, emit
-from shardflow.flows.report import (
-    artifact_key, card_markdown, card_plots, creation_order, manifest_markdown, shard_rows, summary_description, summary_markdown,
-)
+from shardflow.flows.report import FOUND_ROWS, artifact_key, card_markdown, leads, summary_description, summary_markdown
+from shardflow.flows.server import watch_server
 from shardflow.tasks.build import (
     STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, fetch_parent_task, plan_task, push_files_task, push_finish_task, push_prepare_task,
 )
@@ -262,7 +260,11 @@ def _tag_flow_run(wanted: list[str]) -> None:
 
 
 class RunProgress(BuildProgress):
-    """The driver's events as the run's progress artifact, progress lines (to in-process listeners), failure summary."""
+    """The driver's events as the run's progress artifact, progress lines (to in-process listeners), failure summary.
+
+    Run the build on ``watching(executor)``: the jobs found done (with a temporary server, those the command ran
+    while it started; a resumed run's) are kept for the summary, one row each, and count in no rate.
+    """
 
     # Shares of the bar: tokenizing is most of the work, shards most of the rest.
     SHARES = {"tokenize-unit": (0.0, 85.0), "write-shard": (85.0, 12.0)}
@@ -270,6 +272,9 @@ class RunProgress(BuildProgress):
     def __init__(self, name: str) -> None:
         super().__init__(name, emit)
         self.artifact_id: Any = None
+        self.found_rows: list[tuple[str, str, int | None]] = []
+        """``(step, job, tokens)`` of the first ``report.FOUND_ROWS`` jobs found done."""
+        self.found_jobs = 0
         self._last = 0.0
         self._update(0.0, f"{name}: planning", force=True)
 
@@ -300,16 +305,25 @@ class RunProgress(BuildProgress):
         if stage.name == "validate":
             self._update(97.0, f"{self.name}: validating and publishing", force=True)
 
+    def job_found(self, stage: Stage, plan: BuildPlan, job: Job, result: Any) -> None:
+        self.found_jobs += 1
+        if len(self.found_rows) < FOUND_ROWS:
+            tokens = getattr(result, "tokens", None)
+            self.found_rows.append((stage.name, stage.label(plan, job), tokens if isinstance(tokens, int) else None))
+
     def step(self, stage: str) -> None:
         super().step(stage)
         done, total, tokens = self.counts[stage], self.totals[stage], self.tokens[stage]
+        found = self.found.get(stage, 0)
         start, share = self.SHARES[stage]
+        also = f" ({found} found done)" if found else ""
         if stage == "tokenize-unit":
-            elapsed = time.monotonic() - self.began[stage]
-            rate = f", {tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
-            text = f"{self.name}: {done}/{total} work units tokenized, {tokens:,} tokens{rate}"
+            # The rate over the units run in this run: the ones found done took none of its time.
+            elapsed, ran = time.monotonic() - self.began[stage], self.ran_tokens(stage)
+            rate = f", {ran / elapsed:,.0f} tokens/s" if elapsed > 0 and done > found else ""
+            text = f"{self.name}: {done}/{total} work units tokenized{also}, {tokens:,} tokens{rate}"
         else:
-            text = f"{self.name}: {done}/{total} shards written"
+            text = f"{self.name}: {done}/{total} shards written{also}"
         self._update(start + share * (done / total if total else 1.0), text, force=done >= total)
 
     def stage_failed(self, stage: Stage, plan: BuildPlan, error: BaseException) -> None:
@@ -318,11 +332,11 @@ class RunProgress(BuildProgress):
         from prefect.artifacts import create_markdown_artifact
 
         try:
-            create_markdown_artifact(
+            _create_leading(lambda: create_markdown_artifact(
                 f"# Build summary: {self.name}\n\n**FAILED** in step `{stage.name}`: {error}\n\nNothing was published.\n",
                 key=artifact_key(self.name, "summary"),
                 description=f"{self.name}: failed in {stage.name}: {str(error)[:200]}",
-            )
+            ), [self.artifact_id])
         except Exception:
             log.debug("could not record the failure summary", exc_info=True)
 
@@ -331,58 +345,67 @@ class RunProgress(BuildProgress):
         tokens = self.tokens.get("tokenize-unit", 0)
         stats: dict[str, Any] = {}
         if created and self.plan is not None:
+            ran = self.counts.get("tokenize-unit", 0) - self.found.get("tokenize-unit", 0)
             stats = dict(
                 seconds=time.monotonic() - self.started,
-                tokenize_seconds=self.seconds.get("tokenize-unit", 0.0),
+                tokenize_seconds=self.seconds.get("tokenize-unit", 0.0) if ran else None,
                 units=len(self.plan.units),
+                units_found=self.found.get("tokenize-unit", 0),
                 runner=runner,
-                input_bytes=sum(i.size for i in self.plan.inputs),
-                tokenized_tokens=tokens,
+                input_bytes=sum(self.plan.inputs[i].size for i in {u.input for u in self.plan.units}),  # tokenized
+                tokenized_tokens=self.ran_tokens("tokenize-unit"),
+                found=self.found_rows,
+                found_jobs=self.found_jobs,
             )
         emit(Progress(dataset=self.name, phase="done", done=1, total=1, tokens=tokens,
                       elapsed=time.monotonic() - self.started, ref=ref))
         self._update(100.0, f"{self.name}: done, {ref}", force=True)
         assert self.plan is not None
-        _publish_artifacts(name=self.name, ref=ref, catalog=self.plan.catalog, created=created, stats=stats)
+        _publish_artifacts(name=self.name, ref=ref, catalog=self.plan.catalog, created=created, stats=stats,
+                           progress_id=self.artifact_id)
 
 
-def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]) -> None:
-    """The run's end-of-run artifacts, created in ``report.creation_order`` (newest first, the summary leads)."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any],
+                       progress_id: Any = None) -> None:
+    """The run's end-of-run artifacts: the dataset card, then the summary, made to lead the run's page."""
+    from prefect.artifacts import create_markdown_artifact
 
     directory = Catalog(catalog).resolve(ref)
     manifest = read_manifest(directory)
     manifest_path = directory / "metadata.yaml"
-    calls = {
-        "shards": partial(
-            create_table_artifact,
-            shard_rows(manifest),
-            key=artifact_key(name, "shards"),
-            description=f"Shards of {ref}: {manifest.totals['shards']} files, {manifest.totals['tokens']:,} tokens",
-        ),
-        "summary": partial(
-            create_markdown_artifact,
-            summary_markdown(manifest, manifest_path=manifest_path, created=created, **stats),
-            key=artifact_key(name, "summary"),
-            description=summary_description(manifest, created=created),
-        ),
-        "manifest": partial(
-            create_markdown_artifact,
-            manifest_markdown(manifest_path, ref, catalog),
-            key=artifact_key(name, "manifest"),
-            description=f"Manifest of {ref}: {manifest_path}",
-        ),
-    }
-    for kind, text, description in card_plots(directory, ref):
-        # Markdown showing the PNG, not an image artifact: the UI prints an image artifact's whole data: URL.
-        calls[kind] = partial(create_markdown_artifact, text, key=artifact_key(name, kind), description=description)
+    others = [progress_id]
     card = card_markdown(directory)
     if card is not None:
-        calls["card"] = partial(create_markdown_artifact, card, key=artifact_key(name, "card"),
-                                description=f"Dataset card of {ref}")
-    # One after another, in a fixed order: made at once, their creation times (the UI's order) would be any.
-    for kind in creation_order(list(calls)):
-        calls[kind]()
+        others.append(create_markdown_artifact(card, key=artifact_key(name, "card"),
+                                               description=f"Dataset card of {ref}"))
+    summary = summary_markdown(manifest, manifest_path=manifest_path, created=created, catalog=catalog, **stats)
+    _create_leading(lambda: create_markdown_artifact(summary, key=artifact_key(name, "summary"),
+                                                     description=summary_description(manifest, created=created)),
+                    others)
+
+
+def _create_leading(create: Callable[[], Any], others: Sequence[Any], tries: int = 40) -> Any:
+    """Create an artifact (``create()`` returns its id) that comes before ``others`` on the run's page.
+
+    Prefect's UIs list a run's artifacts by id, newest id first, and ids are random (``flows.report``): it is
+    made again until its id sorts first (each try has a chance of one in ``len(others) + 1``), and the ones it
+    replaced are deleted. Its id.
+    """
+    others = [o for o in others if o is not None]
+    made, replaced = create(), []
+    while not leads(made, others) and len(replaced) < tries:
+        replaced.append(made)
+        made = create()
+    if replaced:
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                for artifact_id in replaced:
+                    client.delete_artifact(artifact_id)
+        except Exception:  # their order is a convenience; never fail a build for it
+            log.debug("could not delete the replaced artifacts %s", replaced, exc_info=True)
+    return made
 
 
 @flow(
@@ -416,8 +439,10 @@ def build_dataset(
     attach_core_logs()
     # Task runs carry no tags: Prefect asks the server for a concurrency slot before every tagged task run,
     # a round trip that stalled work units on a busy server (docs/PERFORMANCE.md).
-    with task_runner as started:
-        result = run_request(request, PrefectExecutor(started, in_flight), progress)
+    # watch_server: a server that stops answering ends the run in one line, within a minute (flows/server.py).
+    with watch_server(), task_runner as started:
+        # Watched: the jobs found done (with a temporary server, the ones run while it started) are told apart.
+        result = run_request(request, progress.watching(PrefectExecutor(started, in_flight)), progress)
         if not result.created:
             get_run_logger().info("%s: nothing to do, identical to the published %s", config.name, result.ref)
         progress.finished(result.ref, created=result.created,

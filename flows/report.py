@@ -1,30 +1,29 @@
 """What a build run shows in the Prefect UI: artifact keys, contents and their order.
 
-Every ``build_dataset`` run creates, per dataset (keys from :func:`artifact_key`),
-listed here in :data:`ARTIFACT_ORDER`, the order a reader meets them, summary first:
+Every ``build_dataset`` run creates three artifacts, keyed per dataset (keys from
+:func:`artifact_key`), listed here in :data:`ARTIFACT_ORDER`, the order a reader meets them:
 
-* ``<dataset>-summary``: a markdown summary (reference, manifest path, validation, tokenizer,
-  dtype, format, totals per split, throughput);
-* ``<dataset>-shards``: a table of the version's shards (split, file, tokens, documents, bytes, sha256);
-* ``<dataset>-manifest``: where the version's ``metadata.yaml`` is, and the commands that read it
-  (markdown: a ``file://`` link opens nothing from the UI's browser);
-* ``<dataset>-card``: the dataset card (``card/README.md``) as markdown, its plots inlined;
-* ``<dataset>-lengths``, ``-sources``, ``-shard-fill`` and (with a parent) ``-vs-parent``:
-  each plot of the card (``card/*.png``) on its own, as markdown that shows the PNG inlined
-  as a ``data:`` URL (the UI's browser cannot read the version's files). Not image
-  artifacts: the UI prints an image artifact's whole URL, here tens of kilobytes of base64;
-* ``<dataset>-progress``: a progress artifact, made as the run starts and updated as work
-  units and shards finish.
+* ``<dataset>-summary``: the build in one page (:func:`summary_markdown`): the reference and where its
+  ``metadata.yaml`` is, validation, tokenizer, dtype, format, totals per split, throughput over the jobs
+  run in this run, one row per job found done before it (with a temporary server, the jobs the command
+  ran while the server started), the commands that read the version, and its shards (the first
+  :data:`SHARD_ROWS`; ``metadata.yaml`` lists all);
+* ``<dataset>-card``: the dataset card (``card/README.md``) as markdown, its plots inlined as ``data:``
+  URLs (the UI's browser cannot read the version's files; markdown draws them, where an image artifact
+  would print its whole URL);
+* ``<dataset>-progress``: a progress artifact, made as the run starts and updated as work units and
+  shards finish.
 
-The flow creates them one after another, last first (:func:`creation_order`), so that
-the server's newest-first listing (``sort: CREATED_DESC``: the UI's "Created" order) is
-:data:`ARTIFACT_ORDER`. The run's own Artifacts tab lists them as the server's default
-sort returns them, by random id: no order a client can fix.
+Their order on a run's page: both of Prefect's UIs list a flow run's artifacts by id, newest id first
+(prefect 3.9.1: the Vue UI's ``FlowRunArtifacts`` filters ``/artifacts/filter`` with no sort, so the
+server's default ``ArtifactSort.ID_DESC`` applies; the React UI, ``ui-v2``, asks for ``ID_DESC``). Ids
+are random (UUID4), so creation order decides nothing: the summary, made last, is made again until its id
+sorts first (:func:`leads`), and the ones it replaced are deleted.
 
 Artifact keys may hold only lowercase letters, digits and dashes, so the
 dataset name is slugged (``wiki_en.v2`` becomes ``wiki-en-v2``). Because the
 keys are stable per dataset, each run adds a new version of the same keys, and
-the Artifacts page of the UI lists a dataset's builds over time.
+the Artifacts page of the UI lists each dataset's three, their versions its builds over time.
 
 The content builders are plain functions (no Prefect), tested on their own.
 """
@@ -32,34 +31,35 @@ The content builders are plain functions (no Prefect), tested on their own.
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from shardflow.manifest import Manifest, boundary_tokens
 
 __all__ = [
-    "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_markdown", "card_plots",
-    "card_markdown", "ARTIFACT_ORDER", "creation_order",
+    "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_markdown",
+    "card_markdown", "ARTIFACT_ORDER", "leads", "FOUND_ROWS", "SHARD_ROWS",
 ]
 
-# The card's plots, as image artifacts: (artifact kind, PNG in card/, what it shows).
-CARD_IMAGES = (
-    ("lengths", "lengths.png", "document-length histogram per split (log scale)"),
-    ("sources", "tokens_by_source.png", "tokens by source"),
-    ("shard-fill", "shard_fill.png", "tokens per shard against the shard size"),
-    ("vs-parent", "parent.png", "documents added/removed per input against the parent, length distributions overlaid"),
-)
-_KEY_KINDS = ("progress", "shards", "summary", "manifest", "card", *(kind for kind, _, _ in CARD_IMAGES))
 # The order a reader meets a run's artifacts in: the summary first, the progress bar (made first) last.
-ARTIFACT_ORDER = ("summary", "shards", "manifest", "card", *(kind for kind, _, _ in CARD_IMAGES), "progress")
+ARTIFACT_ORDER = ("summary", "card", "progress")
+# Kinds earlier versions made too (a shard table, the manifest's place, each plot): their keys stay valid names.
+_KEY_KINDS = (*ARTIFACT_ORDER, "shards", "manifest", "lengths", "sources", "shard-fill", "vs-parent")
+FOUND_ROWS = 100
+"""Jobs found done, at most, listed one per row in the summary (the rest counted)."""
+SHARD_ROWS = 50
+"""Shards, at most, listed in the summary (``metadata.yaml`` lists every one)."""
 
 
-def creation_order(kinds: list[str]) -> list[str]:
-    """``kinds`` in the order to create them, so that newest first is :data:`ARTIFACT_ORDER` (the progress bar aside)."""
-    unknown = sorted(set(kinds) - set(ARTIFACT_ORDER))
-    if unknown:
-        raise ValueError(f"unknown artifact kinds {unknown}")
-    return sorted(kinds, key=ARTIFACT_ORDER.index, reverse=True)
+def leads(first: uuid.UUID | str, others: Sequence[uuid.UUID | str]) -> bool:
+    """Whether an artifact with id ``first`` comes before ``others`` in the UI's order (id descending).
+
+    The server's SQLite column holds an id as its hyphenated lowercase hex text, PostgreSQL as its 16 bytes:
+    both order as the 128-bit number.
+    """
+    number = uuid.UUID(str(first)).int
+    return all(number > uuid.UUID(str(other)).int for other in others)
 
 
 def dataset_slug(name: str) -> str:
@@ -76,7 +76,7 @@ def artifact_key(name: str, kind: str) -> str:
 
 
 def shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
-    """One row per shard, in manifest order: the table artifact's content."""
+    """One row per shard, in manifest order: the summary's shard table (its first :data:`SHARD_ROWS`)."""
     rows = []
     for split, entry in manifest.splits.items():
         for shard in entry.shards:
@@ -91,21 +91,6 @@ def shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def card_plots(directory: str | Path, ref: str) -> list[tuple[str, str, str]]:
-    """``(artifact kind, markdown, description)`` of each plot the version's card has (none without one).
-
-    The markdown is the PNG alone (a ``data:`` URL), which the UI draws; the description says what it is.
-    """
-    card = Path(directory) / "card"
-    out = []
-    for kind, png, what in CARD_IMAGES:
-        path = card / png
-        if path.is_file():
-            text = f"![{what}]({_data_url(path)})\n"
-            out.append((kind, text, f"{ref}: {what} (card/{png})"))
-    return out
 
 
 def _data_url(path: Path) -> str:
@@ -127,15 +112,17 @@ def card_markdown(directory: str | Path) -> str | None:
     )
 
 
-def manifest_markdown(manifest_path: str | Path, ref: str, catalog: str | Path) -> str:
+def manifest_markdown(manifest_path: str | Path, ref: str, catalog: str | Path | None) -> str:
     """Where the version's manifest is, and the commands that read it: text a reader can copy."""
+    return "\n".join([f"# Manifest of {ref}", "", *_read_it(manifest_path, ref, catalog)])
+
+
+def _read_it(manifest_path: str | Path, ref: str, catalog: str | Path | None) -> list[str]:
     import shlex
 
     path = Path(manifest_path).resolve()
-    cat = f" --catalog {shlex.quote(str(Path(catalog).resolve()))}"
-    return "\n".join([
-        f"# Manifest of {ref}",
-        "",
+    cat = f" --catalog {shlex.quote(str(Path(catalog).resolve()))}" if catalog is not None else ""
+    return [
         f"`{path}`",
         "",
         "On the machine (or shared filesystem) that holds the version:",
@@ -146,7 +133,7 @@ def manifest_markdown(manifest_path: str | Path, ref: str, catalog: str | Path) 
         f"cat {shlex.quote(str(path))}",
         "```",
         "",
-    ])
+    ]
 
 
 def _cell(text: Any) -> str:
@@ -159,7 +146,7 @@ def _n(x: Any) -> str:
 
 
 def _rate(tokens: int, seconds: float | None) -> str:
-    if not seconds or seconds <= 0:
+    if not seconds or seconds <= 0 or tokens <= 0:
         return "n/a"
     return f"{tokens / seconds:,.0f} tokens/s"
 
@@ -185,8 +172,18 @@ def summary_markdown(
     runner: str = "threads",
     input_bytes: int | None = None,
     tokenized_tokens: int | None = None,
+    units_found: int = 0,
+    found: Sequence[tuple[str, str, int | None]] = (),
+    found_jobs: int | None = None,
+    catalog: str | Path | None = None,
 ) -> str:
-    """The run's markdown summary."""
+    """The run's markdown summary.
+
+    ``tokenized_tokens``: the tokens of the work units run in this run, over ``tokenize_seconds`` (from their
+    start to the last one's end); ``units_found`` of the ``units`` were found done, and count in no rate.
+    ``found``: ``(step, job, tokens)`` of the jobs found done (the first :data:`FOUND_ROWS` are listed),
+    ``found_jobs`` of them in all. ``catalog``: the commands that read the version name it.
+    """
     t = manifest.totals
     ti = manifest.tokenized_info
     fmt = manifest.format
@@ -201,9 +198,8 @@ def summary_markdown(
         "",
         status + ".",
         "",
-        "| | |",
-        "|---|---|",
         f"| Published reference | `{manifest.ref}` |",
+        "|---|---|",
         f"| Manifest | `{Path(manifest_path)}` |",
         f"| Validation | passed: {_n(t['shards'])} shards and their indexes match the manifest (sizes, SHA-256) |",
         f"| Tokenizer | `{ti['tokenizer']}` ({ti.get('backend', '?')} backend), vocab {_n(ti['vocab_size'])} |",
@@ -231,27 +227,66 @@ def summary_markdown(
         "",
     ]
     if created:
+        # Rates over the work run in this run only: what was found done took none of its time.
+        new_tokens = t["tokens"] if tokenized_tokens is None else tokenized_tokens
         lines += [
             "| step | time | rate |",
             "|---|---:|---:|",
         ]
         if tokenize_seconds is not None:
-            new_tokens = t["tokens"] if tokenized_tokens is None else tokenized_tokens
-            unit_part = f" ({_n(units)} work units)" if units is not None else ""
+            if units is not None and units_found:
+                unit_part = f" ({_n(units - units_found)} of {_n(units)} work units; {_n(units_found)} found done)"
+            else:
+                unit_part = f" ({_n(units)} work units)" if units is not None else ""
             lines.append(f"| tokenize{unit_part} | {tokenize_seconds:.1f} s | {_rate(new_tokens, tokenize_seconds)} |")
         if seconds is not None:
-            mb = f", {input_bytes / seconds / 1e6:,.1f} MB/s of input" if input_bytes and seconds > 0 else ""
-            lines.append(f"| whole build | {seconds:.1f} s | {_rate(t['tokens'], seconds)}{mb} |")
+            mb = (f", {input_bytes / seconds / 1e6:,.1f} MB/s of input"
+                  if input_bytes and seconds > 0 and not units_found else "")
+            lines.append(f"| this run | {seconds:.1f} s | {_rate(new_tokens, seconds)}{mb} |")
         lines += ["", f"Task runner: `{runner}`."]
         if tokenized_tokens is not None and tokenized_tokens != t["tokens"]:
+            elsewhere = []
+            if units_found:
+                elsewhere.append(f"{_n(units_found)} work unit(s) found done (below)")
+            if manifest.parent:
+                elsewhere.append(f"`{manifest.parent}`, unchanged")
             lines += [
                 "",
-                f"Incremental: {_n(tokenized_tokens)} tokens were tokenized in this run; the other "
-                f"{_n(t['tokens'] - tokenized_tokens)} came unchanged from `{manifest.parent}`.",
+                f"{_n(tokenized_tokens)} tokens were tokenized in this run; the other "
+                f"{_n(t['tokens'] - tokenized_tokens)} came from {' and '.join(elsewhere) or 'earlier work'}.",
             ]
     else:
         lines.append("Nothing was tokenized: this run found the identical version already published.")
+    if found:
+        lines += _found_lines(found, len(found) if found_jobs is None else found_jobs)
+    lines += ["", "## Read it", "", *_read_it(manifest_path, manifest.ref, catalog)]
+    rows = shard_rows(manifest)
+    lines += ["## Shards", "", "| split | file | tokens | documents | bytes | sha256 |", "|---|---|---:|---:|---:|---|"]
+    lines += [f"| {r['split']} | `{r['file']}` | {_n(r['tokens'])} | {_n(r['documents'])} | {_n(r['bytes'])} "
+              f"| `{r['sha256']}` |" for r in rows[:SHARD_ROWS]]
+    if len(rows) > SHARD_ROWS:
+        lines += ["", f"The first {SHARD_ROWS} of {_n(len(rows))} shards; `metadata.yaml` lists every one."]
     return "\n".join(lines) + "\n"
+
+
+def _found_lines(found: Sequence[tuple[str, str, int | None]], jobs: int) -> list[str]:
+    """The summary's section on the jobs found done: one row each (the first :data:`FOUND_ROWS`)."""
+    lines = [
+        "",
+        "## Done before this run",
+        "",
+        f"{_n(jobs)} job{'s' * (jobs != 1)} were found done when this run reached them, and took no task run: run by "
+        "this command while Prefect's temporary server started, or by an earlier run of this build that stopped "
+        "(a shard linked unchanged from the parent needs no new check). Their tokens are in no rate above.",
+        "",
+        "| step | job | tokens |",
+        "|---|---|---:|",
+    ]
+    lines += [f"| {_cell(step)} | {_cell(job)} | {'' if tokens is None else _n(tokens)} |"
+              for step, job, tokens in found[:FOUND_ROWS]]
+    if jobs > min(len(found), FOUND_ROWS):
+        lines.append(f"| | {_n(jobs - min(len(found), FOUND_ROWS))} more | |")
+    return lines
 
 
 def _boundary_cell(section: dict) -> str:

@@ -8,7 +8,10 @@ milliseconds) that
 
 * starts the command it is given in its own process group (Ctrl-C at the
   terminal is left to the build, which stops the server once its logs are
-  drained), and exits with the command's status if it exits on its own;
+  drained), with the same stdin, so that the server reads the build's pipe
+  too and stops itself if the watcher dies with the build (``kill -9`` of the
+  build's process group: ``flows/server_app.py``), and exits with the
+  command's status if it exits on its own;
 * stops that group (SIGTERM, then SIGKILL after 4 s) and exits when its stdin,
   a pipe whose only write end the build holds, reaches EOF, when its parent
   pid changes (the build died), or on SIGTERM or SIGHUP (the build's ``stop()``).
@@ -28,7 +31,7 @@ WATCHER = """
 import os, select, signal, subprocess, sys
 parent = os.getppid()
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, start_new_session=True)
+server = subprocess.Popen(sys.argv[1:], start_new_session=True)  # its stdin: the build's pipe too
 try:
     exited = [os.pidfd_open(server.pid)]  # readable once the server exits: no polling
 except (AttributeError, OSError):

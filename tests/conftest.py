@@ -1,7 +1,8 @@
 """Shared fixtures of the core tests: real corpora, a small uint16 vocabulary, and a ``built`` build factory.
 
 Everything runs on real files in temporary directories; nothing on the data
-path is mocked. Expensive things (the real 302-document corpus, a build of the
+path is mocked. No process a session starts may outlive it: ``support.processes``'s hooks, taken here, mark
+them and fail the run if any is left (and take SIGTERM as Ctrl-C, so fixtures are torn down). Expensive things (the real 302-document corpus, a build of the
 sample corpus, Prefect's temporary server) are session-scoped. Plain helpers
 and constants live in the ``support`` package (tests/support/), by topic.
 """
@@ -23,6 +24,7 @@ from support.builds import Built, BuildFactory, make_builder
 from support.cli import CliRun, run_main
 from support.corpus import TINY_TEXTS, small_vocab as write_small_vocab, write_parquet
 from support.paths import MAKE_CORPUS, SAMPLE
+from support.processes import pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401 (hooks)
 from support.suite import COLLECTED, LONGEST_FIRST
 
 

@@ -35,7 +35,7 @@ from shardflow.bucket.lifecycle import collect_bucket_garbage, remove_bucket_ver
 from shardflow.pipeline import build  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, ShardflowError  # noqa: E402
-from shardflow.cli.versions import _size as size  # noqa: E402
+from shardflow.cli.lifecycle import byte_size as size  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402
 from shardflow.bucket.push import CLAIM_NAME, push_version  # noqa: E402
 from shardflow.runtime import TokenDataset  # noqa: E402

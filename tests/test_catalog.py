@@ -155,6 +155,23 @@ def test_concurrent_catalog_updates_get_distinct_versions(tmp_path):
     assert sorted(v.build_key for v in cat.versions("race")) == sorted(f"k{k}" for k in range(8))
 
 
+def test_latest_after_rm_is_the_remaining_version_with_the_highest_number(tmp_path):
+    """v1, v2 (latest), v3 listed without becoming latest (an embedding of v1, or v1 pushed after v2): removing
+    another version keeps @latest; removing @latest makes it the highest number left, not the last published."""
+    cat = Catalog(tmp_path / "cat")
+    for version, latest in (("v1", True), ("v2", True), ("v10", False), ("v3", False)):
+        entry = VersionEntry(version=version, path=str(tmp_path / "d" / version), created_at="t", build_key=version)
+        cat.add("n", entry, make_latest=latest)
+    assert cat.latest("n") == "v2"
+    cat.remove("n", "v1", removed_at="t")
+    assert cat.latest("n") == "v2"
+    cat.remove("n", "v2", removed_at="t")
+    assert cat.latest("n") == "v10"  # by number (v10 > v3), not in publication order
+    cat.remove("n", "v10", removed_at="t")
+    cat.remove("n", "v3", removed_at="t")
+    assert cat.latest("n") is None
+
+
 def test_defaults_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SHARDFLOW_CATALOG", str(tmp_path / "c"))
     monkeypatch.setenv("SHARDFLOW_DATA_ROOT", str(tmp_path / "d"))

@@ -52,6 +52,16 @@ def test_inputs_back_to_an_older_versions_say_that_latest_is_another(cli, tmp_pa
         "nothing new: back@v1 is identical; back@latest is back@v2, built from other inputs: read back@v1 for these")
 
 
+def test_an_empty_val_split_is_in_the_summary_printed_last(cli, tiny_parquet):
+    """``--val-fraction`` that selects no document: the result line says so, not only a log line above it."""
+    status, out, _ = cli("build", str(tiny_parquet), "--name", "noval", "--val-fraction", "0.01", *BUILD)
+    assert status == 0 and out.splitlines()[0] == (
+        "published noval@v1; its val split is empty: --val-fraction 0.01 selected none of its 3 documents "
+        "(raise --val-fraction, or use --val-count N)")
+    assert cli("build", str(tiny_parquet), "--name", "noval", "--val-fraction", "0.01", *BUILD)[1].startswith(
+        "nothing new: noval@v1 is identical; its val split is empty")
+
+
 @pytest.mark.slow
 def test_build_options_reach_the_manifest(cli, small_vocab, tmp_path):
     from shardflow.manifest import read_manifest
@@ -71,7 +81,7 @@ def test_validate_prints_training_settings(cli):
     assert cli("build", str(SAMPLE), "--name", "demo", "--shard-tokens", "60000", *BUILD)[0] == 0
     status, out, err = cli("validate", "demo@latest", "--catalog", "cat")
     assert status == 0, err
-    assert out.startswith("OK demo@v1: 3 shards, 148378 tokens, 61 documents\n")
+    assert out.startswith("OK demo@v1: 3 shards, 148,378 tokens, 61 documents\n")  # numbers as show and diff print them
     for expected in (
         "settings for a training job:",
         "file pattern:  {split}/demo_{split}_*.bin",
@@ -81,7 +91,7 @@ def test_validate_prints_training_settings(cli):
         "boundary:      <|endoftext|> = 100257 (bos)",
     ):
         assert expected in out
-    assert re.search(r"\n  train\s+3 shards, 148378 tokens, 61 documents\n", out)
+    assert re.search(r"\n  train\s+3 shards, 148,378 tokens, 61 documents\n", out)
     assert "path:" in out and str(Path("data/demo/v1").absolute()) in out
     assert cli("validate", "demo@v1", "--catalog", "cat", "--no-checksums")[0] == 0
 
@@ -120,7 +130,8 @@ def test_ls_and_show(cli, tmp_path):
     assert out.startswith(f"small@v1  ({tmp_path / 'data' / 'small' / 'v1'})")
     assert "tokenizer cl100k_base" in out and "dtype uint32" in out and "format nanogpt" in out
     assert "totals: 2 documents" in out and "4 input rows, 1 null, 1 empty" in out
-    assert "train: 2 documents" in out
+    assert "train: 2 documents, 4 tokens in 1 shard\n" in out  # one shard, not "1 shards"
+    assert "split      4 tokens, 2 documents, 1 shard\n" in out
 
 
 @pytest.mark.parametrize("option", ["--data-root", "--catalog"])
@@ -155,6 +166,13 @@ def test_a_negative_sample_count_is_argparses_one_message_before_any_output(caps
         (("build", "nope.parquet", "--name", "x"), r"nope\.parquet: no such file or directory"),
         (("build", "{sample}", "--name", "Bad Name"), r"dataset name 'Bad Name' is not allowed"),
         (("build", "{sample}", "--name", "x", "--workers", "0"), r"--workers must be at least 1, not 0"),
+        # The flags as typed, not the config's fields (val_fraction=1.5): the library's messages name those.
+        (("build", "{sample}", "--name", "x", "--val-fraction", "1.5"), r"^shardflow: error: --val-fraction 1\.5 must be in \[0, 1\)$"),
+        (("build", "{sample}", "--name", "x", "--val-fraction", "0.1", "--val-count", "3"),
+         r"^shardflow: error: give --val-fraction or --val-count, not both$"),
+        (("build", "{sample}", "--name", "x", "--embed", "--embed-min-cosine", "2"),
+         r"quality floors \(--embed-min-cosine, --embed-min-recall, --embed-pca-min-cosine, --embed-pca-min-recall\)"),
+        (("embed", "ghost@v1", "--dim", "1000"), r"^shardflow: error: --dim 1000 \(all-MiniLM-L6-v2 has 384 dimensions\)"),
         (("validate", "ghost@v1", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
         (("show", "ghost", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
         (("ls", "ghost", "--catalog", "cat"), r"no dataset 'ghost' in the catalog"),
@@ -467,7 +485,7 @@ def test_without_the_pipeline_extra_build_says_what_to_install_and_the_read_comm
         assert proc.stderr.rstrip().endswith("pip install 'shardflow[pipeline]'")
     assert not (tmp_path / "data" / "other").exists()
     validate = runtime_only("validate", "demo@v1", "--catalog", "cat")
-    assert validate.returncode == 0 and validate.stdout.startswith("OK demo@v1: 1 shards"), validate.stderr
+    assert validate.returncode == 0 and validate.stdout.startswith("OK demo@v1: 1 shard, "), validate.stderr
     listed = runtime_only("ls", "--catalog", "cat")
     assert listed.returncode == 0 and listed.stdout.startswith("demo\t1 version"), listed.stderr
     shown = runtime_only("show", "demo@v1", "--catalog", "cat")

@@ -266,6 +266,51 @@ def test_cli_build_embed_then_embed_and_show(tmp_path: Path, capsys: pytest.Capt
     assert [v.version for v in Catalog(tmp_path / "manifests").versions("cli")] == ["v1", "v2"]
 
 
+def test_embedding_an_older_version_never_moves_latest_back(
+    tmp_path: Path, tiny_parquet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``embed NAME@v1`` after v2: the next number, parent v1, and @latest stays v2; embedding @latest moves it.
+    After ``rm`` of the latest, @latest is the remaining version with the highest number."""
+    from shardflow.catalog import Catalog
+    from shardflow.cli.commands import main
+    from shardflow.lifecycle import remove_version
+
+    places = {"data_root": tmp_path / "data", "catalog": tmp_path / "manifests"}
+    catalog = Catalog(places["catalog"])
+    for fmt in ("nanogpt", "npy"):  # v1, then v2 (latest)
+        build(BuildConfig(name="old", sources=(str(tiny_parquet),), format=fmt), workers=1, **places)
+    assert main(["embed", "old@v1", "--codec", "float16", "--precision", FP32, "--catalog", str(places["catalog"])]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "published old@v3 (embeddings of old@v1); old@latest stays old@v2"
+    assert read_manifest(Path(out[1])).parent == "old@v1" and catalog.latest("old") == "v2"
+    options = EmbedOptions(codec="float16", precision=FP32, max_tokens=WINDOW)
+    newest = embed_version("old@latest", options, catalog=places["catalog"])
+    assert newest.ref == "old@v4" and catalog.latest("old") == "v4"
+    remove_version("old@v4", catalog=places["catalog"])
+    assert catalog.latest("old") == "v3"
+    remove_version("old@v1", catalog=places["catalog"], force=True)  # not the latest: @latest stays
+    assert catalog.latest("old") == "v3"
+
+
+def test_loading_the_model_shows_no_third_party_progress_bar(monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    """transformers' "Loading weights" bar leaked to stderr on every ``shardflow embed``; its switches are restored."""
+    from transformers.utils import logging as transformers_logging
+
+    from shardflow.embed import embedder
+
+    monkeypatch.setattr(embedder, "_MODEL_CACHE", {})  # a fresh load, as in a new process
+    was_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()  # the library's default, whatever the environment here says
+    try:
+        capfd.readouterr()
+        embedder.Embedder(config=EmbedOptions(precision=FP32, max_tokens=WINDOW)).embed(["a b"])
+        err = capfd.readouterr().err
+        assert "Loading weights" not in err and "it/s" not in err, err
+        assert transformers_logging.is_progress_bar_enabled()  # on again after our call
+    finally:
+        (transformers_logging.enable_progress_bar if was_on else transformers_logging.disable_progress_bar)()
+
+
 def test_an_embedding_device_torch_cannot_use_is_refused_before_the_tokens(tmp_path: Path, capsys) -> None:
     """It was a traceback from the first embedding job, after every shard was written."""
     from shardflow.cli.commands import main
@@ -373,7 +418,7 @@ def test_project_without_a_pca_is_the_identity(root: Path, embedded: str) -> Non
 
 
 @pytest.mark.slow
-def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: str) -> None:
+def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: str, capsys: pytest.CaptureFixture[str]) -> None:
     from shardflow.catalog import Catalog
 
     with pytest.raises(ConfigError, match=r"embed_dim=385 \(all-MiniLM-L6-v2 has 384 dimensions\): cannot reduce "
@@ -390,6 +435,11 @@ def test_embed_dim_refusals_name_both_numbers_and_the_fix(root: Path, embedded: 
                        r"choose a dimension of at most 48 or embed a corpus with more documents"):
         embed_version(embedded, EmbedOptions(embed_dim=128), catalog=cat(root))
     assert Catalog(cat(root)).versions("emb") == before
+    # On the command line the same refusal names the flag as typed.
+    from shardflow.cli.commands import main
+
+    assert main(["embed", embedded, "--dim", "128", "--catalog", cat(root)]) == 2
+    assert re.search(r"^shardflow: error: --dim 128 on emb \(split 'train' has 49 documents\)", capsys.readouterr().err, re.M)
 
 
 def test_embed_dim_is_part_of_the_embedding_key_and_absent_without_a_pca() -> None:

@@ -24,7 +24,7 @@ from support.paths import MAKE_CORPUS
 from shardflow.pipeline.staging import Staging, staging_lock
 from shardflow.catalog import Catalog, resolve_ref
 from shardflow.errors import CatalogError, ConfigError
-from shardflow.cli.versions import _size as size
+from shardflow.cli.lifecycle import byte_size as size
 from shardflow.lifecycle import collect_garbage, disk_usage, remove_version, trash_path
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version

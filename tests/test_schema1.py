@@ -68,7 +68,7 @@ def test_a_schema_1_version_opens_validates_and_reads(old_root, capsys):
     raw = np.concatenate([np.fromfile(directory / s.file, dtype="<u4", offset=1024) for s in v.manifest.splits["train"].shards])
     assert train.read(0, train.num_tokens).tolist() == raw.tolist()
     assert main(["validate", "old@v1", "--catalog", str(old_root / "catalog")]) == 0
-    assert "OK old@v1: 4 shards, 9627 tokens" in capsys.readouterr().out
+    assert "OK old@v1: 4 shards, 9,627 tokens" in capsys.readouterr().out
 
 
 @pytest.mark.slow

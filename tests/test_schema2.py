@@ -88,7 +88,7 @@ def test_a_schema_2_version_opens_validates_and_reads(two_root, capsys):
     report = validate_dir(directory, published=True, catalog=catalog)
     assert (report.shards, report.tokens) == (4, m.totals["tokens"])
     assert main(["validate", "two@v1", "--catalog", str(catalog)]) == 0
-    assert f"OK two@v1: 4 shards, {m.totals['tokens']} tokens" in capsys.readouterr().out
+    assert f"OK two@v1: 4 shards, {m.totals['tokens']:,} tokens" in capsys.readouterr().out
     open_version("two@v1", catalog=catalog, verify=True)
     # The runtime reads the shard files' tokens, after their 1024-byte nanogpt headers.
     raw = np.concatenate([np.fromfile(directory / s.file, dtype="<u4", offset=1024) for s in m.splits["train"].shards])

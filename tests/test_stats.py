@@ -297,6 +297,21 @@ def test_the_card_shows_the_plots_and_the_tables(one_worker):
     assert f"{stats['vocabulary']['used']:,} of {stats['vocabulary']['size']:,} ids used" in text
 
 
+def test_a_byte_fragment_token_is_shown_escaped_once_in_show_and_the_card(one_worker, tmp_path):
+    """A token whose bytes are no UTF-8 alone is recorded as ``\\x9d``; it was shown as ``'\\\\x9d'``."""
+    from shardflow.card import write_card_text
+    from shardflow.stats import summary_lines, token_repr
+
+    assert token_repr("\\x9d") == "'\\x9d'" and token_repr(" the") == "' the'" and token_repr("\n") == "'\\n'"
+    assert token_repr("\\\\x9d") == "'\\\\\\x9d'"  # a real backslash before the byte: that one stays doubled
+    stats = _stats(one_worker.directory)
+    stats["vocabulary"]["top"][0]["text"] = "\\x9d"
+    (tmp_path / "stats.json").write_text(json.dumps(stats))
+    assert "most frequent: '\\x9d' " in "\n".join(summary_lines(stats))
+    card = write_card_text(tmp_path, read_manifest(one_worker.directory), {}).read_text()
+    assert "| `'\\x9d'` |" in card and "\\\\x9d" not in card
+
+
 def test_titles_placed_by_hand_are_where_matplotlib_would_place_them(one_worker, tmp_path, monkeypatch):
     # The card names its titles' place (shardflow.card_plots._TITLE_Y) to skip matplotlib's automatic
     # placement; drawn with that placement instead, every PNG has the same bytes.

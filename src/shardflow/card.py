@@ -30,7 +30,7 @@ from .diff import input_changes
 from .errors import ShardflowError
 from .faults import fault
 from .manifest import Manifest, read_manifest
-from .stats import STATS_NAME, odd_line
+from .stats import STATS_NAME, odd_line, token_repr
 
 __all__ = ["CARD_DIR", "CARD_NAME", "PLOTS", "INSTALL_HINT", "write_card", "draw_plots", "write_card_text", "card_path", "plot_available", "card_wanted", "stamp_card", "redraw_card"]
 
@@ -117,7 +117,7 @@ def _markdown(manifest: Manifest, stats: dict[str, Any], plots: dict[str, bool],
         "",
     ]
     lines += _table(["id", "text", "count", "share"],
-                    [[str(t["id"]), f"`{t['text']!r}`", t["count"], f"{100 * t['share']:.2f}%"] for t in voc["top"][:TOP]])
+                    [[str(t["id"]), f"`{token_repr(t['text'])}`", t["count"], f"{100 * t['share']:.2f}%"] for t in voc["top"][:TOP]])
     sk = stats["documents_skipped"]
     lines += [
         "",

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ._io import fsync_dir, is_stale_tmp
-from .catalog import Catalog, RemovedVersion, catalog_id, default_data_root, publisher_record, read_publisher
+from .catalog import Catalog, RemovedVersion, default_data_root
+from .provenance import catalog_id, publisher_record, read_publisher
 from .config import check_name
 from .errors import CatalogError, ConfigError, ShardflowError
 from .manifest import MANIFEST_NAME, read_manifest
@@ -94,7 +95,7 @@ def trash_path(directory: Path) -> Path:
 def _elsewhere(directory: Path, cat: Catalog, name: str, build_key: str = "") -> str | None:
     """Whose the version directory ``directory`` (or what is left of it) is, when not ``cat``'s ``name``: None if it is.
 
-    Its publisher record says (``catalog.read_publisher``); without one (versions published before it
+    Its publisher record says (``provenance.read_publisher``); without one (versions published before it
     existed), a ``build_key`` given must be its manifest's (in the directory, or its trash).
     """
     record = read_publisher(directory)

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import Catalog, asked_name_problem, resolve_version, vouch_for
+from .catalog import Catalog, asked_name_problem, resolve_version
+from .provenance import vouch_for
 from .errors import ValidationError
 from .manifest import Manifest, SplitEntry, read_manifest, version_file
 from .pins import VersionPin, published_stats

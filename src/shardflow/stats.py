@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -290,6 +291,15 @@ def text_histogram(pairs: list[list[int]], *, width: int = 40, octave_rows: bool
     return lines
 
 
+_TWICE_ESCAPED_BYTE = re.compile(r"\\\\(x[0-9a-f]{2})")
+
+
+def token_repr(text: str) -> str:
+    """A token's recorded text as ``show`` and the card print it: Python's ``repr``, but a byte that is no UTF-8
+    on its own (recorded as ``\\x9d``, the decoder's backslash escape) shown escaped once, ``'\\x9d'``, not twice."""
+    return _TWICE_ESCAPED_BYTE.sub(r"\\\1", repr(text))
+
+
 def summary_lines(stats: dict[str, Any], *, top: int = 8) -> list[str]:
     """What ``shardflow show`` prints of a version's statistics: length histograms, top sources, vocabulary."""
     lines = []
@@ -312,7 +322,7 @@ def summary_lines(stats: dict[str, Any], *, top: int = 8) -> list[str]:
     voc = stats["vocabulary"]
     lines.append(
         f"  vocabulary: {voc['used']:,} of {voc['size']:,} ids used ({100 * voc['share_used']:.1f}%); most frequent: "
-        + ", ".join(f"{t['text']!r} {100 * t['share']:.1f}%" for t in voc["top"][:5])
+        + ", ".join(f"{token_repr(t['text'])} {100 * t['share']:.1f}%" for t in voc["top"][:5])
     )
     sk = stats["documents_skipped"]
     lines.append(

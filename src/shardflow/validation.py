@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._io import BackgroundSha256, sha256_file
-from .catalog import published_manifest_problems
+from .provenance import published_manifest_problems
 from .errors import ManifestError, ValidationError
 from .faults import fault
 from .formats import ShardFormat, bosidx, get_format
@@ -454,7 +454,7 @@ def validate_dir(
     ``published=True`` also checks the manifest against the SHA-256 that the
     catalog (``catalog``, default ``$SHARDFLOW_CATALOG`` or ``./manifests``)
     recorded when the version was published: the catalog that lists the directory, that
-    one or the one its publisher record names (``catalog.vouch_for``). A directory no
+    one or the one its publisher record names (``provenance.vouch_for``). A directory no
     catalog lists is a problem then, unless ``standalone`` (its files are then checked
     against its own manifest only).
     """

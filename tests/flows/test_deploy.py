@@ -154,4 +154,4 @@ def _assert_published(root: Path, flow_run_id: str) -> None:
     assert catalog.resolve("sample@v1").is_relative_to(root / "data")
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    assert {a.key for a in arts} >= {"sample-summary", "sample-shards", "sample-manifest", "sample-card"}
+    assert {a.key for a in arts} >= {"sample-summary", "sample-card"}

@@ -4,7 +4,8 @@ Against the session's real Prefect server, on real Parquet inputs: the
 ``stats-card`` task is held at its first plot (the ``wait`` fault), and every
 shard is still written and validated meanwhile, with ``--workers 1``: it
 takes none of the workers' slots. Nothing is finalized before it ends; the
-published version's card and the run's image artifacts are as before.
+published version's card is as before, and the run's three artifacts list the
+summary first, as the UIs sort them (by id).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.flows.build import build_dataset
-from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, creation_order
+from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, leads
 from shardflow.pipeline.staging import Staging
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -84,20 +85,27 @@ def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own
     directory = Catalog(where["catalog"]).resolve(result["ref"])
     assert sorted(p.name for p in (directory / "card").iterdir()) == [
         "README.md", "lengths.png", "shard_fill.png", "tokens_by_source.png"]
-    # The run's artifacts, newest first (the UI's "Created" order): summary first, in a fixed order, the bar last.
+    # The run's three artifacts as the UIs ask for them (prefect 3.9.1): the Vue UI with no sort (the server's
+    # default, ID_DESC), ui-v2 with ID_DESC. The summary first, whatever ids the server drew.
     (flow_run,) = prefect_api.flow_runs(f"build {name}")
-    arts = prefect_api.request("POST", "/artifacts/filter", {
-        "artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}, "sort": "CREATED_DESC", "limit": 200})
-    assert [a["key"] for a in arts] == [artifact_key(name, kind) for kind in (
-        "summary", "shards", "manifest", "card", "lengths", "sources", "shard-fill", "progress")]
-    assert len({a["created"] for a in arts}) == len(arts)  # each made after the last: no tie to break by chance
+    query = {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"not_any_": ["result"]}}}
+    for sort in ({}, {"sort": "ID_DESC"}):
+        arts = prefect_api.request("POST", "/artifacts/filter", {**query, **sort})
+        assert [a["key"] for a in arts][0] == artifact_key(name, "summary"), [a["key"] for a in arts]
+        assert sorted(a["key"] for a in arts) == sorted(artifact_key(name, kind) for kind in ARTIFACT_ORDER)
     # No image artifact: the UI prints an image artifact's whole data: URL; markdown shows the picture.
-    assert {a["type"] for a in arts} == {"markdown", "table", "progress"}
+    assert {a["type"] for a in arts} == {"markdown", "progress"}
+    card_md = next(a for a in arts if a["key"] == artifact_key(name, "card"))["data"]
+    assert card_md.count("](data:image/png;base64,") == 3  # the card's three plots, inlined
 
 
-def test_creation_order_is_the_reverse_of_the_reading_order() -> None:
-    kinds = ["card", "summary", "vs-parent", "shards", "manifest", "lengths"]
-    assert creation_order(kinds) == ["vs-parent", "lengths", "card", "manifest", "shards", "summary"]
-    assert ARTIFACT_ORDER[0] == "summary" and ARTIFACT_ORDER[-1] == "progress"
-    with pytest.raises(ValueError, match=r"unknown artifact kinds \['other'\]"):
-        creation_order(["summary", "other"])
+def test_an_artifact_leads_when_its_id_is_the_greatest_as_the_server_orders_ids() -> None:
+    """The server's SQLite column orders ids as hyphenated lowercase hex text, PostgreSQL as 16 bytes: one order."""
+    import uuid
+
+    ids = [uuid.uuid4() for _ in range(200)]
+    as_text = sorted(ids, key=str, reverse=True)
+    assert as_text == sorted(ids, key=lambda u: u.bytes, reverse=True)
+    assert leads(as_text[0], as_text[1:]) and leads(str(as_text[0]), [str(i) for i in as_text[1:]])
+    assert not leads(as_text[1], as_text[:1]) and leads(as_text[-1], [])
+    assert ARTIFACT_ORDER == ("summary", "card", "progress")

@@ -7,11 +7,15 @@ Against the session's real Prefect server, on real Parquet inputs:
   no ``validate-shard`` task run and are not read (``shard_checked``), and the
   published version still passes a full ``shardflow validate``;
 * a build resumed after its work units were tokenized (a crash, a cancelled
-  run) spends no task run on those units.
+  run) spends no task run on those units; its progress lines say they were
+  found done, and its rates count only the units run (no rate over work done
+  before); its summary artifact lists them one row each.
 """
 
 from __future__ import annotations
 
+import io
+import re
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 
 import shardflow.pipeline.check as check_mod
+from shardflow.cli.progress import ProgressDisplay, format_rate, listening
 from shardflow.flows.build import build_dataset
 from shardflow.pipeline import build_lock, plan_build, tokenize_unit
 from shardflow.config import BuildConfig
@@ -81,6 +86,10 @@ def test_an_incremental_flow_build_validates_only_the_shards_it_wrote(
     assert len(validated) == len(written), names
     assert len([n for n in names if n.startswith(f"write {name} train shard ")]) == len(shards)
     validate_dir(tmp_path / "data" / name / "v2", checksums=True)  # raises on any problem
+    # The summary lists the checks the linked shards needed no task run for, one row each.
+    summary = prefect_api.request("GET", f"/artifacts/{name}-summary/latest")["data"]
+    found = re.findall(rf"^\| validate-shard \| validate {name} train shard (\d+) \|", summary, re.MULTILINE)
+    assert sorted(v1.splits["train"].shards[int(k)].file for k in found) == sorted(linked), summary
 
 
 @pytest.mark.slow
@@ -93,10 +102,35 @@ def test_a_resumed_flow_build_spends_no_task_run_on_units_already_tokenized(
     # An earlier run tokenized units 0 and 2, then stopped (its staging directory stays).
     plan = plan_build(config, **where)
     with build_lock(plan) as locked:
-        tokenize_unit(locked, 0)
-        tokenize_unit(locked, 2)
-    assert build_dataset(config=config, workers=2, **where).ref == f"{name}@v1"
+        before = tokenize_unit(locked, 0).tokens + tokenize_unit(locked, 2).tokens
+    events, out = [], io.StringIO()
+    # What `shardflow build` prints on a pipe (every event, no throttling), and the events themselves.
+    with ProgressDisplay("plain", stream=out, interval=0) as display, listening(display), listening(events.append):
+        assert build_dataset(config=config, workers=2, **where).ref == f"{name}@v1"
     names = _task_names(prefect_api, name)
     tokenized = [n for n in names if n.startswith(f"tokenize {name} unit ")]
     assert [n.split(" unit ")[1][:3] for n in tokenized] == ["2/4", "4/4"], names
     validate_dir(tmp_path / "data" / name / "v1", checksums=True)
+
+    # Found done, not speed: the two units are named as found done, and the rate counts the two units run only,
+    # over the time since they started.
+    total = read_manifest(tmp_path / "data" / name / "v1").totals["tokens"]
+    tok = [e for e in events if e.phase == "tokenize"]
+    last = tok[-1]
+    assert (last.done, last.total, last.found, last.found_tokens, last.tokens) == (4, 4, 2, before, total)
+    assert last.tokens_per_second == pytest.approx((total - before) / last.elapsed) and last.elapsed > 0
+    assert all(e.ran == 0 and e.tokens_per_second == 0 for e in tok if e.done <= 2)  # nothing run: no rate
+    lines = [line for line in out.getvalue().splitlines() if ": tokenize " in line]
+    assert lines[-1] == (f"shardflow: {name}: tokenize 4/4 work units (100%), 2 found done and 2 run here: "
+                         f"{total - before:,} tokens at {format_rate(last.tokens_per_second)}"), lines
+    assert any(line.endswith("(50%), 2 found done, ETA ?") for line in lines), lines
+    # The summary: the units found done one row each, and the tokenize rate over the units run.
+    summary = prefect_api.request("GET", f"/artifacts/{name}-summary/latest")["data"]
+    assert re.search(rf"^\| tokenize-unit \| tokenize {name} unit 1/4 part-0\.parquet\S* \| [\d,]+ \|$", summary, re.M)
+    assert re.search(rf"^\| tokenize-unit \| tokenize {name} unit 3/4 part-2\.parquet\S* \| [\d,]+ \|$", summary, re.M)
+    row = re.search(r"^\| tokenize \(2 of 4 work units; 2 found done\) \| ([\d.]+) s \| ([\d,]+) tokens/s \|$",
+                    summary, re.M)
+    assert row, summary
+    seconds, rate = float(row[1]), int(row[2].replace(",", ""))  # (seconds to 0.1 s)
+    assert (total - before) / (seconds + 0.05) <= rate <= (total - before) / max(seconds - 0.05, 0.01)
+    assert f"{total - before:,} tokens were tokenized in this run" in summary

@@ -72,7 +72,7 @@ def _logs(server: PrefectServer, flow_run_id: str, want: str, timeout: float = 1
 
 
 @pytest.mark.slow
-def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_and_core_logs(
+def test_a_build_run_records_progress_summary_card_names_tags_and_core_logs(
     prefect_api: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
     server = prefect_api
@@ -104,40 +104,29 @@ def test_a_build_run_records_progress_shards_summary_manifest_link_names_tags_an
         assert t["tags"] == [], t["name"]
         assert t["state"]["type"] == "COMPLETED"
 
-    # The artifacts, keyed per dataset.
+    # The artifacts, keyed per dataset: three (the summary, the card, the progress bar).
     arts = _artifacts(server, run["id"])
-    kinds = ("progress", "shards", "summary", "manifest", "card", "lengths", "sources", "shard-fill")
-    assert set(arts) == {f"ops-flow-demo-{k}" for k in kinds}  # a first version: no vs-parent plot
+    assert set(arts) == {f"ops-flow-demo-{k}" for k in ("summary", "card", "progress")}
     assert arts["ops-flow-demo-progress"]["type"] == "progress" and arts["ops-flow-demo-progress"]["data"] == 100.0
-    table = arts["ops-flow-demo-shards"]
-    assert table["type"] == "table"
-    import json
-
-    rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
-    assert [r["file"] for r in rows] == [s.file for e in m.splits.values() for s in e.shards]
-    assert [r["sha256"] for r in rows] == [s.sha256 for e in m.splits.values() for s in e.shards]
     summary = arts["ops-flow-demo-summary"]
     assert summary["type"] == "markdown"
+    shards = [s for e in m.splits.values() for s in e.shards]
+    # Where to read it (the path and the commands, not a file:// link the UI cannot open) and every shard's checksum.
     for needle in (ref, str(version / "metadata.yaml"), "passed", "cl100k_base", m.dtype, "nanogpt", "tokens/s",
-                   f"{m.totals['tokens']:,}"):
+                   f"{m.totals['tokens']:,}", f"`{(version / 'metadata.yaml').resolve()}`",
+                   f"shardflow validate {ref} --catalog", *(f"| `{s.file}` |" for s in shards), *(s.sha256 for s in shards)):
         assert needle in summary["data"], needle
-    assert ref in summary["description"]
-    link = arts["ops-flow-demo-manifest"]  # the path and the commands, not a file:// link the UI cannot open
-    assert link["type"] == "markdown" and "file://" not in link["data"]
-    assert f"`{(version / 'metadata.yaml').resolve()}`" in link["data"] and f"shardflow validate {ref} --catalog" in link["data"]
-    # The card's plots: the PNGs of card/, byte for byte, inlined as data: URLs in markdown (the UI
-    # prints an image artifact's URL, and draws a markdown image); the card as markdown.
+    assert "file://" not in summary["data"] and ref in summary["description"]
+    # The card's plots: the PNGs of card/, byte for byte, inlined as data: URLs in the card's markdown (the UI
+    # prints an image artifact's URL, and draws a markdown image).
     import base64
     import re
 
-    for kind, png in (("lengths", "lengths.png"), ("sources", "tokens_by_source.png"), ("shard-fill", "shard_fill.png")):
-        image = arts[f"ops-flow-demo-{kind}"]
-        assert image["type"] == "markdown"
-        (encoded,) = re.findall(r"!\[[^\]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", image["data"])
-        assert base64.b64decode(encoded) == (version / "card" / png).read_bytes()
     card = arts["ops-flow-demo-card"]
     assert card["type"] == "markdown" and "# Dataset card: " in card["data"]
-    assert card["data"].count("](data:image/png;base64,") == 3
+    inlined = re.findall(r"\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", card["data"])
+    assert [base64.b64decode(e) for e in inlined] == [
+        (version / "card" / png).read_bytes() for png in ("lengths.png", "tokens_by_source.png", "shard_fill.png")]
 
     # The core library's log lines are in the run logs.
     logs = _logs(server, run["id"], "shardflow.pipeline")

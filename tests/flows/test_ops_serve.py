@@ -1,5 +1,6 @@
-"""``shardflow serve``: one dataset's cron-scheduled deployment registered on a real server, and a run
-started by hand with ``prefect deployment run`` executed by the serving process."""
+"""``shardflow serve``: one dataset's cron-scheduled deployment registered on a real server, a run started by
+hand with ``prefect deployment run`` executed by the serving process, and the deployment run again from another
+working directory (its module entrypoint and absolute places, the way any process that runs it finds them)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,20 @@ from support.prefect import PrefectServer
 
 @pytest.mark.slow
 def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
-    prefect_server: PrefectServer, corpus: Path, tmp_path: Path
+    prefect_api: PrefectServer, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "corpus").symlink_to(corpus, target_is_directory=True)  # a relative source, made absolute
-    env = {**prefect_server.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "CI": "true"}
+    prefect_server = prefect_api  # (this process runs the deployment too, from another directory)
+    parts = sorted(corpus.glob("*.parquet"))
+    (tmp_path / "corpus").mkdir()  # a relative source, made absolute; its last file comes later
+    for part in parts[:-1]:
+        (tmp_path / "corpus" / part.name).symlink_to(part)
+    env = {k: v for k, v in prefect_server.env.items() if k not in ("SHARDFLOW_DATA_ROOT", "SHARDFLOW_CATALOG")}
+    env = {**env, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "CI": "true"}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [*SHARDFLOW, "serve", "corpus/", "--name", "nightly-ops", "--cron", "0 2 * * *", "--timezone", "UTC",
-             "--shard-tokens", "300000", "--val-fraction", "0.1", "--data-root", "out/data",
-             "--catalog", "out/manifests"],
+             "--shard-tokens", "300000", "--val-fraction", "0.1", "--data-root", "out/data"],  # the catalog: ./manifests
             # faulthandler: a SIGABRT (below) prints every thread's stack, should it not stop on SIGINT.
             cwd=tmp_path, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -53,6 +58,8 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
         assert params["config"]["name"] == "nightly-ops" and params["config"]["shard_tokens"] == 300000
         assert params["config"]["sources"] == [str(tmp_path / "corpus")]
         assert params["data_root"] == str(tmp_path / "out" / "data")
+        assert params["catalog"] == str(tmp_path / "manifests")  # the default, resolved where serve started
+        assert dep["entrypoint"] == "shardflow.flows.build.build_dataset"  # the installed module, not a path
 
         # Started by hand, the way docs/OPERATIONS.md says.
         res = subprocess.run(
@@ -67,10 +74,26 @@ def test_serve_registers_a_cron_deployment_and_runs_a_manual_run(
         assert {"shardflow", "dataset:nightly-ops"} <= set(run["tags"])
         assert (tmp_path / "out" / "data" / "nightly-ops" / "v1" / "metadata.yaml").exists()
         arts = prefect_server.request("POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
-        assert {a["key"] for a in arts} >= {"nightly-ops-summary", "nightly-ops-shards", "nightly-ops-manifest"}
+        assert {a["key"] for a in arts} >= {"nightly-ops-summary", "nightly-ops-card"}
         tasks = prefect_server.request("POST", "/task_runs/filter",
                                        {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
         assert {t["name"] for t in tasks} >= {"plan nightly-ops", "publish nightly-ops"}
+
+        # The deployment as registered, run from another directory (as a worker or another machine's process
+        # would): its entrypoint imports from anywhere, and it publishes into the same data root and catalog.
+        from prefect.flows import load_flow_from_entrypoint
+
+        from shardflow.catalog import Catalog
+
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        (tmp_path / "corpus" / parts[-1].name).symlink_to(parts[-1])
+        flow = load_flow_from_entrypoint(dep["entrypoint"])
+        result = flow(**flow.validate_parameters(dep["parameters"]))
+        assert (result.ref, result.created) == ("nightly-ops@v2", True)
+        assert result.manifest_path == str(tmp_path / "out" / "data" / "nightly-ops" / "v2" / "metadata.yaml")
+        assert [v.version for v in Catalog(tmp_path / "manifests").versions("nightly-ops")] == ["v1", "v2"]
+        assert list((tmp_path / "elsewhere").iterdir()) == []
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

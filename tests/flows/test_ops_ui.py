@@ -1,9 +1,11 @@
 """The Prefect UI, checked in a real browser: a build run against ``prefect server start`` shows its
-summary, its shard table and the dataset card's plots (image artifacts).
+three artifacts, the summary first, the summary (totals, where to read the version, its shards) and
+the dataset card's plots.
 
 Headless Chromium (Debian's ``chromium``) is driven over the DevTools protocol
 (``support/browser.py``): it opens the flow run's page, waits for the app to render,
-clicks the Artifacts tab and then each artifact, and reads the rendered text.
+clicks the Artifacts tab and then each artifact, and reads the rendered text; the
+React UI (``/v2``) lists the run's artifacts in the same order.
 Screenshots go to the test's tmp directory, or to ``docs/`` with
 ``SHARDFLOW_UPDATE_SCREENSHOTS=1`` (how ``docs/ui-*.png`` are made).
 """
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.slow
-def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
+def test_the_flow_run_page_shows_its_summary_first_then_the_card(
     prefect_server: PrefectServer, corpus: Path, tmp_path: Path
 ) -> None:
     name = "ui-demo"
@@ -56,60 +58,47 @@ def test_the_flow_run_page_shows_the_build_summary_and_the_shard_table(
         assert "Can't connect to Server API" not in text
 
         b.click_text("Artifacts")
-        b.wait_for_text(
-            f"{name}-summary", f"{name}-shards", f"{name}-manifest", f"{name}-progress",
-            f"{ref}: {len(shards)} shards",  # the summary card's description
-        )
+        keys = [f"{name}-{kind}" for kind in ("summary", "card", "progress")]
+        page = b.wait_for_text(*keys, f"{ref}: {len(shards)} shards")  # the summary card's description
+        # The run's artifacts as the page lists them: the summary first (the UI sorts by id: flows/report.py).
+        assert _first_key(page, keys) == f"{name}-summary", page[:3000]
+        assert f"{name}-shards" not in page and f"{name}-lengths" not in page  # three artifacts, no more
         b.screenshot(shots / "ui-flow-run.png")
 
-        # The summary artifact, rendered.
+        # The summary, rendered: totals, throughput, where to read it, its shards with their checksums.
         b.click_text(f"{name}-summary")
         summary = b.wait_for_text(
             f"Build summary: {name}", ref, str(manifest_path), "Validation", "passed", "cl100k_base",
             m.dtype, m.format_name, "Totals", f"{m.totals['tokens']:,}", "Throughput", "tokens/s",
+            "Read it", f"shardflow validate {ref} --catalog", "Shards", *(s.file for s in shards),
         )
         assert "<|endoftext|>" in summary  # the escaped table cell renders as the token
+        assert "file://" not in summary
+        for s in shards:
+            assert s.sha256 in summary, s.file
         b.screenshot(shots / "ui-summary.png")
 
-        # The shard table, rendered: every file with its checksum.
-        b.evaluate("history.back()")
-        b.click_text("Artifacts")
-        b.click_text(f"{name}-shards")
-        table = b.wait_for_text("split", "file", "tokens", "documents", "bytes", "sha256", *(s.file for s in shards))
-        for s in shards:
-            assert s.sha256[:16] in table, s.file
-        b.screenshot(shots / "ui-shards.png")
-
-        # The dataset card's plots: image artifacts that the page really draws (decoded, non-zero size).
-        b.evaluate("history.back()")
-        b.click_text("Artifacts")
-        b.wait_for_text(f"{name}-lengths", f"{name}-sources", f"{name}-shard-fill")
-        b.click_text(f"{name}-lengths")
-        b.wait_for_text(f"{ref}: document-length histogram per split")
-        size = _drawn_image(b)
-        assert size[0] > 200 and size[1] > 100, size
-        # The picture, not its URL: an image artifact's page printed the whole data: URL across the sidebar.
-        assert "base64" not in b.text()
-        b.screenshot(shots / "ui-card-lengths.png")
-
-        # The manifest: where it is and the commands that read it, not a file:// link the browser cannot open.
-        b.evaluate("history.back()")
-        b.click_text("Artifacts")
-        b.click_text(f"{name}-manifest")
-        page = b.wait_for_text(f"Manifest of {ref}", str(manifest_path), f"shardflow validate {ref} --catalog")
-        assert "file://" not in page
-        b.screenshot(shots / "ui-manifest.png")
-
-        # The whole card as markdown, its plots inlined: the markdown renderer draws them too.
+        # The whole card as markdown, its plots inlined: the markdown renderer draws them.
         b.evaluate("history.back()")
         b.click_text("Artifacts")
         b.click_text(f"{name}-card")
         b.wait_for_text("Dataset card:", "Document lengths", "Tokens by input", "Shards", "Vocabulary")
         size = _drawn_image(b)
         assert size[0] > 200 and size[1] > 100, size
+        assert "base64" not in b.text()  # the pictures, not their URLs
         b.screenshot(shots / "ui-card.png")
-    for png in ("ui-flow-run.png", "ui-summary.png", "ui-shards.png", "ui-card-lengths.png", "ui-manifest.png", "ui-card.png"):
+
+        # The React UI (its tab chosen in the URL: a click does not switch its tabs) lists them in the same order.
+        b.open(f"{prefect_server.url}/v2/runs/flow-run/{run['id']}?tab=Artifacts")
+        page = b.wait_for_text(f"build {name}", *keys, timeout=60)
+        assert _first_key(page, keys) == f"{name}-summary", page[:3000]
+    for png in ("ui-flow-run.png", "ui-summary.png", "ui-card.png"):
         assert (shots / png).stat().st_size > 10_000
+
+
+def _first_key(text: str, keys: list[str]) -> str:
+    """Of ``keys``, the one the page's text shows first."""
+    return min(keys, key=lambda k: text.index(k))
 
 
 def _drawn_image(b: Browser, timeout: float = 30) -> tuple[int, int]:

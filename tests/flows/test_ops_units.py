@@ -297,7 +297,15 @@ def test_serve_dry_run_shows_the_one_deployment_with_cron_tags_and_parameters(tm
     assert main(["serve", "/data/c", "--name", "code", "--dry-run"]) == 0
     dep = json.loads(capsys.readouterr().out)
     assert dep["deployment"] == "build-dataset/code" and dep["cron"] is None
-    assert dep["parameters"]["data_root"] is None  # the default ($SHARDFLOW_DATA_ROOT or ./data) is the run's
+    # The defaults resolved now, absolute, and the installed module as the entrypoint: no run depends on its directory.
+    assert (dep["parameters"]["data_root"], dep["parameters"]["catalog"]) == (str(tmp_path / "data"),
+                                                                            str(tmp_path / "manifests"))
+    assert dep["entrypoint"] == "shardflow.flows.build.build_dataset"
+    monkeypatch.setenv("SHARDFLOW_DATA_ROOT", "s3://bucket/data")  # a bucket's URLs as given, from the environment too
+    monkeypatch.setenv("SHARDFLOW_CATALOG", "s3://bucket/catalog")
+    assert main(["serve", "/data/c", "--name", "code", "--dry-run"]) == 0
+    params = json.loads(capsys.readouterr().out)["parameters"]
+    assert (params["data_root"], params["catalog"]) == ("s3://bucket/data", "s3://bucket/catalog")
 
 
 @pytest.mark.parametrize(

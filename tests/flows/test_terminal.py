@@ -100,3 +100,47 @@ def test_a_broken_pipe_that_is_not_stdout_stays_an_io_error(tmp_path):
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == ("shardflow: error: Broken pipe (an I/O error). Nothing partial was published; "
                            "run the same command again: finished work is reused\n")
+
+
+def test_the_first_line_says_what_is_built_before_prefect_is_imported(tmp_path):
+    """``shardflow build``'s first line (stderr): the dataset, its inputs counted with their size, the tokenizer;
+    written before anything imports Prefect (whose import alone takes seconds). The flow is stubbed out here: the
+    line is what is checked, not the build. ``--progress none`` prints none."""
+    from support.paths import SAMPLE
+
+    code = (
+        "import sys\n"
+        "import shardflow.flows.launch as launch\n"
+        "from shardflow.cli.commands import main\n"
+        "real_write = sys.stderr.write\n"
+        "sys.stderr.write = lambda text: real_write(text.replace('\\n', f' [prefect {\"prefect\" in sys.modules}]\\n'))\n"
+        "def flow(request, display):\n"
+        "    raise SystemExit(0)\n"
+        "launch.build_with_prefect = flow\n"
+        "for progress in ('plain', 'none'):\n"
+        "    try:\n"
+        "        main(['build', sys.argv[1], sys.argv[2], '--name', 'first', '--progress', progress])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+    )
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.parquet").write_bytes(SAMPLE.read_bytes())
+    size = SAMPLE.stat().st_size
+    proc = subprocess.run([sys.executable, "-c", code, str(SAMPLE), str(tmp_path / "corpus")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    assert proc.stderr == (f"shardflow: first: building from 2 input files ({2 * size / 1024:.1f} KiB), "
+                           "tokenizer cl100k_base [prefect False]\n")
+
+
+def test_the_first_line_names_what_only_planning_lists():
+    """Inputs on object storage are listed while planning (no listing, no credentials before the first line)."""
+    from shardflow.cli.progress import first_line
+    from shardflow.config import BuildConfig
+    from shardflow.pipeline.request import BuildRequest
+
+    from support.paths import SAMPLE
+
+    request = BuildRequest(config=BuildConfig(name="mixed", sources=(str(SAMPLE), "s3://bucket/corpus/")))
+    assert first_line(request) == (f"shardflow: mixed: building from 1 input file ({SAMPLE.stat().st_size / 1024:.1f} "
+                                   "KiB) and s3://bucket/corpus/ (listed while planning), tokenizer cl100k_base")

@@ -49,7 +49,7 @@ def _code(*dirs: str) -> dict[str, str]:
 def test_workers_runner_address_and_bucket_places_are_decided_in_one_place():
     """The checks are written once (BuildRequest); the command line, the flow and build() make a request."""
     code = _code("src/shardflow", "flows", "tasks")
-    del code["src/shardflow/cli/versions.py"]  # push's own --workers (files sent at once), not a build's
+    del code["src/shardflow/cli/lifecycle.py"]  # push's own --workers (files sent at once), not a build's
     checks = {
         "workers": re.compile(r"workers\s*<\s*1"),
         "runner": re.compile(r"--runner dask needs --address"),

@@ -47,7 +47,10 @@ def _listening(port: int) -> bool:
 def test_a_killed_build_leaves_no_temporary_server_behind(tmp_path: Path, sig: signal.Signals) -> None:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SHARDFLOW_"))}
-    env.update(PREFECT_HOME=str(home), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true", PYTHONUNBUFFERED="1")
+    # A long start-up allowance: the signal must find the build waiting for its server, never already finished
+    # without it (a loaded machine's server can take over the default 20 s; the build then publishes alone).
+    env.update(PREFECT_HOME=str(home), SHARDFLOW_REUSE_LOCAL_SERVER="0", CI="true", PYTHONUNBUFFERED="1",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     build = subprocess.Popen(
         [sys.executable, "-m", "shardflow", "build", str(SAMPLE), "--name", "killed",
          "--data-root", str(tmp_path / "data"), "--catalog", str(tmp_path / "cat")],

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 from shardflow.errors import ShardflowError
 
-from .options import build_config, embed_options, is_url
-from .progress import BuildProgress, Progress, ProgressDisplay
+from .options import build_config, embed_flag_names, embed_options, flags_named, is_url
+from .progress import BuildProgress, Progress, ProgressDisplay, announce
 from .terminal import check_pipeline_installed
 
 __all__ = ["cmd_build", "cmd_serve", "cmd_embed", "request_of", "check_sources_exist"]
@@ -46,6 +46,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     check_sources_exist(args.sources)
     check_pipeline_installed(args)
     request = request_of(args)
+    announce(request, args.progress)  # what will be built, at once: before the embedder, the server, Prefect's import
     if request.config.embed is not None and request.runner == "threads":  # the embedding jobs run on this machine
         from shardflow.embed.embedder import check_available
 
@@ -73,7 +74,8 @@ def _build_here(request: Any, display: Any) -> Any:
     else:
         executor = ThreadExecutor(request.workers)
     with executor:
-        result = run_request(request, executor, BuildProgress(request.config.name, display))
+        progress = BuildProgress(request.config.name, display)
+        result = run_request(request, progress.watching(executor), progress)  # jobs found done: not speed
     display(Progress(dataset=request.config.name, phase="done", done=1, total=1, ref=result.ref))
     return result
 
@@ -93,9 +95,24 @@ def _report(request: Any, result: Any) -> None:
     latest = f"{name}@{catalog.latest(name)}"
     # Inputs back to an older version's: that version is theirs, but @latest stays the newer one.
     older = f"; {name}@latest is {latest}, built from other inputs: read {ref} for these" if latest != ref else ""
-    print(f"published {ref}{where}" if result.created
-          else f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}{older}")
+    print((f"published {ref}{where}" if result.created
+           else f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}{older}")
+          + _empty_val(request.config, catalog.resolve(ref)))
     print(result.manifest_path)
+
+
+def _empty_val(config: Any, version: Any) -> str:
+    """The summary's note when ``--val-fraction`` asked for a val split that came out empty (else '')."""
+    if not config.val_fraction:
+        return ""
+    from shardflow.manifest import read_manifest
+
+    splits = read_manifest(version).splits
+    if "val" not in splits or splits["val"].documents:
+        return ""
+    documents = sum(split.documents for split in splits.values())
+    return (f"; its val split is empty: --val-fraction {config.val_fraction:g} selected none of its "
+            f"{documents:,} document{'' if documents == 1 else 's'} (raise --val-fraction, or use --val-count N)")
 
 
 def check_sources_exist(sources: Sequence[str]) -> None:
@@ -132,9 +149,16 @@ def cmd_embed(args: argparse.Namespace) -> int:
     """``shardflow embed``: embeddings of a published version, as a new version."""
     from shardflow.pipeline import embed_version
 
-    result = embed_version(args.ref, embed_options(args), catalog=args.catalog, data_root=args.data_root)
+    with flags_named(embed_flag_names()):  # a refusal of the version (--dim above its documents) names the flag
+        result = embed_version(args.ref, embed_options(args), catalog=args.catalog, data_root=args.data_root)
     if result.created:
-        print(f"published {result.ref} (embeddings of {args.ref})")
+        from shardflow.catalog import Catalog
+
+        name = result.ref.partition("@")[0]
+        latest = f"{name}@{Catalog(args.catalog).latest(name)}"
+        # An older version's embeddings: @latest stays the newer version (docs/OPERATIONS.md).
+        stays = f"; {name}@latest stays {latest}" if latest != result.ref else ""
+        print(f"published {result.ref} (embeddings of {args.ref}){stays}")
     else:
         print(f"{result.ref} already holds these embeddings of {args.ref}; nothing new was published")
     print(result.manifest_path)

@@ -19,8 +19,8 @@ from .build import cmd_build, cmd_embed, cmd_serve
 from .card import add_card_parser, cmd_card
 from .options import add_build_options, add_command, add_embed_options, check_local_paths, count, is_url, positive
 from .terminal import PIPELINE_HINT, PIPELINE_MODULES, quiet_broken_pipe, stdout_closed
-from .versions import BUCKET_COMMANDS, add_lifecycle_parsers, cmd_diff, cmd_gc, cmd_ls, cmd_push
-from .versions import cmd_rm, cmd_show, cmd_validate
+from .lifecycle import add_lifecycle_parsers, cmd_gc, cmd_push, cmd_rm
+from .versions import BUCKET_COMMANDS, cmd_diff, cmd_ls, cmd_show, cmd_validate
 
 __all__ = ["main", "run", "build_parser"]
 

@@ -16,6 +16,7 @@ checks that every field is one or the other).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -24,7 +25,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from shardflow.errors import ConfigError
 
@@ -253,10 +254,44 @@ def add_embed_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
         _add_field(group, EmbedOptions, field, flag, prefix=prefix, dest=embed_dest(field))
 
 
-def embed_options(args: argparse.Namespace) -> Any:
+def embed_options(args: argparse.Namespace, *, prefix: str = "") -> Any:
+    """The ``EmbedOptions`` of the command line; ``prefix`` as ``add_embed_options`` had it (its errors name the flags)."""
     from shardflow.config import EmbedOptions
 
-    return EmbedOptions(**{field: getattr(args, embed_dest(field)) for field in _embed_flags()})
+    with flags_named(_flag_names(_embed_flags(), prefix)):
+        return EmbedOptions(**{field: getattr(args, embed_dest(field)) for field in _embed_flags()})
+
+
+def embed_flag_names(prefix: str = "") -> dict[str, str]:
+    """``{EmbedOptions field: "--option"}`` with ``prefix`` (``flags_named`` takes it)."""
+    return _flag_names(_embed_flags(), prefix)
+
+
+def _flag_names(flags: Mapping[str, Flag], prefix: str = "") -> dict[str, str]:
+    """``{field: "--option"}``, as ``_add_field`` names them."""
+    return {field: "--" + prefix + (flag.name or field.replace("_", "-")) for field, flag in flags.items()}
+
+
+@contextlib.contextmanager
+def flags_named(flags: Mapping[str, str]) -> Iterator[None]:
+    """A ``ConfigError`` raised inside names the command line's flags (``--val-fraction 1.5``), not the config's fields
+    (``val_fraction=1.5``): the library's messages name its fields, the command's name what the user typed."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(with_flags(str(exc), flags)) from None
+
+
+def with_flags(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` with each field name of ``flags`` as its option: ``field=value`` and ``field (--flag)`` become
+    ``--flag value`` and ``--flag``; a bare field name too where it has an underscore, so is no English word."""
+    for field, option in sorted(flags.items(), key=lambda item: -len(item[0])):  # pca_min_mean_cosine first
+        name = rf"(?<![\w-]){re.escape(field)}"
+        message = re.sub(rf"{name} \({re.escape(option)}\)", option, message)
+        message = re.sub(rf"{name}=", f"{option} ", message)
+        if "_" in field:
+            message = re.sub(rf"{name}(?![\w-])", option, message)
+    return message
 
 
 def add_build_options(b: argparse.ArgumentParser, *, name_required: bool) -> None:
@@ -312,5 +347,6 @@ def build_config(args: argparse.Namespace) -> Any:
 
         get_target(args.target).check_given(given)
     options = {field: getattr(args, field) for field in _build_flags()}
-    options["embed"] = embed_options(args) if args.embed else None
-    return BuildConfig(**options, boundary=given["boundary"], sources=tuple(args.sources))
+    options["embed"] = embed_options(args, prefix="embed-") if args.embed else None
+    with flags_named(_flag_names(_build_flags())):
+        return BuildConfig(**options, boundary=given["boundary"], sources=tuple(args.sources))

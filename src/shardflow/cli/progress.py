@@ -8,7 +8,13 @@ UI gets the same information from the run's progress artifact.
 The display is a ``rich`` progress bar (work units, tokens/s, ETA) when
 standard error is a terminal, and plain throttled lines when it is piped or
 runs under CI (``CI`` set) or ``TERM=dumb``; standard output is left alone, so
-the command's last line stays the manifest path.
+the command's last line stays the manifest path. Its first line (:func:`announce`)
+says what will be built, before anything slow starts.
+
+Rates and ETAs count only the jobs run since the stage's jobs started here:
+jobs the driver found done already (a resumed run; with a temporary Prefect
+server, the jobs this command ran while it started) are shown as found done,
+not as speed (``Progress.found``; :meth:`BuildProgress.watching` tells them apart).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TextIO
 
-__all__ = ["Progress", "emit", "listening", "ProgressDisplay", "choose_mode", "format_rate", "format_eta", "CheckProgress"]
+__all__ = ["Progress", "emit", "listening", "BuildProgress", "Watched", "ProgressDisplay", "choose_mode", "format_rate",
+           "format_eta", "first_line", "announce", "CheckProgress"]
 
 log = logging.getLogger("shardflow.flows")
 
@@ -37,25 +44,35 @@ class Progress:
     done: int
     total: int
     tokens: int = 0
-    """Tokens produced so far in this phase (tokenize), or written (write)."""
+    """Tokens produced so far in this phase (tokenize), or written (write), found done ones included."""
     elapsed: float = 0.0
-    """Seconds since the phase started."""
+    """Seconds since the phase's jobs started running here (the jobs found done take none)."""
     ref: str | None = None
+    found: int = 0
+    """Of ``done``: the items found done already (committed before this run reached them), not run here."""
+    found_tokens: int = 0
+    """Of ``tokens``: those of the ``found`` items."""
 
     @property
     def fraction(self) -> float:
         return 1.0 if self.total <= 0 else min(1.0, self.done / self.total)
 
     @property
+    def ran(self) -> int:
+        """Items run here (``done`` less ``found``)."""
+        return self.done - self.found
+
+    @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+        """Over the items run here only: the found ones took no time here."""
+        return (self.tokens - self.found_tokens) / self.elapsed if self.elapsed > 0 and self.ran > 0 else 0.0
 
     @property
     def eta(self) -> float | None:
-        """Seconds left at the current pace of items, or None before the first item."""
-        if self.done <= 0 or self.elapsed <= 0:
+        """Seconds left at the pace of the items run here, or None before the first one."""
+        if self.ran <= 0 or self.elapsed <= 0:
             return None
-        return max(0.0, (self.total - self.done) * self.elapsed / self.done)
+        return max(0.0, (self.total - self.done) * self.elapsed / self.ran)
 
 
 _listeners: list[Callable[[Progress], None]] = []
@@ -90,6 +107,12 @@ class BuildProgress:
     ``display`` gets each ``Progress`` (a ``ProgressDisplay``, or :func:`emit`
     to whoever listens). Counts, tokens and seconds per stage are kept for a
     run's summary.
+
+    The driver reports a stage's jobs found done (``Stage.done``) before it hands
+    the rest to its executor: on :meth:`watching`'s executor, those are counted
+    as found (``found``, ``found_tokens``, :meth:`job_found`), and a stage's
+    seconds and rates start when its executor starts its jobs. Without it, every
+    job counts as run, from the stage's start.
     """
 
     PHASES = {"tokenize-unit": "tokenize", "write-shard": "write"}
@@ -103,33 +126,127 @@ class BuildProgress:
         self.totals: dict[str, int] = {}
         self.began: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
+        """Per stage: from the start of its jobs here to the end of its last one (0.0: every job was found done)."""
+        self.found: dict[str, int] = {}
+        self.found_tokens: dict[str, int] = {}
+        self._running: set[str] = set()  # stages whose executor has started their jobs: what finishes now ran
+        self._watched = False
+
+    def watching(self, executor: Any) -> "Watched":
+        """``executor``, telling this object as it starts a stage's jobs, so that jobs found done are told apart."""
+        self._watched = True
+        return Watched(executor, self)
+
+    def running(self, stage: Any, jobs: Any) -> None:
+        """The executor starts ``stage``'s remaining ``jobs``: the ones reported before were found done."""
+        self._running.add(stage.name)
+        self.began[stage.name] = time.monotonic()
+        if stage.name in self.PHASES and self.found.get(stage.name) and len(jobs):
+            self.step(stage.name)  # shown at once: these were found done, the rest runs now
 
     def planned(self, plan: Any) -> None:
         self.plan = plan
 
     def stage_started(self, stage: Any, plan: Any, jobs: Any) -> None:
         self.began[stage.name] = time.monotonic()
+        self._running.discard(stage.name)
         self.totals[stage.name], self.counts[stage.name], self.tokens[stage.name] = len(jobs), 0, 0
+        self.found[stage.name], self.found_tokens[stage.name], self.seconds[stage.name] = 0, 0, 0.0
         if stage.name in self.PHASES:
             self.step(stage.name)
         elif stage.name == "validate":
             self.display(Progress(dataset=self.name, phase="finish", done=0, total=1))
 
     def job_done(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
+        tokens = int(getattr(result, "tokens", 0) or 0)
         self.counts[stage.name] = self.counts.get(stage.name, 0) + 1
-        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + int(getattr(result, "tokens", 0) or 0)
-        self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
+        self.tokens[stage.name] = self.tokens.get(stage.name, 0) + tokens
+        if self._watched and stage.name not in self._running:
+            self.found[stage.name] = self.found.get(stage.name, 0) + 1
+            self.found_tokens[stage.name] = self.found_tokens.get(stage.name, 0) + tokens
+            self.job_found(stage, plan, job, result)
+        else:
+            self.seconds[stage.name] = time.monotonic() - self.began.get(stage.name, self.started)
         if stage.name in self.PHASES:
             self.step(stage.name)
+
+    def job_found(self, stage: Any, plan: Any, job: Any, result: Any) -> None:
+        """A job found done already (also reported to ``job_done``, and counted in ``found``): for subclasses."""
 
     def stage_failed(self, stage: Any, plan: Any, error: BaseException) -> None:
         """Whoever runs the build reports the error."""
 
+    def ran_tokens(self, stage: str) -> int:
+        """The tokens of ``stage``'s jobs run here (not found done)."""
+        return self.tokens.get(stage, 0) - self.found_tokens.get(stage, 0)
+
     def step(self, stage: str) -> None:
         """One more job of a shown stage (or its start)."""
+        running = stage in self._running or not self._watched
         self.display(Progress(dataset=self.name, phase=self.PHASES[stage], done=self.counts[stage],
                               total=self.totals[stage], tokens=self.tokens[stage],
-                              elapsed=time.monotonic() - self.began[stage]))
+                              elapsed=time.monotonic() - self.began[stage] if running else 0.0,
+                              found=self.found.get(stage, 0), found_tokens=self.found_tokens.get(stage, 0)))
+
+
+class Watched:
+    """An executor (``shardflow.pipeline.Executor``) that tells a :class:`BuildProgress` as it starts a stage's jobs.
+
+    The driver reports the jobs it finds done before it calls ``map`` (or ``start``) with the rest: the jobs
+    reported before that call were found done, the ones after it ran.
+    """
+
+    def __init__(self, executor: Any, progress: BuildProgress) -> None:
+        self.executor, self.progress = executor, progress
+
+    def plan(self, config: Any, **where: Any) -> Any:
+        return self.executor.plan(config, **where)
+
+    def map(self, stage: Any, plan: Any, jobs: Any, on_done: Callable[[Any, Any], None]) -> list[Any]:
+        self.progress.running(stage, jobs)
+        return self.executor.map(stage, plan, jobs, on_done)
+
+    def start(self, stage: Any, plan: Any, jobs: Any) -> Callable[[], list[Any]]:
+        self.progress.running(stage, jobs)
+        return self.executor.start(stage, plan, jobs)
+
+    def fetch_parent(self, places: Any, config: Any) -> Any:
+        return self.executor.fetch_parent(places, config)
+
+    def push(self, request: Any, ref: str, listed: set[str]) -> None:
+        self.executor.push(request, ref, listed)
+
+
+def first_line(request: Any) -> str:
+    """The build's first line: the dataset, its inputs (local ones counted as planning finds them, with their
+    size; URLs are listed while planning) and its tokenizer. Reads only the file system's listing."""
+    config = request.config
+    local = [s for s in config.sources if "://" not in s or s.startswith("file://")]
+    remote = [s for s in config.sources if s not in local]
+    inputs = ""
+    if local:
+        try:
+            from shardflow.sources import discover_inputs
+
+            found = discover_inputs(local)
+        except Exception:  # planning reports it, in its own words
+            found = None
+        if found is not None:
+            size = sum(i.size for i in found)
+            inputs = f"{len(found):,} input file{'s' * (len(found) != 1)} ({_bytes(size)})"
+        else:
+            inputs = ", ".join(local)
+    if remote:
+        urls = ", ".join(remote[:3]) + (f" and {len(remote) - 3} more" if len(remote) > 3 else "")
+        inputs = (f"{inputs} and " if inputs else "") + f"{urls} (listed while planning)"
+    return f"shardflow: {config.name}: building from {inputs}, tokenizer {config.tokenizer}"
+
+
+def announce(request: Any, mode: str = "auto", stream: TextIO | None = None) -> None:
+    """Print :func:`first_line` on stderr at once (``--progress none``: nothing), before anything slow starts."""
+    stream = stream or sys.stderr
+    if choose_mode(mode, stream) != "none":
+        print(first_line(request), file=stream, flush=True)
 
 
 def format_rate(tokens_per_second: float) -> str:
@@ -179,7 +296,7 @@ class ProgressDisplay:
 
     # -- context management -------------------------------------------------
     def __enter__(self) -> "ProgressDisplay":
-        if self.mode == "bar":
+        if self.mode == "bar" and self._bar is None:
             self._start_bar()
         return self
 
@@ -194,6 +311,7 @@ class ProgressDisplay:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.stream, force_terminal=True)
+        self._tasks = {}  # a bar started again (the display entered again) draws its phases anew
         self._bar = RichProgress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -213,6 +331,8 @@ class ProgressDisplay:
     # -- events ---------------------------------------------------------------
     def __call__(self, ev: Progress) -> None:
         if self.mode == "bar":
+            if self._bar is None:  # shown before the display was entered: the bar starts now, its exit stops it
+                self._start_bar()
             self._draw_bar(ev)
         elif self.mode == "plain":
             self._print_line(ev)
@@ -222,8 +342,8 @@ class ProgressDisplay:
             return
         key = ev.phase
         fields = dict(
-            what=_PHASE_WORDS[ev.phase],
-            rate=format_rate(ev.tokens_per_second) if ev.phase == "tokenize" else "",
+            what=_PHASE_WORDS[ev.phase] + (f" ({ev.found} found done)" if ev.found else ""),
+            rate=format_rate(ev.tokens_per_second) if ev.phase == "tokenize" and (ev.ran or not ev.found) else "",
             eta=format_eta(ev.eta) if ev.done < ev.total else "",
         )
         if key not in self._tasks:
@@ -245,7 +365,11 @@ class ProgressDisplay:
         else:
             line = f"shardflow: {ev.dataset}: {ev.phase} {ev.done}/{ev.total} {_PHASE_WORDS.get(ev.phase, '')}"
             line += f" ({100 * ev.fraction:.0f}%)"
-            if ev.phase == "tokenize":
+            if ev.found:  # items found done took no time here: named apart, and out of the rate and the ETA
+                line += f", {ev.found} found done" + (f" and {ev.ran} run here" if ev.ran else "")
+                if ev.phase == "tokenize" and ev.ran:
+                    line += f": {ev.tokens - ev.found_tokens:,} tokens at {format_rate(ev.tokens_per_second)}"
+            elif ev.phase == "tokenize":
                 line += f", {ev.tokens:,} tokens, {format_rate(ev.tokens_per_second)}"
             if ev.done < ev.total:
                 line += f", {format_eta(ev.eta)}"

@@ -30,12 +30,13 @@ build.)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -184,8 +185,25 @@ def _load_model(spec: ModelSpec, device_option: str) -> _Loaded:
     with _MODEL_LOCK:
         key = (spec.name, device)
         if key not in _MODEL_CACHE:
-            _MODEL_CACHE[key] = _load_uncached(spec, device, SentenceTransformer)
+            with quiet_progress_bars():  # transformers' "Loading weights" bar is not ours to show
+                _MODEL_CACHE[key] = _load_uncached(spec, device, SentenceTransformer)
         return _MODEL_CACHE[key]
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' and huggingface_hub's progress bars off inside (their public switches), as they were after."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    bars_on, hub_off = transformers_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # (its own and the hub's)
+    try:
+        yield
+    finally:
+        if bars_on:
+            transformers_logging.enable_progress_bar()
+        (disable_progress_bars if hub_off else enable_progress_bars)()
 
 
 def _load_uncached(spec: ModelSpec, device: str, SentenceTransformer: Any) -> _Loaded:

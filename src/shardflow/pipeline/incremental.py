@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 import numpy as np
 
-from ..catalog import Catalog, published_manifest_problems, recorded_file_stats
+from ..catalog import Catalog, recorded_file_stats
+from ..provenance import published_manifest_problems
 from ..config import BuildConfig
 from ..errors import ShardflowError, ValidationError
 from ..formats.writer import ShardWriter

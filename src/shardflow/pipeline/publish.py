@@ -23,16 +23,7 @@ from pathlib import Path
 
 from .._io import atomic_write_text, fsync_dir, sha256_file
 from ..card import CARD_DIR, card_wanted, stamp_card, write_card, write_card_text
-from ..catalog import (
-    Catalog,
-    VersionEntry,
-    catalog_id,
-    claim_publisher,
-    default_catalog,
-    default_data_root,
-    publisher_record,
-    read_publisher,
-)
+from ..catalog import Catalog, VersionEntry, default_catalog, default_data_root
 from ..config import EmbedOptions
 from ..embed.compute import add_embeddings, check_embed_options
 from ..embed.embedder import check_available
@@ -40,6 +31,7 @@ from ..embed.files import embedding_key, validate_embeddings
 from ..errors import ShardflowError, ValidationError
 from ..faults import fault
 from ..manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, SplitEntry, read_manifest, write_manifest
+from ..provenance import catalog_id, claim_publisher, publisher_record, read_publisher
 from ..targets.hf_tokenizer import HF_DIR
 from ..tokenizers import load_tokenizer
 from ..validation import validate_dir
@@ -203,6 +195,7 @@ def publish_out(
     data_root: str | os.PathLike[str],
     catalog: str | os.PathLike[str],
     cleanup: Path | None = None,
+    latest_if: str | None = None,
 ) -> str:
     """Publish the complete, validated version directory ``out`` (manifest inside); returns ``NAME@VERSION``.
 
@@ -213,7 +206,8 @@ def publish_out(
     add the catalog entry (the commit point). An identical version (same build
     key) already in the catalog wins, and nothing new is published. The
     manifest's ``parent`` is what the build recorded when it was assembled.
-    ``cleanup`` is removed afterwards.
+    ``cleanup`` is removed afterwards. The new version becomes ``latest``, but with ``latest_if`` (a version
+    name) only while that version is ``latest``: an embedding of an older version never moves ``latest`` back.
     """
     cat = Catalog(catalog)
     out = Path(out)
@@ -254,6 +248,7 @@ def publish_out(
                 manifest_sha256=sha256_file(final / MANIFEST_NAME),
                 files_sha256=files_sha256,
             ),
+            make_latest=latest_if is None or cat.latest(name) == latest_if,
         )
         fault("publish-cataloged", final)
     if cleanup is not None:  # the published build's staging directory (renamed, then deleted: never half of one)
@@ -272,7 +267,8 @@ def embed_version(
 ) -> BuildResult:
     """Add embeddings to the published version ``ref`` as a new version whose parent is ``ref``.
 
-    The token shards and indexes are hard-linked from the parent (no copies;
+    The new version gets the next number; it becomes ``latest`` only when ``ref``'s version was ``latest``
+    (embedding an older version never moves ``latest`` backwards). The token shards and indexes are hard-linked from the parent (no copies;
     a copy only where the data root is on another filesystem). The embeddings
     are computed as a build's are, one part per shard, on ``workers`` threads.
     """
@@ -335,5 +331,6 @@ def embed_version(
             write_card(out, manifest, parent=src_dir, parent_ref=ref)
         except Exception as exc:
             log.warning("%s: the dataset card could not be written (%s)", out / "card", exc)
-    new_ref = publish_out(out, name=parent.name, build_key=key, data_root=root, catalog=cat.path, cleanup=staging)
+    new_ref = publish_out(out, name=parent.name, build_key=key, data_root=root, catalog=cat.path, cleanup=staging,
+                          latest_if=parent.version)
     return BuildResult(ref=new_ref, manifest_path=str(cat.resolve(new_ref) / "metadata.yaml"), created=True)

@@ -34,7 +34,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
-from ..catalog import Catalog, catalog_id, file_lock, read_publisher
+from ..catalog import Catalog, file_lock
+from ..provenance import catalog_id, read_publisher
 from ..errors import ConfigError, ShardflowError
 from ..formats import bosidx
 from ..manifest import SCHEMA_VERSION, read_manifest

@@ -27,6 +27,11 @@ def _n(x: int | float) -> str:
     return f"{int(x):,}"
 
 
+def _count(x: int | float, noun: str) -> str:
+    """``1 shard``, ``148,378 tokens``."""
+    return f"{_n(x)} {noun}{'' if int(x) == 1 else 's'}"
+
+
 def _printable(text: str) -> str:
     # Keep newlines and tabs; show other control characters escaped so the
     # report cannot garble a terminal.
@@ -93,8 +98,8 @@ def inspect_version(
         out.append(f"  boundary   {name}(id {shards.boundary_token}) {where} each document")
     has_index = all(shards.has_index(k) for k in range(shards.num_shards))
     starts = shards.all_doc_starts() if has_index else None
-    docs = f"{_n(len(starts))} documents, " if starts is not None else ""
-    out.append(f"  split      {_n(total)} tokens, {docs}{_n(shards.num_shards)} shards")
+    docs = f"{_count(len(starts), 'document')}, " if starts is not None else ""
+    out.append(f"  split      {_count(total, 'token')}, {docs}{_count(shards.num_shards, 'shard')}")
 
     # -- documents ---------------------------------------------------------------
     out.append("")
@@ -110,7 +115,7 @@ def inspect_version(
         for i in picks:
             a, b = int(starts[i]), int(ends[i])
             k, local = shards.locate(a)
-            out.append(f"  --- document {_n(i)}: {_n(b - a)} tokens, from shard {k} token {_n(local)}")
+            out.append(f"  --- document {_n(i)}: {_count(b - a, 'token')}, from shard {k} token {_n(local)}")
             ids = shards.read(a, min(b, a + chars))  # a token is at least one character
             if tok is not None:
                 text = tok.decode(ids)
@@ -132,7 +137,7 @@ def inspect_version(
     # -- shards --------------------------------------------------------------------
     t = shards.tokens
     out.append(
-        f"Tokens per shard ({_n(len(t))} shards): min {_n(t.min())}, median {_n(np.median(t))}, max {_n(t.max())}"
+        f"Tokens per shard ({_count(len(t), 'shard')}): min {_n(t.min())}, median {_n(np.median(t))}, max {_n(t.max())}"
     )
     rows = list(range(len(t)))
     if len(rows) > _SHOW_ALL_SHARDS:
@@ -140,7 +145,7 @@ def inspect_version(
     width = max(len(s.path.name) for s in shards.shards)
     for k in rows:
         if k < 0:
-            out.append(f"  ... {_n(len(t) - 25)} more shards ...")
+            out.append(f"  ... {_count(len(t) - 25, 'more shard')} ...")
             continue
         ndocs = f"  {_n(len(shards.doc_starts(k))):>9} documents start" if has_index else ""
         out.append(f"  {k:>6}  {shards.shards[k].path.name:<{width}}  {_n(t[k]):>13} tokens{ndocs}")

@@ -42,11 +42,10 @@ from .base import (
     TokenizerFamily,
     TokenizerSpec,
     check_identity,
-    is_library_panic,
-    library_panic_error,
     unknown_tokenizer_error,
 )
 from .hf_family import HF, HFFamily, HFTokenizer
+from .panics import is_library_panic, library_panic_error
 from .sentencepiece_family import (
     SENTENCEPIECE,
     SentencePieceFamily,

@@ -16,24 +16,21 @@ of ids into the flat ``(tokens, offsets)`` arrays.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import logging
-import os
-import sys
-import tempfile
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, InputError
-from .routing import disputed_pattern, encode_routed, find_disputed
+from .panics import is_library_panic, library_panic_error
+from .routing import disputed_pattern, encode_routed, find_disputed, note_routed
 
 __all__ = [
     "Tokenizer",
@@ -44,9 +41,6 @@ __all__ = [
     "check_identity",
     "unknown_tokenizer_error",
     "no_boundary_error",
-    "is_library_panic",
-    "library_panic_error",
-    "panic_notice_held",
 ]
 
 # Strings that stress pre-tokenization and byte-level BPE: special-token text
@@ -79,64 +73,6 @@ PROBE_STRINGS: tuple[str, ...] = (
 COMMON_SPECIAL_TEXTS: tuple[str, ...] = ("<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>")
 
 log = logging.getLogger("shardflow.tokenizers")
-
-
-def is_library_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is a Rust library's panic as Python sees it: pyo3's ``PanicException`` (tokenizers,
-    gigatoken), a ``BaseException`` that no public module exports, so matched by its class name."""
-    return any(cls.__name__ == "PanicException" for cls in type(exc).__mro__)
-
-
-def library_panic_error(tokenizer: str, doing: str, exc: BaseException) -> ConfigError:
-    """One line for a tokenizer library that panicked ``doing`` something with the file ``tokenizer``: the file
-    is the cause (the library's own notice, and its backtrace, are no use to the person who runs the build)."""
-    detail = one_line(exc)
-    if "retry-limit" in detail or "backtrack" in detail:
-        cause = ("its pre-tokenizer's regular expression (a Split pattern) backtracks catastrophically on some text, "
-                 "and the regex engine gave up; the file is at fault, not the text (a well-formed pattern, as Llama "
-                 "3's, takes 200,000-character runs in under a second): fix the pattern or use another tokenizer file")
-    else:
-        cause = ("a tokenizer library does not panic on a well-formed file, whatever the text: the file is at fault; "
-                 "check it, or use another tokenizer file")
-    return ConfigError(f"tokenizer {tokenizer}: the tokenizer library panicked while {doing} ({detail}); {cause}")
-
-
-_STDERR_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def panic_notice_held() -> Iterator[None]:
-    """Hold back what is written to file descriptor 2 during the block, and copy it there after, unless the block
-    raised a library panic: then it is dropped. A Rust library prints its panic's notice (and, under
-    ``RUST_BACKTRACE``, a backtrace of dozens of lines) to fd 2 before Python sees the exception, so a caller that
-    reports the panic in one line runs the library calls that may panic under this. It holds the whole process's
-    fd 2: for short blocks only (loading a tokenizer file), never around a build's encoding."""
-    with _STDERR_LOCK:
-        try:
-            sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no fd 2 (a daemon): nothing to hold back
-            yield
-            return
-        panicked = False
-        with tempfile.TemporaryFile() as held:
-            os.dup2(held.fileno(), 2)
-            try:
-                yield
-            except BaseException as exc:
-                panicked = is_library_panic(exc)
-                raise
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-                if not panicked:  # another thread's lines meanwhile (progress, a warning): late, not lost
-                    held.seek(0)
-                    with contextlib.suppress(OSError):
-                        while block := memoryview(held.read(1 << 16)):
-                            while block:
-                                block = block[os.write(2, block):]
 
 
 def _panics_named(method: Callable[..., Any], doing: str) -> Callable[..., Any]:
@@ -498,16 +434,8 @@ def checked_fast(
     if bad is not None:
         return None, f"gigatoken disagrees with {library} on the probe string {bad[:40]!r}", None
     disputed = find_disputed(fast, reference_batch, cache_key=key)
-    if disputed:
-        log.info("tokenizer %s: documents holding any of %d characters gigatoken encodes differently "
-                 "are encoded by %s", name, len(disputed), library)
+    note_routed(name, disputed, library)
     return fast, "", disputed_pattern(disputed, routed)
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (Rust errors carry a multi-line location trailer)."""
-    text = str(exc).strip().splitlines()
-    return text[0].strip() if text else type(exc).__name__
 
 
 def file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:

@@ -46,8 +46,8 @@ import numpy as np
 
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
-from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file, one_line
-from .base import is_library_panic, library_panic_error, panic_notice_held
+from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file
+from .panics import is_library_panic, library_panic_error, one_line, panic_notice_held
 
 __all__ = ["HF", "HFFamily", "HFTokenizer", "TOKENIZER_JSON"]
 

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import string
 import threading
@@ -42,7 +43,12 @@ import pyarrow as pa
 
 from .._arrow import large_strings
 
-__all__ = ["Disputed", "Substrings", "Routes", "find_disputed", "disputed_pattern", "encode_routed", "cached_answer"]
+__all__ = ["Disputed", "Substrings", "Routes", "find_disputed", "disputed_pattern", "encode_routed", "cached_answer",
+           "note_routed"]
+
+log = logging.getLogger("shardflow.tokenizers")
+_NOTED: set[tuple[str, str]] = set()
+_NOTED_LOCK = threading.Lock()
 
 CACHE_ENV = "SHARDFLOW_CACHE_DIR"
 
@@ -76,6 +82,20 @@ def _cache_file(key: str, kind: str = "disputed") -> Path:
     full = json.dumps([key, giga, unicodedata.unidata_version, 1])
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "shardflow")
     return root / f"{kind}-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
+
+
+def note_routed(name: str, disputed: Sequence[int], library: str) -> None:
+    """Say, at INFO and once per process and tokenizer, what routing around ``disputed`` means: not a problem,
+    the way each document's ids stay exactly the reference library's."""
+    if not disputed:
+        return
+    with _NOTED_LOCK:
+        if (name, library) in _NOTED:
+            return
+        _NOTED.add((name, library))
+    log.info("tokenizer %s: gigatoken encodes the documents, but for exactness %s encodes those holding any of "
+             "%s characters it classes differently (letters of newer Unicode tables), so every id is %s's",
+             name, library, f"{len(disputed):,}", library)
 
 
 def cached_answer(kind: str, key: str, compute: Callable[[], Any]) -> Any:

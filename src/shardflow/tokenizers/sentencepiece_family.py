@@ -41,7 +41,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file, one_line
+from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file
+from .panics import one_line
 
 __all__ = ["SENTENCEPIECE", "SentencePieceFamily", "SentencePieceTokenizer"]
 

@@ -54,7 +54,7 @@ from .base import (
     dist_version,
     unknown_tokenizer_error,
 )
-from .routing import Disputed, cached_answer, disputed_pattern, find_disputed
+from .routing import Disputed, cached_answer, disputed_pattern, find_disputed, note_routed
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT", "split_pattern"]
 
@@ -167,10 +167,10 @@ class TiktokenFamily(TokenizerFamily):
     def load(self, name_or_path: str, backend: str) -> Tokenizer:
         encoding, spec = _load_encoding(name_or_path)
         make = functools.partial(TiktokenTokenizer, spec=spec, source=encoding)
-        return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(encoding, spec), "tiktoken")
+        return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(encoding, spec, name_or_path), "tiktoken")
 
 
-def _fast_backend(encoding: Any, spec: TokenizerSpec) -> tuple[Any | None, str, Disputed | None]:
+def _fast_backend(encoding: Any, spec: TokenizerSpec, name: str) -> tuple[Any | None, str, Disputed | None]:
     """gigatoken for an encoding, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
     if spec.rank_file is None or spec.pretokenizer is None:
         return None, "gigatoken needs a rank file and a known pre-tokenizer for this encoding", None
@@ -182,11 +182,12 @@ def _fast_backend(encoding: Any, spec: TokenizerSpec) -> tuple[Any | None, str, 
         return None, f"gigatoken cannot load this encoding ({exc})", None
     if not _fast_agrees_cached(fast, encoding, spec):
         return None, "gigatoken disagrees with tiktoken on the probe strings", None
-    return fast, "", _routed_pattern(f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {dist_version('tiktoken')}", fast, encoding)
+    return fast, "", _routed_pattern(f"tiktoken {spec.rank_file_sha256} {spec.pretokenizer} {dist_version('tiktoken')}", fast, encoding,
+                                      name)
 
 
 @functools.lru_cache(maxsize=8)
-def _routed_pattern(key: str, fast: Any, encoding: Any) -> Disputed | None:
+def _routed_pattern(key: str, fast: Any, encoding: Any, name: str) -> Disputed | None:
     """The characters gigatoken classes unlike tiktoken (Unicode 17 letters), found once per vocabulary.
 
     gigatoken 0.10 splits with Unicode 17 tables, tiktoken's regex engine with
@@ -195,8 +196,7 @@ def _routed_pattern(key: str, fast: Any, encoding: Any) -> Disputed | None:
     (about a second), and documents holding one are encoded by tiktoken.
     """
     disputed = find_disputed(fast, lambda texts: encoding.encode_ordinary_batch(texts), cache_key=key)
-    if disputed:
-        log.info("tokenizer (%s): %d characters split differently by gigatoken are encoded by tiktoken", key, len(disputed))
+    note_routed(name, disputed, "tiktoken")
     return disputed_pattern(disputed)
 
 
