@@ -243,9 +243,11 @@ def first_line(request: Any) -> str:
 
 
 def announce(request: Any, mode: str = "auto", stream: TextIO | None = None) -> None:
-    """Print :func:`first_line` on stderr at once (``--progress none``: nothing), before anything slow starts."""
+    """Print :func:`first_line` on stderr at once, before anything slow starts: on a terminal (the bar), or when
+    ``--progress plain`` asks for lines. Output piped without asking (scripts, CI logs) gets none: there a bad
+    input's message stays the only line, and the build's progress lines come as its jobs run."""
     stream = stream or sys.stderr
-    if choose_mode(mode, stream) != "none":
+    if mode == "plain" or choose_mode(mode, stream) == "bar":
         print(first_line(request), file=stream, flush=True)
 
 
