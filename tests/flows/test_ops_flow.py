@@ -239,4 +239,5 @@ def test_a_nightly_rebuild_of_a_grown_directory_tokenizes_only_the_new_file(
     m = read_manifest(tmp_path / "data" / "ops-nightly" / "v2")
     assert m.parent == "ops-nightly@v1" and len(m.inputs) == 4
     latest = prefect_api.request("GET", "/artifacts/ops-nightly-summary/latest")
-    assert f"Incremental: {tok[-1].tokens:,} tokens were tokenized in this run" in latest["data"]
+    assert f"{tok[-1].tokens:,} tokens were tokenized in this run; the other " in latest["data"]
+    assert "came from `ops-nightly@v1`, unchanged" in latest["data"], latest["data"]

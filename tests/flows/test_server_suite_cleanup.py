@@ -49,7 +49,7 @@ def test_interrupted_while_a_server_is_up(server):
     leaked = subprocess.Popen(SLEEPER, start_new_session=True)  # never stopped: the check must find it
     pathlib.Path(os.environ["INNER_READY"]).write_text(f"{server.pid} {leaked.pid}")
     if not os.environ.get("INNER_ENDS"):
-        time.sleep(600)
+        time.sleep(45)  # interrupted long before, unless a loaded machine's controller waits for its worker first
 '''
 
 
@@ -80,7 +80,7 @@ def _session(tmp_path: Path, how: str) -> tuple[int, str, list[int], str]:
             os.killpg(inner.pid, signal.SIGINT)  # the terminal's Ctrl-C: pytest and its worker
         elif how == "sigterm":
             os.kill(inner.pid, signal.SIGTERM)  # pytest alone
-        output, _ = inner.communicate(timeout=90)
+        output, _ = inner.communicate(timeout=180)  # a loaded machine: xdist's teardown, the check's grace
     finally:
         if inner.poll() is None:
             os.killpg(inner.pid, signal.SIGKILL)

@@ -97,13 +97,13 @@ def _report(request: Any, result: Any) -> None:
     older = f"; {name}@latest is {latest}, built from other inputs: read {ref} for these" if latest != ref else ""
     print((f"published {ref}{where}" if result.created
            else f"nothing new: {ref} is identical{where.replace(' to ', ' at ')}{older}")
-          + (_empty_val(request.config, result.manifest_path) if result.created else ""))
+          + _empty_val(request.config, result.manifest_path))
     print(result.manifest_path)
 
 
 def _empty_val(config: Any, manifest_path: str) -> str:
     """The summary's note when ``--val-fraction`` asked for a val split that came out empty (else ''), read from the
-    manifest just published (a build to a bucket keeps no local copy once it is pushed: then nothing is said)."""
+    version's manifest (a build to a bucket may keep no local copy of it: then nothing is said)."""
     if not config.val_fraction or not manifest_path or not os.path.isfile(manifest_path):
         return ""
     from shardflow.manifest import read_manifest
