@@ -94,9 +94,7 @@ def test_a_session_ended_or_interrupted_leaves_no_process_it_started(tmp_path: P
         status, output, (server, leaked), mark = _session(tmp_path / how, how)
         if how == "end":  # the test passed; the run fails for what it left
             assert status == 1 and "1 passed" in output, (status, output[-3000:])
-        elif how == "ctrl-c":
-            assert status == 2 and "KeyboardInterrupt" in output, (status, output[-3000:])
-        else:  # SIGTERM to pytest alone: interrupted, or (seen under CI load) its xdist worker's test ran out first
+        else:  # interrupted; or, seen under CI load (both ways), the worker's test ran out before the interrupt took
             assert status in (1, 2) and ("KeyboardInterrupt" in output or "1 passed" in output), (status, output[-3000:])
         # The check named and killed what was left: the leaked process (and, where the worker was killed before
         # its teardown, the server).
