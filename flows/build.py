@@ -126,6 +126,9 @@ class PrefectExecutor:
     tasks without taking one of their slots, and shows as a task run too.
     """
 
+    shares_filesystem = True
+    """Its task runs (prefect-dask's too) see the flow's scratch: a build to a bucket is built there, then pushed."""
+
     def __init__(self, task_runner: Any, in_flight: int) -> None:
         self.task_runner, self.in_flight = task_runner, in_flight
 

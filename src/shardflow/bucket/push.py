@@ -37,7 +37,7 @@ from ..manifest_files import named_files
 from .fs import filesystem, put_if_absent, read_with_etag, update_object
 from ..validation import validate_dir
 
-__all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
+__all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "plan_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
 __all__ += ["upload_file"]
 
 SHA256_METADATA = "sha256"
@@ -273,8 +273,15 @@ def prepare_push(ref: str, *, data_root_url: str, catalog_url: str, catalog: Any
                  checksums: bool = True) -> PushPlan | PushResult:
     """Steps 1-2 of a push, and what step 3 sends; a ``PushResult`` with ``already`` if the bucket lists it."""
     target = bucket_target(data_root_url, catalog_url)
-    catalog_url = catalog_url.rstrip("/")
     directory, manifest, local = _local(ref, catalog, checksums)
+    return plan_push(directory, manifest, local, target=target, catalog_url=catalog_url)
+
+
+def plan_push(directory: Path, manifest: Manifest, local: VersionEntry, *, target: BucketTarget,
+              catalog_url: str) -> PushPlan | PushResult:
+    """The push of the version staged in ``directory`` (``manifest``, its catalog entry ``local``) to ``target``:
+    claimed, and what to send (``PushResult`` with ``already``: the bucket lists it)."""
+    catalog_url = catalog_url.rstrip("/")
     name, version = manifest.name, manifest.version
     files = {**_card_files(directory), **_manifest_files(directory, manifest)}
     prefix = target.version_key(name, version)

@@ -198,6 +198,7 @@ class Watched:
 
     def __init__(self, executor: Any, progress: BuildProgress) -> None:
         self.executor, self.progress = executor, progress
+        self.shares_filesystem = executor.shares_filesystem
 
     def plan(self, config: Any, **where: Any) -> Any:
         return self.executor.plan(config, **where)

@@ -16,13 +16,16 @@ naming the job (the Prefect flow uses it too).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ConfigError, ShardflowError
-from .handle import PlanHandle
+from .layout import read_layout
 from .model import BuildPlan
 from .run import InProcess, OnDone, retrying, stage_retries
 from .stages import Job, Stage, stage
+from .staging import Staging
 
 __all__ = ["DaskExecutor", "WorkerLost", "lost_worker"]
 
@@ -48,14 +51,36 @@ def lost_worker(exc: BaseException, job: str) -> WorkerLost | None:
     )
 
 
-def _run_job(name: str, handle: PlanHandle, job: Job) -> Any:
+def _run_job(name: str, plan: BuildPlan, job: Job) -> Any:
     """One job on a worker (by stage name: a ``Stage`` holds lambdas, which do not pickle)."""
     step = stage(name)
-    return retrying(step, handle.plan, *job, retries=stage_retries(step))
+    return retrying(step, plan, *job, retries=stage_retries(step))
+
+
+def _run_sent(name: str, sends: Any, plan: BuildPlan, job: Job) -> tuple[Any, str]:
+    """One job of a build that sends its files from the workers (``bucket/remote_jobs.py``), and where it ran."""
+    from distributed import get_worker
+
+    from ..bucket import remote_jobs
+
+    step = remote_jobs.tokenize_job if name == "tokenize-unit" else remote_jobs.write_job
+    return retrying(step, sends, plan, *job), get_worker().address
+
+
+NO_WORKERS_ENV = "SHARDFLOW_DASK_NO_WORKERS_S"
+"""How long a build waits on a cluster that has no worker at all before it stops (seconds; default 120)."""
 
 
 class DaskExecutor(InProcess):
-    """Runs fanned-out jobs on the Dask scheduler at ``address`` (``tcp://HOST:8786``)."""
+    """Runs fanned-out jobs on the Dask scheduler at ``address`` (``tcp://HOST:8786``).
+
+    The plan goes to each worker once (``Client.scatter``), by value: a job never opens a path of this
+    machine to learn it. A local data root must be one every worker sees at the same path (checked
+    before the first job: one line naming the worker and the path); a build to a bucket needs no shared
+    path at all: its workers send their files to the bucket (``shares_filesystem`` is False).
+    """
+
+    shares_filesystem = False
 
     def __init__(self, address: str) -> None:
         try:
@@ -63,36 +88,150 @@ class DaskExecutor(InProcess):
         except ImportError:
             raise ConfigError("--runner dask needs distributed: pip install 'shardflow[dask]'") from None
         super().__init__()
+        self.address = address
         self.client = Client(address, set_as_default=False)
+        self._plans: dict[str, tuple[BuildPlan, Any]] = {}
+        self._where: dict[int, str] = {}  # work unit -> the worker whose disk holds its pieces (a build that sends)
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
         self.client.close()
 
-    def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
-        from distributed import as_completed
+    def _scattered(self, plan: BuildPlan) -> Any:
+        """The plan on every worker, sent once per plan; a local data root checked first (see the class)."""
+        known = self._plans.get(plan.staging)
+        if known is not None and known[0] == plan:
+            return known[1]
+        if not Staging(plan.staging).sends:
+            self._check_visible(plan.staging)
+        future = self.client.scatter(plan, broadcast=True, hash=False)
+        self._plans[plan.staging] = (plan, future)
+        return future
 
-        if stage.fan_out == "one":
+    def _check_visible(self, path: str) -> None:
+        seen = self.client.run(os.path.isdir, path)
+        blind = sorted(addr for addr, ok in seen.items() if not ok)
+        if blind:
+            raise ConfigError(
+                f"{path}: the Dask worker {blind[0]}{f' (and {len(blind) - 1} more)' if len(blind) > 1 else ''} cannot see "
+                "this path; a build on Dask with a local --data-root needs storage every worker mounts at the same path. "
+                "Without one, build to a bucket: --data-root s3://BUCKET/data --catalog s3://BUCKET/catalog"
+            )
+
+    def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
+        if stage.fan_out == "one" or not jobs:
             results = [retrying(stage, plan, *job, retries=stage_retries(stage)) for job in jobs]
             for job, result in zip(jobs, results):
                 on_done(job, result)
             return results
-        handle = PlanHandle(plan)
-        futures = [self.client.submit(_run_job, stage.name, handle, job, pure=False) for job in jobs]
-        index = {f.key: i for i, f in enumerate(futures)}
+        staging = Staging(plan.staging)
+        sends = None
+        if staging.sends:
+            from ..bucket.remote_jobs import read_sends, share_layout
+
+            sends = read_sends(staging)
+            if stage.name == "write-shard":
+                share_layout(staging, sends)
+        plan_future = self._scattered(plan)
         results: list[Any] = [None] * len(jobs)
+        here = [i for i, job in enumerate(jobs) if sends is not None and not self._sent(stage, plan, job)]
+        for i in here:  # a parent's shards (only this machine fetched the parent), and checks of what those link
+            results[i] = retrying(stage, plan, *jobs[i], retries=stage_retries(stage))
+            on_done(jobs[i], results[i])
+        todo = [i for i in range(len(jobs)) if i not in set(here)]
+
+        pins: dict[Any, str] = {}  # future -> the worker it must run on
+
+        def submit(i: int, pinned: bool) -> Any:
+            if sends is None:
+                return self.client.submit(_run_job, stage.name, plan_future, jobs[i], pure=False)
+            worker = self._worker_for(stage, plan, jobs[i]) if pinned else None
+            future = self.client.submit(_run_sent, stage.name, sends, plan_future, jobs[i], pure=False,
+                                        workers=[worker] if worker else None, allow_other_workers=False)
+            if worker:
+                pins[future] = worker
+            return future
+
+        futures = {submit(i, True): i for i in todo}
         try:
-            for future in as_completed(futures, loop=self.client.loop):
-                i = index[future.key]
+            for future, i in self._completed(futures, pins, submit):
                 try:
-                    results[i] = future.result()  # the first error stops the build
+                    result = future.result()  # the first error stops the build
                 except Exception as exc:
                     lost = lost_worker(exc, stage.label(plan, jobs[i]))
                     if lost is None:
                         raise
                     raise lost from exc
-                on_done(jobs[i], results[i])
+                if sends is not None:
+                    from ..bucket.remote_jobs import commit_records
+
+                    (result, where) = result
+                    commit_records(staging, result.records)
+                    result = result.result
+                    if stage.name == "tokenize-unit":
+                        self._where[jobs[i][0]] = where
+                    elif stage.name == "write-shard":
+                        result = result[0]
+                results[i] = result
+                on_done(jobs[i], result)
         except BaseException:
-            self.client.cancel(futures)
+            self.client.cancel(list(futures))
             raise
         return results
+
+    def _sent(self, stage: Stage, plan: BuildPlan, job: Job) -> bool:
+        """Whether a job of a build that sends runs on a worker (else here: it links the parent's shard)."""
+        if stage.name == "tokenize-unit":
+            return True
+        if stage.name != "write-shard":
+            return False
+        sources = read_layout(plan).splits[job[0]].sources
+        return sources is None or sources[job[1]][0] >= 0
+
+    def _worker_for(self, stage: Stage, plan: BuildPlan, job: Job) -> str | None:
+        """The worker that holds a placed shard's piece (None: any)."""
+        if stage.name != "write-shard":
+            return None
+        sources = read_layout(plan).splits[job[0]].sources
+        return None if sources is None else self._where.get(sources[job[1]][0])
+
+    def _completed(self, futures: dict[Any, int], pins: dict[Any, str], submit: Callable[[int, bool], Any]
+                   ) -> Iterator[tuple[Any, int]]:
+        """Yield ``(future, job index)`` as each finishes. A job pinned to a worker that has left (``pins``) is
+        submitted again to any worker; a cluster without any worker for ``NO_WORKERS_ENV`` seconds stops the build
+        in one line."""
+        from distributed import as_completed
+
+        limit = float(os.environ.get(NO_WORKERS_ENV) or 120)
+        alone_since: float | None = None
+        pending = as_completed(list(futures), loop=self.client.loop)
+        checked = time.monotonic()
+        while futures:
+            done = pending.next_batch(block=False)
+            for future in done:
+                if future in futures:  # (not one cancelled and submitted again)
+                    pins.pop(future, None)
+                    yield future, futures.pop(future)
+            if done:
+                alone_since = None
+                continue
+            time.sleep(0.1)
+            if time.monotonic() - checked < 5:
+                continue
+            checked = time.monotonic()
+            workers = set(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+            if not workers:
+                alone_since = alone_since or time.monotonic()
+                if time.monotonic() - alone_since > limit:
+                    raise WorkerLost(
+                        f"{self.address}: no Dask worker for {limit:.0f} s; the jobs finished so far are kept: start "
+                        f"workers (dask worker {self.address}) and run the same build again")
+                continue
+            alone_since = None
+            for future, i in list(futures.items()):
+                if future in pins and pins[future] not in workers:  # its pieces went with that worker
+                    del futures[future], pins[future]
+                    self.client.cancel([future])
+                    again = submit(i, False)
+                    futures[again] = i
+                    pending.add(again)

@@ -16,7 +16,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShardflowError
+from ..errors import ConfigError, ShardflowError
 from .model import BuildPlan
 from .staging import load_plan
 
@@ -35,24 +35,40 @@ def _plan_on_disk(staging: str) -> BuildPlan:
 
 
 class PlanHandle:
-    """The plan, passed to jobs on other processes as an opaque object (``handle.plan``)."""
+    """The plan, passed to jobs on other processes as an opaque object (``handle.plan``).
 
-    __slots__ = ("plan", "on_disk")
+    Unpickling never touches the filesystem: a worker that cannot see the staging directory fails the
+    job that reads ``handle.plan`` (one error, naming the path), never the connection that brought it.
+    """
+
+    __slots__ = ("_plan", "_staging", "on_disk")
 
     def __init__(self, plan: BuildPlan) -> None:
-        self.plan = plan
+        self._plan: BuildPlan | None = plan
+        self._staging = plan.staging
         try:
             on_disk = dataclasses.replace(load_plan(plan.staging), existing=plan.existing)
         except (OSError, ValueError, ShardflowError):
             on_disk = None
         self.on_disk = on_disk == plan
 
+    @property
+    def plan(self) -> BuildPlan:
+        if self._plan is None:
+            try:
+                self._plan = _plan_on_disk(self._staging)
+            except FileNotFoundError:
+                raise ConfigError(f"{self._staging}: this worker cannot see the build's staging directory; a build "
+                                  "with a local --data-root needs storage every worker mounts at the same path") from None
+        return self._plan
+
     def __getstate__(self) -> Any:
-        return ("staging", self.plan.staging) if self.on_disk else self.plan
+        return ("staging", self._staging) if self.on_disk else self.plan
 
     def __setstate__(self, state: Any) -> None:
         self.on_disk = isinstance(state, tuple)
-        self.plan = _plan_on_disk(state[1]) if isinstance(state, tuple) else state
+        self._plan = None if self.on_disk else state
+        self._staging = state[1] if self.on_disk else state.staging
 
     def __repr__(self) -> str:
-        return f"PlanHandle({self.plan.config.name!r}, {len(self.plan.units)} units)"
+        return f"PlanHandle({self._staging!r})"

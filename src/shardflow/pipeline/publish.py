@@ -94,6 +94,9 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
 def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
     """Publish a finalized build staging directory as the next version; returns ``NAME@VERSION``."""
     plan = as_plan(plan)
+    staging = Staging(plan.staging)
+    if staging.sends:
+        return _publish_sent(plan, staging)
     return publish_out(
         Staging(plan.staging).out,
         name=plan.config.name,
@@ -104,7 +107,23 @@ def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
     )
 
 
-def _stamp(out: Path, version: str, final: Path, build_key: str) -> None:
+def _publish_sent(plan: BuildPlan, staging: Staging) -> str:
+    """Publish a build whose workers sent its files to a bucket (``bucket/remote_jobs.py``): the manifest names
+    the version's URL as its ``dataset_path``; the bucket catalog's entry is the commit point. This staging
+    directory holds records only, and goes."""
+    from ..bucket.remote_jobs import discard_job_dirs, read_sends, send_version
+
+    sends = read_sends(staging)
+    assert sends is not None
+    build_key = content_key(plan)
+    _stamp(staging.out, sends.version, sends.version_url, build_key)
+    ref, _ = send_version(staging, sends, name=plan.config.name, build_key=build_key, planned_key=plan.build_key)
+    discard_job_dirs(plan)
+    discard_staging(Path(plan.staging))
+    return ref
+
+
+def _stamp(out: Path, version: str, final: Path | str, build_key: str) -> None:
     """Write the version's identity into the validated manifest of ``out``, and nothing else."""
     manifest = read_manifest(out)
     if manifest.build_key != build_key:

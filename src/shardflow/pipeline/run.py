@@ -19,11 +19,11 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Protocol, Sequence, TypeVar
 
 from ..catalog import Catalog
 from ..config import BuildConfig
-from ..errors import RETRY, is_transient
+from ..errors import RETRY, CatalogError, is_transient
 from .model import BuildPlan, BuildResult, UnitResult
 from .plan import plan_build
 from .request import BuildRequest
@@ -84,6 +84,9 @@ class Executor(Protocol):
 
     def push(self, request: BuildRequest, ref: str, listed: set[str]) -> None:
         """A build to a bucket: send the version built in the scratch (``bucket.build.publish_to_bucket``)."""
+
+    shares_filesystem: bool
+    """Whether the jobs run where this process's files are (False: a build to a bucket sends from the workers)."""
 
 
 class Events:
@@ -149,17 +152,19 @@ def drive(
     lock_timeout: float | None = 0,
     reuse: bool | None = None,
     events: Events | None = None,
+    lock: Callable[..., ContextManager[BuildPlan]] = build_lock,
 ) -> BuildResult:
     """Build ``config`` into a published version, running its jobs on ``executor``.
 
-    Holds the build's ``build_lock`` from after planning to the end: a second
+    Holds the build's ``lock`` (``build_lock``; a build to a bucket's also holds the bucket's lease of the build
+    key: ``bucket/driving.py``) from after planning to the end: a second
     run of the same build fails at once with a clear message (``lock_timeout``
     seconds: waits, and then reports the version the other run published).
     """
     events = events or Events()
     plan = executor.plan(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
     if not plan.existing:
-        with build_lock(plan, timeout=lock_timeout) as plan:
+        with lock(plan, timeout=lock_timeout) as plan:
             if not plan.existing:  # nobody published it while this run waited for the lock
                 events.planned(plan)
                 done = run_stages(plan, *_stage_runners(plan, executor, events))
@@ -175,19 +180,27 @@ def run_request(request: BuildRequest, executor: Executor, events: Events | None
     if places is None:
         return drive(request.config, executor, data_root=request.data_root, catalog=request.catalog, events=events)
     from ..bucket.build import sync_catalog
+    from ..bucket.driving import bucket_lock, listed_versions
 
     listed = sync_catalog(places, request.config.name)
     # A bucket's parent this scratch lacks is fetched (reused, not tokenized again); without one, nothing to reuse.
     reuse = None if executor.fetch_parent(places, request.config) else False
     data_root, catalog = request.local
-    result = drive(request.config, executor, data_root=data_root, catalog=catalog, reuse=reuse, events=events)
-    executor.push(request, result.ref, listed)
+    # Workers that share no filesystem with this process send the version's files to the bucket themselves.
+    lock = bucket_lock(places, sends=not executor.shares_filesystem)
+    result = drive(request.config, executor, data_root=data_root, catalog=catalog, reuse=reuse, events=events, lock=lock)
+    if result.ref.partition("@")[2] not in listed_versions(places, request.config.name):
+        executor.push(request, result.ref, listed)  # built here (not sent by the workers, nor by another build)
     return BuildResult(ref=result.ref, manifest_path=f"{places.version_url(result.ref)}/metadata.yaml",
                        created=result.ref.partition("@")[2] not in listed)
 
 
 def _result(plan: BuildPlan, ref: str, *, created: bool) -> BuildResult:
-    return BuildResult(ref=ref, manifest_path=str(Catalog(plan.catalog).resolve(ref) / "metadata.yaml"), created=created)
+    try:
+        manifest_path = str(Catalog(plan.catalog).resolve(ref) / "metadata.yaml")
+    except CatalogError:
+        manifest_path = ""  # published on a bucket only (its workers sent it, or another build): run_request says where
+    return BuildResult(ref=ref, manifest_path=manifest_path, created=created)
 
 
 def _stage_runners(plan: BuildPlan, executor: Executor, events: Events) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -235,6 +248,9 @@ def _stage_runners(plan: BuildPlan, executor: Executor, events: Events) -> tuple
 
 class InProcess:
     """What every executor here does in this process: planning, and background stages on a thread of their own."""
+
+    shares_filesystem = True
+    """Whether its jobs see this process's files (False: a build to a bucket sends its files from the workers)."""
 
     def __init__(self) -> None:
         self.beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-beside")

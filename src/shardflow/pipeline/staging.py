@@ -120,6 +120,18 @@ class Staging:
     def lock_file(self) -> Path:
         return self.root.parent / f"{self.root.name}.lock"
 
+    @property
+    def sends_file(self) -> Path:
+        """``sends.json``: where a build to a bucket on workers that share no filesystem puts its files
+        (``bucket/remote_jobs.py`` ``Sends``). With it, this directory holds the jobs' records only: their
+        files went to the bucket, each record committed after its upload."""
+        return self.root / "sends.json"
+
+    @property
+    def sends(self) -> bool:
+        """Whether this build's files go to a bucket from the workers that wrote them (``sends_file``)."""
+        return self.sends_file.exists()
+
     def unit_files(self, unit: int) -> tuple[Path, Path, Path]:
         """``(directory of its pieces, document table, done marker)`` of work unit ``unit``."""
         stem = self.parts / f"unit-{unit:06d}"
@@ -143,11 +155,11 @@ class Staging:
         return self.layout_dir / f"{split}-{k:06d}.valid.json"
 
     def shard_checked(self, split: str, k: int, entry: Any) -> bool:
-        """Whether shard ``k`` was validated as the manifest entry ``entry`` describes, and is still that size."""
+        """Whether shard ``k`` was validated as the manifest entry ``entry`` describes, and is still that size
+        (sent to a bucket: its record, committed after the upload, is the proof)."""
         try:
             return json.loads(self.shard_check(split, k).read_text()) == shard_check_record(entry) and (
-                self.out / entry.file
-            ).stat().st_size == entry.bytes
+                self.sends or (self.out / entry.file).stat().st_size == entry.bytes)
         except (OSError, ValueError):
             return False
 
@@ -159,8 +171,11 @@ class Staging:
             return None
 
     def unit_in_place(self, result: UnitResult, extension: str) -> bool:
-        """Whether a recorded unit's files are still there: its document table, and its pieces at their recorded sizes."""
+        """Whether a recorded unit's files are still there: its document table, and its pieces at their recorded sizes
+        (not here when the build sends its files from the workers: they stay with the worker that wrote them)."""
         try:
+            if self.sends:
+                return self.unit_files(result.unit)[1].exists()
             for stream, pieces in result.pieces.items():
                 for p, piece in enumerate(pieces):
                     path = self.piece(result.unit, stream, p, extension)

@@ -34,7 +34,7 @@ from .staging import Staging, as_plan
 from .target_files import tokenizer_file_name
 from .tokenize import split_decided_late
 
-__all__ = ["write_shard", "shard_done", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
+__all__ = ["write_shard", "shard_done", "gathered_units", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -65,9 +65,12 @@ def link_or_copy(src: Path, dest: Path) -> None:
         raise
 
 
-def _in_place(out_dir: Path, result: ShardResult) -> bool:
-    """Whether a shard's files recorded as done are still in ``out/`` with their recorded sizes."""
-    entry = result.entry
+def _in_place(staging: Staging, result: ShardResult) -> bool:
+    """Whether a shard's files recorded as done are still in ``out/`` with their recorded sizes (a build that
+    sends its files to a bucket from the workers: its record, committed after the upload, says so)."""
+    if staging.sends:
+        return True
+    out_dir, entry = staging.out, result.entry
     try:
         return (out_dir / entry.file).stat().st_size == entry.bytes and all(
             (out_dir / f.file).stat().st_size == f.bytes for f in entry.files
@@ -90,7 +93,7 @@ def read_shard_results(plan: BuildPlan) -> dict[str, list[ShardResult]]:
     out: dict[str, list[ShardResult]] = {}
     for split, k in read_layout(plan).shard_jobs():
         result = _recorded(staging, split, k)
-        if result is None or not _in_place(staging.out, result):
+        if result is None or not _in_place(staging, result):
             raise ConfigError(
                 f"{staging.root}: shard {k} of split {split!r} is not written; run write_shard for it first "
                 "(build() and the Prefect flow do)"
@@ -120,11 +123,18 @@ def _segments(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int,
     return pieces
 
 
+def gathered_units(plan: BuildPlan, split: str, k: int) -> list[int]:
+    """The work units whose pieces shard ``k`` of the gathered split ``split`` copies tokens from."""
+    staging = Staging(plan.staging)
+    lo, hi = read_layout(plan).splits[split].cut(k)
+    return sorted({source for source, _, _ in _segments(staging, split, lo, hi) if source >= 0})
+
+
 def shard_done(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult | None:
     """Shard ``k`` of ``split``'s recorded result when it is written with its files in place, else None."""
     staging = Staging(as_plan(plan).staging)
     done = _recorded(staging, split, k)
-    return done if done is not None and _in_place(staging.out, done) else None
+    return done if done is not None and _in_place(staging, done) else None
 
 
 def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult:

@@ -2,9 +2,11 @@
 
 ``open_shards`` turns a reference (``NAME@VERSION``, a version directory or its
 ``metadata.yaml``, resolved through the catalog and opened with
-``shardflow.reader.open_version``) or a plain directory or glob of shards
-without a manifest into a ``ShardSet``; what each accepts and how a plain
-directory's dtype is found: docs/RUNTIME.md ("Opening").
+``shardflow.reader.open_version``), a version on object storage (its URL, or
+``NAME@VERSION`` in a catalog URL: a ``RemoteShardSet`` of
+``shardflow.runtime.remote``, read through the verified local cache) or a plain
+directory or glob of shards without a manifest into a ``ShardSet``; what each
+accepts and how a plain directory's dtype is found: docs/RUNTIME.md ("Opening").
 
 A ``ShardSet`` (defined in ``shardflow.shardset``, re-exported here) opens
 each shard's memory map on first use and keeps it; the maps are never pickled
@@ -27,7 +29,8 @@ from ..formats import MEGATRON, NANOGPT, NANOGPT_LEGACY, NPY, RAWBIN, ShardForma
 from ..manifest import MANIFEST_NAME
 from ..reader import open_version
 from ..shardset import ShardInfo, ShardSet, fingerprint
-from .options import SHARD_OPTIONS, ReadOptions
+from .options import REMOTE_OPTIONS, ReadOptions
+from .remote import is_remote_ref, open_remote_split
 
 __all__ = ["ShardInfo", "ShardSet", "open_shards", "SHARD_EXTENSIONS"]
 
@@ -48,20 +51,35 @@ def open_shards(ref: "str | os.PathLike[str] | ShardSet", *, options: ReadOption
     ``catalog`` (None means ``$SHARDFLOW_CATALOG`` or ``./manifests``),
     ``verify``, and for plain directories only (a version's manifest records
     them) ``dtype``, ``format``, ``pattern``, ``boundary_token`` and ``boundary``.
+
+    A version on object storage (a version URL ``s3://bucket/data/NAME/vN``, or
+    ``NAME@VERSION`` / ``NAME@latest`` with ``catalog="s3://bucket/catalog"``)
+    gives a ``RemoteShardSet`` (``shardflow.runtime.remote``): opening reads its
+    manifest (checked against the catalog's entry) and nothing else; each shard
+    is fetched into ``cache_dir`` (else ``$SHARDFLOW_CACHE``, else
+    ``~/.cache/shardflow``) and verified against the manifest's SHA-256 when it
+    is first read. ``verify=True`` rehashes each cached file once per process.
+    A missing dataset, version or object raises one ``ShardflowError`` naming it.
     """
-    opts = ReadOptions.collect("open_shards", SHARD_OPTIONS, options, kwargs)
+    opts = ReadOptions.collect("open_shards", REMOTE_OPTIONS, options, kwargs)
     if isinstance(ref, ShardSet):
         return ref
     ref_str = os.fspath(ref)
     path = Path(ref_str).expanduser()
+    remote = is_remote_ref(ref, opts.catalog)
+    if not remote and opts.cache_dir is not None:
+        raise ConfigError(f"cache_dir is for versions on object storage (s3://...); {ref_str!r} is read in place")
     # NAME@REF is the catalog's, never a folder of that name (``./NAME@REF`` is the folder).
-    if is_catalog_ref(ref) or _looks_like_version(path) or not (path.is_dir() or _GLOB_CHARS & set(ref_str) or path.is_file()):
+    if remote or is_catalog_ref(ref) or _looks_like_version(path) or not (
+            path.is_dir() or _GLOB_CHARS & set(ref_str) or path.is_file()):
         given = opts.plain_given()
         if given:
             raise ConfigError(
                 f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for plain directories of shards; "
                 f"{ref_str} is a published version whose manifest records them"
             )
+        if remote:  # the manifest now, each shard (fetched and verified into the cache) when first read
+            return open_remote_split(ref_str, options=opts)
         # The version's own shard set (ShardSet.from_manifest): the reader and the
         # runtime share one cache of maps and indexes. A KeyError names the splits.
         return open_version(ref_str, catalog=opts.catalog, verify=opts.verify).split(opts.split).shards

@@ -1,0 +1,162 @@
+"""What the driver of a build to a bucket holds while it runs: the build key's lease, and the version it sends to.
+
+``bucket_lock(places, sends=...)`` is ``drive``'s lock for a build to a bucket (``run_request`` passes
+it). Inside this machine's ``build_lock`` it takes the bucket's lease of the build key
+(``bucket/lease.py``): a second build of the same inputs, from any machine, waits for the first and
+reports its version, or takes over once the first's lease has expired, and finds the jobs the first
+committed on the bucket. With ``sends`` (workers that share no filesystem: ``DaskExecutor``), it then
+claims the version's prefix on the bucket before any job runs, so that workers can send each shard
+to its final key, and records where in ``sends.json`` (``prepare_sends``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+from typing import Any, Callable, ContextManager, Iterator
+
+from ..catalog import Catalog
+from ..errors import CatalogError, ConfigError
+from ..pipeline.model import BuildPlan
+from ..pipeline.staging import Staging, build_lock
+from .build import BucketPlaces
+from .fs import read_with_etag
+from .layout import CLAIM_NAME, VERSION_RE, Mirror, claim
+from .lease import Lease, wait_for_lease
+from .remote_jobs import Sends, fetch_records, read_sends, write_sends
+
+__all__ = ["bucket_lock", "prepare_sends", "published_version", "listed_versions", "staging_url"]
+
+log = logging.getLogger("shardflow.pipeline")
+
+
+def published_version(places: BucketPlaces, name: str, build_key: str) -> str | None:
+    """The version the bucket's catalog lists for this build key, if any."""
+    got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
+    if got is None:
+        return None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
+        found = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0]).find_build(name, build_key)
+    return None if found is None else found.version
+
+
+def listed_versions(places: BucketPlaces, name: str) -> set[str]:
+    """The versions the bucket's catalog lists now."""
+    got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
+    if got is None:
+        return set()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
+        return {v.version for v in Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0]).versions(name)}
+
+
+def staging_url(places: BucketPlaces, plan: BuildPlan) -> str:
+    """The bucket prefix of this build's job records: the same from every machine (its build key and catalog URL)."""
+    sid = hashlib.sha256(f"{plan.build_key}\0{places.catalog_url}".encode()).hexdigest()[:16]
+    return places.target.url(places.target.version_key(plan.config.name, f".staging/{sid}"))
+
+
+def _claimed_by(places: BucketPlaces, name: str, version: str) -> str | None:
+    got = read_with_etag(places.target.url(f"{places.target.version_key(name, version)}/{CLAIM_NAME}"))
+    if got is None:
+        return None
+    try:
+        return str(json.loads(got[0]).get("build_key"))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def _next_number(places: BucketPlaces, name: str) -> int:
+    """One past the highest version the bucket's catalog lists or has removed."""
+    got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
+    if got is None:
+        return 1
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shardflow-claim-") as tmp:
+        cat: Catalog = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
+        names = [v.version for v in cat.versions(name)] + [r.version for r in cat.removed(name)]
+    return 1 + max((int(v[1:]) for v in names if VERSION_RE.match(v)), default=0)
+
+
+def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
+    """Claim the version this build sends its files to (the one an earlier run of it claimed, from any machine,
+    else the next free one), record it in ``sends.json`` here and on the bucket, and take in the jobs' records
+    that earlier runs committed on the bucket."""
+    name, staging = plan.config.name, Staging(plan.staging)
+    if plan.config.embed is not None:
+        raise ConfigError("--embed: a build to a bucket on Dask workers that share no filesystem does not compute "
+                          "embeddings yet; build without --embed, or with --runner threads")
+    url = staging_url(places, plan)
+    sends = read_sends(staging)
+    if sends is None:
+        got = read_with_etag(f"{url}/sends.json")
+        version = json.loads(got[0])["version"] if got else None
+        number = int(version[1:]) if version else _next_number(places, name)
+        for _ in range(100):
+            version = f"v{number}"
+            held = _claimed_by(places, name, version)
+            if held in (None, plan.build_key):
+                try:
+                    claim(places.target, places.target.version_key(name, version), f"{name}@{version}", plan.build_key,
+                          places.catalog_url)
+                    break
+                except CatalogError:
+                    pass  # taken meanwhile by another build: the next one
+            number += 1
+        else:
+            raise CatalogError(f"{places.data_root_url}/{name}: no free version prefix after 100 tries; "
+                               "`shardflow gc` removes abandoned claims")
+        sends = Sends(version=version, version_url=places.target.url(places.target.version_key(name, version)),
+                      staging_url=url, target=places.target, catalog_url=places.catalog_url)
+        from .fs import put_if_absent
+
+        put_if_absent(f"{url}/sends.json", json.dumps(sends.to_dict(), sort_keys=True).encode())
+        write_sends(staging, sends)
+    found = fetch_records(staging, sends)
+    if found:
+        log.info("%s: %d jobs committed by an earlier run of this build were found on the bucket; they are not run "
+                 "again", name, found)
+    return sends
+
+
+def bucket_lock(places: BucketPlaces, *, sends: bool) -> Callable[..., ContextManager[BuildPlan]]:
+    """``drive``'s lock for a build to ``places``: this machine's build lock, then the bucket's lease of the build
+    key (waiting for a build of the same key elsewhere), then, with ``sends``, the version claimed up front."""
+
+    @contextlib.contextmanager
+    def lock(plan: BuildPlan, *, timeout: float | None = 0) -> Iterator[BuildPlan]:
+        with build_lock(plan, timeout=timeout) as plan:
+            if plan.existing:
+                yield plan
+                return
+            with _leased(places, plan) as plan:
+                if not plan.existing and sends:
+                    prepare_sends(places, plan)
+                yield plan
+
+    return lock
+
+
+@contextlib.contextmanager
+def _leased(places: BucketPlaces, plan: BuildPlan) -> Iterator[BuildPlan]:
+    """Hold the build key's lease; if another build holds it, wait until it publishes (then yield the plan with
+    ``existing``) or its lease expires (then take it over)."""
+    name, key = plan.config.name, plan.build_key
+    lease: Any = Lease.acquire(places.target, name, key)
+    if lease is None:
+        got = wait_for_lease(places.target, name, key, done=lambda: published_version(places, name, key))
+        if isinstance(got, str):
+            yield dataclasses.replace(plan, existing=f"{name}@{got}")
+            return
+        lease = got
+    with lease:
+        # The holder may have published just before this lease was taken: then there is nothing to do.
+        version = published_version(places, name, key)
+        yield dataclasses.replace(plan, existing=f"{name}@{version}") if version else plan

@@ -1,0 +1,341 @@
+"""A build to a bucket on workers that share no filesystem with the driver, nor with each other.
+
+The driver (the process that runs ``drive``) claims the version's prefix on the bucket before any job
+runs and records where the build's files go in its staging directory (``sends.json``, a ``Sends``).
+From then on each job of a worker runs in a staging directory of the worker's own
+(``<scratch>/jobs/<staging name>/``, on its local disk), exactly as a local build's job does, and
+sends what it made to the bucket:
+
+* ``tokenize_job``: the unit is tokenized into the worker's disk. Its pieces of a *placed* split
+  stay there (each becomes one shard, sent once, by ``write_job``, under its final name, which the
+  layout gives only after every unit is tokenized); pieces of a *gathered* split (val, or every
+  split of a ``val_count`` build or a target that wants one file per split) go to the bucket's
+  staging prefix, to be cut into shards by whichever worker writes them. The unit's records (its
+  counts, document table and statistics) come back to the driver by value and go to the staging
+  prefix, where a rerun from any machine finds them.
+* ``write_job``: the shard is written (a piece linked, or gathered), checked (``validate_staged_shard``),
+  and sent to its final key, each file with the SHA-256 taken when it was written; then its
+  records come back, and its local files are deleted. A placed shard's piece is on the worker that
+  tokenized its unit (the driver asks Dask for that worker); on any other worker (that one was
+  lost) the unit is tokenized again there, byte for byte the same.
+
+Every record reaches the driver's staging after the files it describes are on the bucket, so a
+record there is the proof that the files are sent (``Staging.sends``). Nothing is visible as a
+version before ``send_version`` adds the bucket catalog's entry, the commit point, as ``push``
+does. Jobs of an incremental build that link the parent's shards run in the driver, where the
+parent was fetched, and their files are copied within the bucket from the parent's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_write_bytes
+from ..catalog import VersionEntry
+from ..errors import ConfigError
+from ..formats import bosidx, get_format
+from ..manifest import MANIFEST_NAME, read_manifest
+from ..pipeline.check import validate_staged_shard
+from ..pipeline.layout import gathered_splits, read_layout
+from ..pipeline.model import BuildPlan, UnitResult
+from ..pipeline.staging import Staging, write_plan
+from ..pipeline.tokenize import split_decided_late, tokenize_unit
+from ..pipeline.write import gathered_units, write_shard
+from .fs import filesystem, update_object
+from .layout import CLAIM_NAME, BucketTarget
+from .push import PushResult, finish_push, plan_push, push_files, upload_file
+
+__all__ = ["Sends", "Shipped", "read_sends", "write_sends", "commit_records", "share_layout", "fetch_records",
+           "tokenize_job", "write_job", "send_version", "job_root", "discard_job_dirs"]
+
+log = logging.getLogger("shardflow.pipeline")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sends:
+    """Where a build's files go: the version claimed on the bucket, and the prefix of its jobs' records."""
+
+    version: str
+    version_url: str
+    """``s3://B/data/NAME/vN``: every file of the version, at its final key."""
+    staging_url: str
+    """``s3://B/data/NAME/.staging/ID``: the jobs' records and the gathered splits' pieces (deleted at publish)."""
+    target: BucketTarget
+    catalog_url: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "version_url": self.version_url, "staging_url": self.staging_url,
+                "target": dataclasses.asdict(self.target), "catalog_url": self.catalog_url}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sends":
+        return cls(version=d["version"], version_url=d["version_url"], staging_url=d["staging_url"],
+                   target=BucketTarget(**d["target"]), catalog_url=d["catalog_url"])
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A job's result and its records (``{path in the staging directory: bytes}``), for the driver to commit."""
+
+    result: Any
+    records: dict[str, bytes]
+
+
+def read_sends(staging: Staging) -> Sends | None:
+    try:
+        return Sends.from_dict(json.loads(staging.sends_file.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def write_sends(staging: Staging, sends: Sends) -> None:
+    atomic_write_bytes(staging.sends_file, json.dumps(sends.to_dict(), sort_keys=True).encode())
+
+
+def commit_records(staging: Staging, records: dict[str, bytes]) -> None:
+    """Write a job's records into ``staging``, its ``.json`` commit markers last."""
+    for rel in sorted(records, key=lambda r: (r.endswith(".json"), r)):
+        path = staging.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, records[rel])
+
+
+def _url(base: str, rel: str) -> str:
+    return f"{base}/{rel}"
+
+
+def _put_records(sends: Sends, records: dict[str, bytes]) -> None:
+    """The records on the bucket's staging prefix too, the ``.json`` markers last: a rerun from any machine finds them."""
+    fs, _ = filesystem(sends.staging_url)
+    for rel in sorted(records, key=lambda r: (r.endswith(".json"), r)):
+        fs.pipe_file(filesystem(_url(sends.staging_url, rel))[1], records[rel])
+
+
+def _get(sends: Sends, rel: str, dest: Path) -> bool:
+    """Download ``rel`` of the staging prefix to ``dest`` (False: not there)."""
+    fs, path = filesystem(_url(sends.staging_url, rel))
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(dest, data)
+    return True
+
+
+# --- the driver's side ------------------------------------------------------------------------------------------
+
+def share_layout(staging: Staging, sends: Sends) -> None:
+    """Put the layout's files on the staging prefix, ``layout.json`` last, for the workers' ``write_job``s."""
+    files = sorted(p for p in staging.layout_dir.iterdir() if p.suffix in (".npy", ".i64"))
+    _put_records(sends, {p.relative_to(staging.root).as_posix(): p.read_bytes() for p in files}
+                 | {"layout/layout.json": staging.layout_file.read_bytes()})
+
+
+def fetch_records(staging: Staging, sends: Sends) -> int:
+    """Commit into ``staging`` the records a run of this build on another machine left on the bucket (units
+    tokenized, shards sent); returns how many jobs' records were found."""
+    fs, root = filesystem(sends.staging_url)
+    try:
+        found = fs.find(root)
+    except FileNotFoundError:
+        return 0
+    wanted = [p for p in found if p.rsplit("/", 1)[-1].startswith("unit-") and "/parts/" in p and p.count("/", len(root)) == 2
+              or p.endswith((".shard.json", ".valid.json"))]
+    records = {p[len(root) + 1:]: fs.cat_file(p) for p in wanted}
+    commit_records(staging, records)
+    return sum(rel.endswith(".json") for rel in records)
+
+
+# --- the workers' side ------------------------------------------------------------------------------------------
+
+_UNIT_LOCKS: defaultdict[tuple[str, int], threading.Lock] = defaultdict(threading.Lock)
+_PLANS_WRITTEN: set[str] = set()
+
+
+def job_root(plan: BuildPlan) -> Path:
+    """This machine's staging directory for ``plan``'s jobs: ``<scratch>/jobs/<staging name>``."""
+    from .build import default_scratch
+
+    return default_scratch() / "jobs" / Path(plan.staging).name
+
+
+def _here(plan: BuildPlan) -> BuildPlan:
+    """``plan`` with its staging directory on this machine (its ``plan.json`` written once per process)."""
+    root = job_root(plan)
+    local = dataclasses.replace(plan, staging=str(root))
+    if str(root) not in _PLANS_WRITTEN:
+        root.mkdir(parents=True, exist_ok=True)
+        write_plan(local)
+        _PLANS_WRITTEN.add(str(root))
+    return local
+
+
+def _gathered_streams(plan: BuildPlan) -> set[str]:
+    return {"all"} if split_decided_late(plan) else set(gathered_splits(plan))
+
+
+def _unit_records(staging: Staging, unit: int) -> dict[str, bytes]:
+    stem = staging.unit_files(unit)[0]
+    return {p.relative_to(staging.root).as_posix(): p.read_bytes()
+            for p in sorted(stem.parent.glob(f"{stem.name}.*")) if p.is_file() and ".tmp" not in p.name}
+
+
+def _tokenized_here(plan: BuildPlan, unit: int) -> UnitResult:
+    """``tokenize_unit`` in this machine's staging, one thread per unit (another job may need the same pieces)."""
+    with _UNIT_LOCKS[(plan.staging, unit)]:
+        return tokenize_unit(plan, unit)
+
+
+def tokenize_job(sends: Sends, plan: BuildPlan, unit: int) -> Shipped:
+    """Tokenize ``unit`` on this machine; send its gathered pieces and records to the staging prefix."""
+    here = _here(plan)
+    staging = Staging(here.staging)
+    result = _tokenized_here(here, unit)
+    ext = get_format(plan.config.format).extension
+    fs, _ = filesystem(sends.staging_url)
+    records = {}
+    for stream in sorted(_gathered_streams(plan) & set(result.pieces)):
+        for p, piece in enumerate(result.pieces[stream]):
+            path = staging.piece(unit, stream, p, ext)
+            rel = path.relative_to(staging.root).as_posix()
+            upload_file(fs, path, filesystem(_url(sends.staging_url, rel))[1], piece.bytes, piece.sha256)
+            index = bosidx.index_path(path)  # the layout reads a gathered piece's document starts
+            records[index.relative_to(staging.root).as_posix()] = index.read_bytes()
+    records |= _unit_records(staging, unit)
+    _put_records(sends, records)
+    return Shipped(result, records)
+
+
+def _layout_here(sends: Sends, staging: Staging, split: str) -> None:
+    """The layout's files this job reads, from the staging prefix (once per machine: the layout never changes)."""
+    if not staging.layout_file.exists():
+        for path in (staging.segments(split), staging.starts(split)):
+            _get(sends, path.relative_to(staging.root).as_posix(), path)
+        if not _get(sends, "layout/layout.json", staging.layout_file):
+            raise ConfigError(f"{sends.staging_url}/layout/layout.json: not there; the driver shares the layout "
+                              "before any shard job runs: run the build again")
+    elif not staging.segments(split).exists():
+        for path in (staging.segments(split), staging.starts(split)):
+            _get(sends, path.relative_to(staging.root).as_posix(), path)
+
+
+def _pieces_here(sends: Sends, plan: BuildPlan, staging: Staging, split: str, k: int) -> None:
+    """What shard ``k`` is made of, on this machine: a placed shard's piece (tokenized again here if its
+    worker was lost), or a gathered shard's pieces (from the staging prefix)."""
+    ext = get_format(plan.config.format).extension
+    sources = read_layout(plan).splits[split].sources
+    if sources is not None:
+        unit, p = sources[k]
+        result = staging.unit_result(unit)
+        path = staging.piece(unit, split, p, ext)
+        if result is None or not path.exists() or not bosidx.index_path(path).exists():
+            log.warning("work unit %d's pieces are not on this machine (the worker that tokenized it is gone): "
+                        "tokenizing it again here", unit)
+            _tokenized_here(plan, unit)
+        return
+    stream = "all" if split_decided_late(plan) else split
+    for unit in gathered_units(plan, split, k):
+        if staging.unit_result(unit) is None:
+            _get(sends, staging.unit_files(unit)[2].relative_to(staging.root).as_posix(), staging.unit_files(unit)[2])
+        result = staging.unit_result(unit)
+        if result is None:
+            raise ConfigError(f"{sends.staging_url}: work unit {unit} has no record; run the build again")
+        for p, _ in enumerate(result.pieces.get(stream, ())):
+            path = staging.piece(unit, stream, p, ext)
+            if not path.exists():
+                _get(sends, path.relative_to(staging.root).as_posix(), path)
+
+
+def write_job(sends: Sends, plan: BuildPlan, split: str, k: int) -> Shipped:
+    """Write and check shard ``k`` of ``split`` on this machine, send its files to their final keys, and return
+    its records; its local files are then deleted."""
+    here = _here(plan)
+    staging = Staging(here.staging)
+    _layout_here(sends, staging, split)
+    _pieces_here(sends, here, staging, split, k)
+    written = write_shard(here, split, k)
+    check = validate_staged_shard(here, split, k)
+    entry = written.entry
+    fs, _ = filesystem(sends.version_url)
+    files = [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.files)]
+    for file, size, sha in files:
+        upload_file(fs, staging.out / file, filesystem(_url(sends.version_url, file))[1], size, sha)
+    records = {p.relative_to(staging.root).as_posix(): p.read_bytes()
+               for p in (staging.shard_result(split, k), staging.shard_check(split, k))}
+    _put_records(sends, records)
+    # Sent: this machine's copies go (a rerun here writes the shard again, as it would anywhere else).
+    for file, _, _ in files:
+        (staging.out / file).unlink(missing_ok=True)
+    for path in (staging.shard_result(split, k), staging.shard_check(split, k)):
+        path.unlink(missing_ok=True)
+    sources = read_layout(here).splits[split].sources
+    if sources is not None:
+        unit, p = sources[k]
+        piece = staging.piece(unit, split, p, get_format(plan.config.format).extension)
+        for path in (piece, bosidx.index_path(piece), *piece.parent.glob(f"{piece.stem}.*")):
+            path.unlink(missing_ok=True)
+    return Shipped((written, check), records)
+
+
+# --- publishing -------------------------------------------------------------------------------------------------
+
+def _rekey_claim(sends: Sends, name: str, planned_key: str, build_key: str) -> None:
+    """The version's claim, made at planning under the plan's build key, now under the build key the manifest
+    records (they differ when inputs on object storage were keyed by identity until the workers hashed them)."""
+    if planned_key == build_key:
+        return
+    url = f"{sends.version_url}/{CLAIM_NAME}"
+
+    def rekeyed(current: bytes | None) -> bytes | None:
+        record = json.loads(current) if current else {}
+        if record.get("build_key") not in (None, planned_key):
+            return None  # not ours to change: plan_push's claim says whose it is
+        return json.dumps({**record, "ref": f"{name}@{sends.version}", "build_key": build_key,
+                           "catalog": sends.catalog_url}).encode()
+
+    update_object(url, rekeyed, again="run the build again")
+
+
+def send_version(staging: Staging, sends: Sends, *, name: str, build_key: str, planned_key: str
+                 ) -> tuple[str, PushResult]:
+    """Publish the staged version, whose shards the workers sent: its other files (written here: the tokenizer's,
+    the statistics, the card) and the parent's reused shards (copied within the bucket), then the manifest, then
+    the bucket catalog's entry (the commit point), as ``push`` does; the staging prefix is then deleted."""
+    out = staging.out
+    manifest = read_manifest(out)
+    data = (out / MANIFEST_NAME).read_bytes()
+    entry = VersionEntry(version=sends.version, path=sends.version_url, created_at=manifest.created_at,
+                         build_key=build_key, parent=manifest.parent,
+                         totals={k: manifest.totals[k] for k in ("documents", "tokens", "shards", "bytes")},
+                         manifest_sha256=hashlib.sha256(data).hexdigest())
+    _rekey_claim(sends, name, planned_key, build_key)
+    plan = plan_push(out, manifest, entry, target=sends.target, catalog_url=sends.catalog_url)
+    if isinstance(plan, PushResult):
+        return plan.ref, plan
+    # Each file is skipped (a worker sent it: its size and SHA-256 are checked on the bucket), copied from the
+    # parent, or sent from here; a shard that is none of these fails the publish, naming it.
+    done = push_files(plan, plan.files)
+    result = finish_push(plan, done)
+    fs, root = filesystem(sends.staging_url)
+    try:
+        fs.rm(root, recursive=True)
+    except FileNotFoundError:
+        pass
+    return result.ref, result
+
+
+def discard_job_dirs(plan: BuildPlan) -> None:
+    """This machine's job directory of ``plan`` (after the publish)."""
+    shutil.rmtree(job_root(plan), ignore_errors=True)
+    _PLANS_WRITTEN.discard(str(job_root(plan)))
+
