@@ -29,7 +29,7 @@ from ..manifest_files import named_files
 from .fs import is_remote, read_with_etag
 from .push import BucketTarget, PushPlan, PushResult, bucket_target, prepare_push, push_version
 
-__all__ = ["BucketPlaces", "bucket_places", "sync_catalog", "fetch_parent", "prepare_publish", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
+__all__ = ["input_content", "BucketPlaces", "bucket_places", "sync_catalog", "fetch_parent", "prepare_publish", "publish_to_bucket", "SCRATCH_ENV", "default_scratch"]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -185,7 +185,7 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     staging = directory.with_name(f".fetch-{directory.name}")
     try:
         _, manifest = remote_version(ref, catalog=places.catalog_url, cache_dir=staging)
-        theirs = {_content(e) for e in manifest.inputs if isinstance(e, dict)}
+        theirs = {input_content(e) for e in manifest.inputs if isinstance(e, dict)}
         if BuildConfig.from_dict(manifest.config).reuse_fields() != config.reuse_fields() or theirs == ours:
             # Other output options: nothing of it is reused. The same inputs, byte for byte: the build the
             # bucket lists already (planning says "nothing new").
@@ -229,7 +229,7 @@ def _input_contents(config: BuildConfig, data_root: Path) -> set[tuple[str, int,
     return {(inp.relname, inp.size, f"object:{inp.identity}" if inp.identity else inp.sha256) for inp in inputs}
 
 
-def _content(entry: dict[str, Any]) -> tuple[str, int, str]:
+def input_content(entry: dict[str, Any]) -> tuple[str, int, str]:
     """An input of a manifest (its ``inputs`` entry) as ``_input_contents`` gives ours."""
     identity = entry.get("identity")
     return entry.get("relname"), entry.get("size"), f"object:{identity}" if identity else entry.get("sha256")

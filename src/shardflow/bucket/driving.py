@@ -16,14 +16,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
 from ..catalog import Catalog
-from ..errors import CatalogError, ConfigError
+from ..config import BuildConfig
+from ..errors import CatalogError, ConfigError, ShardflowError
+from ..manifest import MANIFEST_NAME, read_manifest
 from ..pipeline.model import BuildPlan
 from ..pipeline.staging import Staging, build_lock
-from .build import BucketPlaces
-from .fs import read_with_etag
+from .build import BucketPlaces, input_content
+from .fs import filesystem, read_with_etag
 from .layout import CLAIM_NAME, VERSION_RE, Mirror, claim
 from .lease import Lease, wait_for_lease
 from .remote_jobs import Sends, fetch_records, read_sends, write_sends
@@ -33,16 +36,33 @@ __all__ = ["bucket_lock", "prepare_sends", "published_version", "listed_versions
 log = logging.getLogger("shardflow.pipeline")
 
 
-def published_version(places: BucketPlaces, name: str, build_key: str) -> str | None:
-    """The version the bucket's catalog lists for this build key, if any."""
+def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
+    """The version the bucket's catalog lists for this build, if any: by its build key, or, for a plan that keyed
+    objects by their storage identity (the key the catalog records is of their SHA-256, which the workers take),
+    a recent version of the same options whose manifest records the same inputs."""
+    name = plan.config.name
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
         return None
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
-        found = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0]).find_build(name, build_key)
-    return None if found is None else found.version
+        cat = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
+        found = cat.find_build(name, plan.build_key)
+        if found is not None or all(inp.sha256 for inp in plan.inputs):
+            return None if found is None else found.version
+        ours = {(inp.relname, inp.size, f"object:{inp.identity}" if inp.identity else inp.sha256) for inp in plan.inputs}
+        for entry in sorted(cat.versions(name), key=lambda v: v.created_at, reverse=True)[:3]:
+            try:
+                data = filesystem(f"{places.version_url(f'{name}@{entry.version}')}/{MANIFEST_NAME}")
+                (Path(tmp) / MANIFEST_NAME).write_bytes(data[0].cat_file(data[1]))
+                manifest = read_manifest(tmp)
+            except (OSError, ShardflowError):
+                continue
+            theirs = {input_content(e) for e in manifest.inputs if isinstance(e, dict)}
+            if theirs == ours and BuildConfig.from_dict(manifest.config) == plan.config:
+                return entry.version
+    return None
 
 
 def listed_versions(places: BucketPlaces, name: str) -> set[str]:
@@ -151,12 +171,12 @@ def _leased(places: BucketPlaces, plan: BuildPlan) -> Iterator[BuildPlan]:
     name, key = plan.config.name, plan.build_key
     lease: Any = Lease.acquire(places.target, name, key)
     if lease is None:
-        got = wait_for_lease(places.target, name, key, done=lambda: published_version(places, name, key))
+        got = wait_for_lease(places.target, name, key, done=lambda: published_version(places, plan))
         if isinstance(got, str):
             yield dataclasses.replace(plan, existing=f"{name}@{got}")
             return
         lease = got
     with lease:
         # The holder may have published just before this lease was taken: then there is nothing to do.
-        version = published_version(places, name, key)
+        version = published_version(places, plan)
         yield dataclasses.replace(plan, existing=f"{name}@{version}") if version else plan

@@ -1,18 +1,18 @@
 """One build per build key on a bucket: a lease that a second build of the same key waits on, or takes over.
 
-The lease of a dataset ``name`` and a ``build_key`` is the object
-``<data-root>/<name>/.leases/<build_key>.json`` (``lease_key``), a JSON record: the holder (host, pid, a random
-token), the name and build key, ``acquired_at``, ``expires_at`` and ``ttl`` (UTC epoch seconds, seconds) and the
-number of ``renewals``. ``Lease.acquire`` creates it with ``put_if_absent``, or takes an expired one over with
-``put_if_match`` on the ETag it read, so of racing builds exactly one holds it; while held, a daemon thread renews
-it every ttl/3 with ``put_if_match``; ``release`` deletes it. ``wait_for_lease`` is the loop a second build runs:
-it returns the version the holder published, or the lease once the holder is gone. A build that takes a lease
-over resumes from the jobs its predecessor committed (``Lease.took_over`` says whose); it never redoes them.
+The lease of a dataset ``name`` and a ``build_key`` is the object ``<data-root>/<name>/.leases/<build_key>.json``
+(``lease_key``), a JSON ``LeaseRecord``: the holder (host, pid, a random token), name, build key, ``acquired_at``,
+``expires_at`` (UTC epoch seconds), ``ttl`` (seconds) and ``renewals``. ``Lease.acquire`` creates it with
+``put_if_absent``, or takes an expired one over with ``put_if_match`` on the ETag it read, so of racing builds
+exactly one holds it; a daemon thread renews it every ttl/3 with ``put_if_match``; ``release`` deletes it.
+``wait_for_lease`` is the loop a second build runs: it returns the version the holder published, or the lease
+once the holder is gone. A build that takes a lease over resumes from the jobs its predecessor committed
+(``Lease.took_over`` says whose); it never redoes them.
 
 Clocks. ``expires_at`` is the holder's wall clock; a taker compares it with its own, so the machines' clocks must
 agree within a fraction of the ttl (NTP keeps them within milliseconds; the ttl is a minute). The store's
-``LastModified`` would not do better: it is not read with the object, and it too would be compared with a local
-clock. What each side does on its own clock keeps a disagreement from going unnoticed or blocking forever:
+``LastModified`` would not do better: fs does not read it with the object, and it too would be compared with a
+local clock. What each side does on its own clock keeps a disagreement from going unnoticed or blocking forever:
 
 * a holder whose clock runs behind looks expired early and may be taken over; its next renewal then fails, it
   sets ``lost``, and ``check()`` raises, so it stops;
@@ -76,14 +76,10 @@ def lease_key(target: BucketTarget, name: str, build_key: str) -> str:
 
 def default_ttl() -> float:
     """``$SHARDFLOW_LEASE_TTL`` (seconds, > 0), else ``DEFAULT_TTL``."""
-    text = os.environ.get(TTL_ENV, "").strip()
-    if not text:
+    if not (text := os.environ.get(TTL_ENV, "").strip()):
         return DEFAULT_TTL
-    try:
-        ttl = float(text)
-    except ValueError:
-        ttl = float("nan")
-    if not ttl > 0 or ttl == float("inf"):
+    ttl = float(text) if re.fullmatch(r"[0-9]*\.?[0-9]+(e[+-]?[0-9]+)?", text, re.I) else 0.0
+    if not 0 < ttl < float("inf"):
         raise ConfigError(f"{TTL_ENV}={text!r}: give the lease's time to live in seconds, a number above 0 (e.g. 60)")
     return ttl
 
@@ -120,9 +116,6 @@ class LeaseRecord:
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
-    def expired(self, now: float | None = None) -> bool:
-        return self.expires_at < (time.time() if now is None else now)
-
     def describe(self) -> str:
         """``host H (pid P) since <UTC time>``: the holder, as messages name it."""
         since = _dt.datetime.fromtimestamp(self.acquired_at, _dt.timezone.utc).replace(microsecond=0)
@@ -148,28 +141,36 @@ class Lease:
         self.taken_by: LeaseRecord | None = None
         self._etag = ""
         self._deadline = 0.0  # monotonic: when our last stored record expires, counted from before its write
-        self._lost = self._released = False
+        self.lost = self._released = False
         self._lock = threading.Lock()  # one conditional write at a time: the renewer's and release's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
     def acquire(cls, target: BucketTarget, name: str, build_key: str, *, ttl: float | None = None,
-                stale: str | None = None) -> Lease:
-        """Take the lease: create it, or take over an expired one; raise ``LeaseHeld`` while another holds it.
+                stale: str | None = None) -> Lease | None:
+        """Take the lease: create it, or take over an expired one; None while another build holds it.
 
-        ``stale``: the ETag of a record the caller watched go unrenewed for a whole ttl, taken over as expired
-        whatever its ``expires_at`` says (``wait_for_lease``). Starts the renewing thread.
+        ``ttl``: seconds (``default_ttl()``). ``stale``: the ETag of a record the caller watched go unrenewed for a
+        whole ttl, taken over as expired whatever its ``expires_at`` says (``wait_for_lease``). Starts the renewing
+        thread. ``wait_for_lease(..., timeout=0)`` raises ``LeaseHeld`` naming the holder instead.
         """
+        with contextlib.suppress(LeaseHeld):
+            return cls._take(target, name, build_key, ttl, stale)
+        return None
+
+    @classmethod
+    def _take(cls, target: BucketTarget, name: str, build_key: str, ttl: float | None, stale: str | None) -> Lease:
+        """``acquire``, raising ``LeaseHeld`` (with the holder's record and ETag) while another build holds it."""
         lease = cls(target, name, build_key, ttl=ttl)
         for _ in range(_ATTEMPTS):
             got = read_with_etag(lease.url)
             current = LeaseRecord.parse(got[0]) if got else None
-            if got and current is not None and not current.expired() and got[1] != stale:
+            if got and current is not None and current.expires_at >= time.time() and got[1] != stale:
                 raise LeaseHeld(f"{name}: the build of build key {build_key[:16]} is running on "
                                 f"{current.describe()} (lease {lease.url})", current, got[1])
-            if lease._write(lambda body: put_if_match(lease.url, body, got[1]) if got else put_if_absent(lease.url, body),
-                            fresh=True):
+            url = lease.url
+            if lease._write(lambda b: put_if_match(url, b, got[1]) if got else put_if_absent(url, b), fresh=True):
                 lease.took_over = current
                 if current is not None:
                     log.info("%s: took over the expired lease of build key %s from %s", name, build_key[:16],
@@ -178,10 +179,6 @@ class Lease:
                 lease._thread.start()
                 return lease
         raise CatalogError(f"{lease.url}: changed by other builds {_ATTEMPTS} times in a row; run the build again")
-
-    @property
-    def lost(self) -> bool:
-        return self._lost
 
     def _write(self, put: Callable[[bytes], bool], *, fresh: bool = False) -> bool:
         """Store the record renewed by one ttl with ``put``; True and the new ETag kept if it is ours."""
@@ -201,15 +198,15 @@ class Lease:
     def renew(self) -> bool:
         """Extend the lease by a ttl now (the thread does so every ttl/3); False, and ``lost`` set, if taken over."""
         with self._lock:
-            if self._lost or self._released or not self._etag:
-                return not self._lost
+            if self.lost or self._released or not self._etag:
+                return not self.lost
             if self._write(lambda body: put_if_match(self.url, body, self._etag)):
                 return True
             self._mark_lost()
             return False
 
     def _mark_lost(self) -> None:
-        self._lost = True
+        self.lost = True
         got = read_with_etag(self.url)
         self.taken_by = LeaseRecord.parse(got[0]) if got else None
         log.warning("%s: lost the lease of build key %s to %s", self.record.name, self.record.build_key[:16],
@@ -226,10 +223,10 @@ class Lease:
     def check(self) -> None:
         """Raise ``LeaseLost`` if this build no longer holds the lease (call it before committing work)."""
         what = f"{self.record.name}: the lease of build key {self.record.build_key[:16]} ({self.url})"
-        if self._lost:
+        if self.lost:
             by = self.taken_by.describe() if self.taken_by else "another build"
-            raise LeaseLost(f"{what} was taken over by {by} after this build stalled past its ttl ({self.ttl:g} s); "
-                            "stop here: that build goes on from the committed jobs")
+            raise LeaseLost(f"{what} was taken over by {by} after this build stalled past its ttl ({self.ttl:g} s) "
+                            "(or its clock ran behind); stop here: that build goes on from the committed jobs")
         if not self._released and time.monotonic() > self._deadline:
             raise LeaseLost(f"{what} could not be renewed for its ttl ({self.ttl:g} s), so another build may take it "
                             "over; stop here and run the build again: committed jobs are reused")
@@ -240,7 +237,7 @@ class Lease:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
-            if self._lost or self._released or not self._etag:
+            if self.lost or self._released or not self._etag:
                 return
             self._released = True
             try:
@@ -259,7 +256,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: Any) -> None:  # released also when the build failed: a waiter takes over at once
         self.release()
 
 
@@ -270,7 +267,8 @@ def wait_for_lease(target: BucketTarget, name: str, build_key: str, *, done: Cal
     Polls every ``poll`` seconds (``DEFAULT_POLL``): ``done()`` gives the published version (or None); else
     ``Lease.acquire``. A lease unchanged for a whole ttl on this machine's monotonic clock is taken over however
     far its ``expires_at`` is (the module docstring). Logs once, at INFO, whose build it waits for. ``timeout``
-    (seconds): raise ``LeaseHeld`` after it. A lease taken when ``done()`` then reports a version is released.
+    (seconds): raise ``LeaseHeld`` after it (0: at once). A lease taken when ``done()`` then reports a version is
+    released. ``ttl``: that of the lease it takes.
     """
     poll = DEFAULT_POLL if poll is None else poll
     started, logged = time.monotonic(), False
@@ -279,7 +277,7 @@ def wait_for_lease(target: BucketTarget, name: str, build_key: str, *, done: Cal
         if version := done():
             return version
         try:
-            lease = Lease.acquire(target, name, build_key, ttl=ttl, stale=stale)
+            lease = Lease._take(target, name, build_key, ttl, stale)
         except LeaseHeld as held:
             now = time.monotonic()
             if held.etag != seen:
