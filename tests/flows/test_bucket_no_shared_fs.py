@@ -231,3 +231,42 @@ def test_a_worker_killed_mid_build_changes_no_byte(setup: Setup) -> None:
         rel = path.relative_to(directory).as_posix()
         if path.is_file() and (rel.endswith((".bin", ".bos.idx")) or rel.startswith("stats.")):
             assert ours[rel] == path.read_bytes(), rel
+
+
+def test_a_cluster_that_loses_every_worker_stops_the_build_and_another_machine_resumes_it(setup: Setup) -> None:
+    holder: dict[str, Any] = {}
+    env = setup.env
+    setup.env = {**env, "SHARDFLOW_DASK_NO_WORKERS_S": "8"}
+    try:
+        thread = threading.Thread(target=lambda: holder.setdefault("res", setup.build("nw")))
+        thread.start()
+        fs = setup.s3.fs()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not holder:
+            fs.invalidate_cache()
+            if [p for p in fs.find(f"{setup.bucket}/data/nw/") if "/parts/unit-" in p and p.endswith(".json")]:
+                break
+            time.sleep(0.2)
+        lost_at = time.monotonic()
+        for worker in setup.cluster.workers:
+            worker.kill(signal.SIGKILL)
+        thread.join(120)
+        took = time.monotonic() - lost_at
+    finally:
+        setup.env = env
+    res = holder["res"]
+    assert res.returncode != 0, res.stdout
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no Dask worker for 8 s" in lines[0], res.stderr[-1500:]
+    assert took < 60, took
+
+    # A new worker, and the build run again from another machine (a fresh scratch): the units the first run
+    # committed on the bucket are not tokenized again.
+    setup.cluster.start_worker("w2")
+    setup.cluster.wait_for_workers(["w2"])
+    setup.proxy.reset()
+    again = setup.build("nw", scratch="scratch-elsewhere")
+    assert again.returncode == 0, f"{again.stderr[-4000:]}\n{setup.cluster.logs()}"
+    assert again.stdout.splitlines()[0] == f"published nw@v1 to s3://{setup.bucket}/data/nw/v1", again.stdout
+    tokenized = [k for k in setup.sent("data/nw") if "/parts/unit-" in k and k.endswith(".json")]
+    assert len(tokenized) < 4, tokenized

@@ -162,6 +162,8 @@ class CountingProxy(LoopbackProxy):
 
     def __init__(self, target: str) -> None:
         self.received = 0
+        self.sent_bytes = 0
+        """Every byte clients sent (request heads and bodies: what they uploaded)."""
         self.requests: list[tuple[str, str, tuple[int, int] | None]] = []
         self._lock = threading.Lock()
         super().__init__(target)
@@ -171,6 +173,8 @@ class CountingProxy(LoopbackProxy):
 
         def see(data: bytes) -> bool:
             nonlocal pending
+            with self._lock:
+                self.sent_bytes += len(data)
             pending = self._parse(pending + data)
             return True
 
@@ -198,7 +202,7 @@ class CountingProxy(LoopbackProxy):
 
     def reset(self) -> None:
         with self._lock:
-            self.received = 0
+            self.received = self.sent_bytes = 0
             self.requests.clear()
 
     def bytes_asked(self, key: str, size: int) -> int:

@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
+from .._io import atomic_write_bytes
 from ..catalog import Catalog
 from ..config import BuildConfig
 from ..errors import CatalogError, ConfigError, ShardflowError
@@ -157,8 +158,11 @@ def bucket_lock(places: BucketPlaces, *, sends: bool) -> Callable[..., ContextMa
                 yield plan
                 return
             with _leased(places, plan) as plan:
-                if not plan.existing and sends:
-                    prepare_sends(places, plan)
+                if not plan.existing:
+                    staging = Staging(plan.staging)
+                    atomic_write_bytes(staging.bucket_file, json.dumps({"data_root_url": places.data_root_url}).encode())
+                    if sends:
+                        prepare_sends(places, plan)
                 yield plan
 
     return lock

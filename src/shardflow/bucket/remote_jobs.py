@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import shutil
 import threading
 from collections import defaultdict
@@ -149,14 +150,18 @@ def fetch_records(staging: Staging, sends: Sends) -> int:
         found = fs.find(root)
     except FileNotFoundError:
         return 0
-    wanted = [p for p in found if p.rsplit("/", 1)[-1].startswith("unit-") and "/parts/" in p and p.count("/", len(root)) == 2
-              or p.endswith((".shard.json", ".valid.json"))]
-    records = {p[len(root) + 1:]: fs.cat_file(p) for p in wanted}
+    rels = [p[len(root) + 1:] for p in found if p.startswith(f"{root}/")]
+    records = {rel: fs.cat_file(f"{root}/{rel}") for rel in rels if _RECORD.match(rel)}
     commit_records(staging, records)
     return sum(rel.endswith(".json") for rel in records)
 
 
 # --- the workers' side ------------------------------------------------------------------------------------------
+
+# What a job commits in the driver's staging: a unit's record, document table and statistics, a gathered piece's
+# document starts (its tokens stay on the bucket), a shard's records.
+_RECORD = re.compile(r"^(parts/unit-[0-9]+\.(json|docs\.npy|stats\.npz)|parts/unit-[0-9]+/[^/]+\.bos\.idx"
+                     r"|layout/[^/]+\.(shard|valid)\.json)$")
 
 _UNIT_LOCKS: defaultdict[tuple[str, int], threading.Lock] = defaultdict(threading.Lock)
 _PLANS_WRITTEN: set[str] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ConfigError, ShardflowError
@@ -132,7 +133,7 @@ class DaskExecutor(InProcess):
             sends = read_sends(staging)
             if stage.name == "write-shard":
                 share_layout(staging, sends)
-        plan_future = self._scattered(plan)
+        self._scattered(plan)  # (before any job: a local data root the workers can't see is one line)
         results: list[Any] = [None] * len(jobs)
         here = [i for i, job in enumerate(jobs) if sends is not None and not self._sent(stage, plan, job)]
         for i in here:  # a parent's shards (only this machine fetched the parent), and checks of what those link
@@ -143,6 +144,7 @@ class DaskExecutor(InProcess):
         pins: dict[Any, str] = {}  # future -> the worker it must run on
 
         def submit(i: int, pinned: bool) -> Any:
+            plan_future = self._scattered(plan)
             if sends is None:
                 return self.client.submit(_run_job, stage.name, plan_future, jobs[i], pure=False)
             worker = self._worker_for(stage, plan, jobs[i]) if pinned else None
@@ -154,14 +156,12 @@ class DaskExecutor(InProcess):
 
         futures = {submit(i, True): i for i in todo}
         try:
-            for future, i in self._completed(futures, pins, submit):
-                try:
-                    result = future.result()  # the first error stops the build
-                except Exception as exc:
-                    lost = lost_worker(exc, stage.label(plan, jobs[i]))
+            for i, result, error in self._completed(futures, pins, submit, lambda: self._plans.pop(plan.staging, None)):
+                if error is not None:  # the first error stops the build
+                    lost = lost_worker(error, stage.label(plan, jobs[i]))
                     if lost is None:
-                        raise
-                    raise lost from exc
+                        raise error
+                    raise lost from error
                 if sends is not None:
                     from ..bucket.remote_jobs import commit_records
 
@@ -195,28 +195,39 @@ class DaskExecutor(InProcess):
         sources = read_layout(plan).splits[job[0]].sources
         return None if sources is None else self._where.get(sources[job[1]][0])
 
-    def _completed(self, futures: dict[Any, int], pins: dict[Any, str], submit: Callable[[int, bool], Any]
-                   ) -> Iterator[tuple[Any, int]]:
-        """Yield ``(future, job index)`` as each finishes. A job pinned to a worker that has left (``pins``) is
-        submitted again to any worker; a cluster without any worker for ``NO_WORKERS_ENV`` seconds stops the build
-        in one line."""
+    def _completed(self, futures: dict[Any, int], pins: dict[Any, str], submit: Callable[[int, bool], Any],
+                   forget_plan: Callable[[], Any]) -> Iterator[tuple[int, Any, Exception | None]]:
+        """Yield ``(job index, result, error)`` as each finishes. A job pinned to a worker that has left (``pins``) is
+        submitted again to any worker. A job Dask cancelled because every copy of the plan was lost with the workers
+        that held them waits for a worker, and is submitted again with the plan sent anew. A cluster without any
+        worker for ``NO_WORKERS_ENV`` seconds stops the build in one line."""
         from distributed import as_completed
 
         limit = float(os.environ.get(NO_WORKERS_ENV) or 120)
         alone_since: float | None = None
         pending = as_completed(list(futures), loop=self.client.loop)
+        lost: list[int] = []
         checked = time.monotonic()
-        while futures:
+        while futures or lost:
             done = pending.next_batch(block=False)
             for future in done:
-                if future in futures:  # (not one cancelled and submitted again)
-                    pins.pop(future, None)
-                    yield future, futures.pop(future)
-            if done:
+                if future not in futures:
+                    continue  # cancelled here and submitted again
+                pins.pop(future, None)
+                i = futures.pop(future)
+                try:
+                    result = future.result()
+                except CancelledError:
+                    lost.append(i)  # the plan it needed went with the last workers that held it
+                except Exception as exc:
+                    yield i, None, exc
+                else:
+                    yield i, result, None
+            if done and not lost:
                 alone_since = None
                 continue
             time.sleep(0.1)
-            if time.monotonic() - checked < 5:
+            if time.monotonic() - checked < 5 and not (lost and not futures):
                 continue
             checked = time.monotonic()
             workers = set(self.client.scheduler_info(n_workers=-1).get("workers", {}))
@@ -228,10 +239,16 @@ class DaskExecutor(InProcess):
                         f"workers (dask worker {self.address}) and run the same build again")
                 continue
             alone_since = None
+            if lost:
+                forget_plan()
+            again = [(i, False) for i in lost]
+            lost = []
             for future, i in list(futures.items()):
                 if future in pins and pins[future] not in workers:  # its pieces went with that worker
                     del futures[future], pins[future]
                     self.client.cancel([future])
-                    again = submit(i, False)
-                    futures[again] = i
-                    pending.add(again)
+                    again.append((i, False))
+            for i, pinned in again:
+                future = submit(i, pinned)
+                futures[future] = i
+                pending.add(future)

@@ -98,7 +98,8 @@ def publish(plan: BuildPlan | str | os.PathLike[str]) -> str:
     if staging.sends:
         return _publish_sent(plan, staging)
     return publish_out(
-        Staging(plan.staging).out,
+        staging.out,
+        url_root=staging.data_root_url(),
         name=plan.config.name,
         build_key=content_key(plan),
         data_root=plan.data_root,
@@ -215,6 +216,7 @@ def publish_out(
     catalog: str | os.PathLike[str],
     cleanup: Path | None = None,
     latest_if: str | None = None,
+    url_root: str | None = None,
 ) -> str:
     """Publish the complete, validated version directory ``out`` (manifest inside); returns ``NAME@VERSION``.
 
@@ -227,6 +229,8 @@ def publish_out(
     manifest's ``parent`` is what the build recorded when it was assembled.
     ``cleanup`` is removed afterwards. The new version becomes ``latest``, but with ``latest_if`` (a version
     name) only while that version is ``latest``: an embedding of an older version never moves ``latest`` back.
+    ``url_root``: the data root's URL when ``data_root`` is a scratch mirror of a bucket (the manifest's
+    ``dataset_path`` is then ``URL/NAME/vN``, where the version will be read).
     """
     cat = Catalog(catalog)
     out = Path(out)
@@ -248,7 +252,7 @@ def publish_out(
             record = {"catalog": catalog_id(cat), "name": name, "version": version, "build_key": build_key}
             atomic_write_text(Staging(cleanup).publish_file, json.dumps(record, sort_keys=True))
         if not in_place:
-            _stamp(out, version, final, build_key)
+            _stamp(out, version, f"{url_root}/{name}/{version}" if url_root else final, build_key)
             fault("publish-stamped", out)
             os.replace(out, final)
             fsync_dir(dataset_dir)

@@ -128,6 +128,18 @@ class Staging:
         return self.root / "sends.json"
 
     @property
+    def bucket_file(self) -> Path:
+        """``bucket.json``: ``{"data_root_url": ...}`` of a build to a bucket, built in a scratch mirror of it (its
+        manifest's ``dataset_path`` is then the version's URL, not the mirror's path)."""
+        return self.root / "bucket.json"
+
+    def data_root_url(self) -> str | None:
+        try:
+            return str(json.loads(self.bucket_file.read_text())["data_root_url"])
+        except FileNotFoundError:
+            return None
+
+    @property
     def sends(self) -> bool:
         """Whether this build's files go to a bucket from the workers that wrote them (``sends_file``)."""
         return self.sends_file.exists()
