@@ -10,7 +10,8 @@ the state is the position of the next sample. Worker ``w`` of ``n`` reads blocks
 ``block_size`` samples, the order in which a PyTorch DataLoader collects batches, so with
 ``block_size == batch_size`` the loader delivers the rank stream in order. Iterating this object
 advances the position when it reads the whole rank stream (``num_workers == 1``); a consumer that
-merges worker slices itself calls ``advance(n)`` (the PyTorch loader does).
+merges worker slices itself calls ``advance(n)`` (the PyTorch loader does). A state of another rank
+or world size resumes elastically (``shardflow.runtime.resume``; docs/RUNTIME.md, "Resume rules").
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import numpy as np
 from ..errors import ConfigError
 from .dataset import TokenDataset
 from .options import DATASET_OPTIONS, REMOTE_OPTIONS, STREAM_OPTIONS, ReadOptions, check_int, shown
-from .order import EpochOrder, EpochRuns
+from .order import EpochOrder, EpochRuns, rank_bounds
 from .prefetch import ShardFeeder, epoch_segments
 from .remote import RemoteShardSet, is_remote_ref, open_remote_split
+from .resume import Resumed, ResumedRuns, continued, rank_layout, refuse_differences, same
 from .shards import ShardSet
 
 __all__ = ["StreamingTokenDataset", "SampleStream", "STATE_FORMAT", "MAX_SAMPLES", "check_split"]
@@ -72,7 +74,11 @@ class SampleStream:
         if runs is None:
             runs = [(self.epoch_samples, None)]
         check_split(runs[-1][0], self.world_size)
-        self._layout = EpochRuns(runs, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
+        self._epoch_runs = runs
+        self._resumed: Resumed | None = None  # set by an elastic resume: an epoch partly read at another world size
+        self._layout: EpochRuns | ResumedRuns = EpochRuns(
+            runs, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last
+        )
         self._position = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -106,7 +112,8 @@ class SampleStream:
         return MAX_SAMPLES // self.world_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``)."""
+        """Start the next pass at the beginning of ``epoch`` (like ``DistributedSampler.set_epoch``); of an epoch
+        resumed at another world size, at the beginning of this rank's share of its rest."""
         start = self._layout.epoch_span(check_int("epoch", epoch, minimum=0, maximum=self.max_position))[0]
         if start > self.max_position:
             raise ValueError(f"epoch {epoch:,} starts at position {start:,}, past the last one, {self.max_position:,}")
@@ -244,7 +251,8 @@ class SampleStream:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position in this rank's stream and what determines the stream (plain data, JSON-safe)."""
+        """The exact position in this rank's stream and what determines the stream (plain data, JSON-safe); after
+        an elastic resume, ``resumed`` records how the resumed epoch was read (``shardflow.runtime.resume``)."""
         return {
             "kind": self.kind,
             "format": STATE_FORMAT,
@@ -252,41 +260,54 @@ class SampleStream:
             "epoch": self.epoch,
             "offset": self._position - self._layout.epoch_span(self.epoch)[0],
             "check": self._check_fields(),
+            **({"resumed": self._resumed.to_state()} if self._resumed is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; refuses a state of another dataset, seed, rank layout or options.
+        """Continue from ``state``: this rank's own, or any rank's state of this stream at any world size (an
+        elastic resume: docs/RUNTIME.md, "Resume rules"); refuses a state of another dataset, seed or options.
 
+        This rank's own state (same rank and world_size) continues exactly where it was. Another rank's, at the
+        same world size, continues at the same offset of the same epoch (ranks advance together). A state of
+        another world size ends what was read of its epoch: this rank reads its share of the rest of it.
         Every field is checked before anything changes: whatever a checkpoint holds, a state this stream
         cannot continue is one ``ValueError`` naming the field (positions past ``max_position`` included).
         """
-        if not isinstance(state, dict) or not _same(state.get("kind"), self.kind) or not _same(state.get("format"), STATE_FORMAT):
+        if not isinstance(state, dict) or not same(state.get("kind"), self.kind) or not same(state.get("format"), STATE_FORMAT):
             found = (shown(state.get("kind")), shown(state.get("format"))) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a {self.kind} state (format {STATE_FORMAT}): got {found}")
         saved, mine = state.get("check", {}), self._check_fields()
         if not isinstance(saved, dict):
             raise ValueError(f"not a {self.kind} state: its 'check' field is {shown(saved)}, not a dict")
-        diff = sorted(str(k) for k in set(saved) | set(mine) if not _same(saved.get(k), mine.get(k)))
-        if diff:
-            details = "; ".join(f"{k}: saved {shown(saved.get(k))}, now {shown(mine.get(k))}" for k in diff)
-            raise ValueError(
-                f"this state was saved by a different stream and would not continue it exactly ({details}). "
-                "Resume with the same dataset version, options, seed, rank and world_size"
-            )
-        limit = self.max_position
+        # The rank layout may differ (checked next); everything else must be this stream's.
+        refuse_differences(saved, {**mine, **{k: saved.get(k) for k in ("rank", "world_size", "samples_per_epoch")}})
+        world = check_int("check.world_size", saved.get("world_size"), minimum=1, maximum=MAX_SAMPLES)
+        rank = check_int("check.rank", saved.get("rank"), minimum=0, maximum=world - 1)
+        size = self._epoch_runs[-1][0]
+        if size < world:
+            raise ValueError(f"check.world_size: saved {world:,}, more ranks than the {size:,} samples of an epoch here")
+        lo, hi = rank_bounds(size, rank, world, drop_last=self.drop_last)
+        refuse_differences(saved, {**mine, "rank": rank, "world_size": world, "samples_per_epoch": hi - lo})
+        resumed = Resumed.from_state(state.get("resumed"), max_epoch=MAX_SAMPLES)
+        layout = rank_layout(self._epoch_runs, rank=rank, world_size=world, drop_last=self.drop_last, resumed=resumed)
+        limit = MAX_SAMPLES // world
         position = check_int("position", state.get("position"), minimum=0, maximum=limit)
         for name in ("epoch", "offset"):  # derived from the position, for people; checked all the same
             if name in state:
                 check_int(name, state[name], minimum=0, maximum=limit)
-        self._position = position
-
-
-def _same(a: Any, b: Any) -> bool:
-    """``a == b`` as one bool, False where the comparison fails or is not a bool (arrays in a state, say)."""
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - any value a checkpoint holds compares, or differs
-        return False
+        if (rank, world) != (self.rank, self.world_size):
+            epoch = layout.epoch_at(position)
+            offset = position - layout.epoch_span(epoch)[0]
+            if world != self.world_size:
+                resumed, offset = continued(resumed, epoch, world, offset), 0
+            layout = rank_layout(
+                self._epoch_runs, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last, resumed=resumed
+            )
+            start, stop = layout.epoch_span(epoch)
+            position = start + min(offset, stop - start)
+            if position > self.max_position:
+                raise ValueError(f"position: epoch {epoch:,} starts past the last position here, {self.max_position:,}")
+        self._resumed, self._layout, self._position = resumed, layout, position
 
 
 class StreamingTokenDataset(SampleStream):
