@@ -40,10 +40,11 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from shardflow.pipeline import BuildRequest, Stage, run_request
+from shardflow.pipeline.dask_executor import check_workers_see
 from shardflow.pipeline.handle import PlanHandle
 from shardflow.pipeline.model import BuildPlan, BuildResult
 from shardflow.pipeline.stages import Job
-from shardflow.catalog import Catalog
+from shardflow.catalog import Catalog, default_data_root
 from shardflow.config import BuildConfig
 from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
@@ -437,6 +438,12 @@ def build_dataset(
     request = BuildRequest(config=config, workers=workers, data_root=data_root, catalog=catalog, runner=runner,
                            address=address, scratch=scratch)
     task_runner, in_flight = make_task_runner(request)
+    if request.runner == "dask" and request.address:
+        # The flow's task runs on Dask build in a directory every worker must see (a bucket's scratch mirror too).
+        check_workers_see(request.address, default_data_root(request.local[0]).absolute(), hint=(
+            "the Prefect flow's task runs on Dask need a --data-root (or, for a bucket, a --scratch) that every worker "
+            "mounts at the same path. Without one, build to a bucket with --no-prefect --runner dask"
+            if request.places is not None else None))
     progress = RunProgress(config.name)
     _tag_flow_run([*TAGS, dataset_tag(config.name)])
     attach_core_logs()

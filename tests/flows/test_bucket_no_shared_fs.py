@@ -9,9 +9,10 @@ as docs/OPERATIONS.md gives them: ``shardflow build s3://... --no-prefect --runn
 
 The tests run in order on one cluster: an ``s3://`` build against a local build of the same inputs (bytes,
 manifest, ``dataset_path``, no client path opened on a worker, each shard sent once, ``open_shards`` from a fresh
-process); a local ``--data-root`` the workers can't see (one line, quickly, workers alive); two builds of the same
-inputs at once (one version, the units tokenized about once); and, last, a worker killed with SIGKILL mid-build
-(the same bytes).
+process); a local ``--data-root`` the workers can't see (one line, quickly, workers alive); the Prefect flow, whose
+task runs still need a scratch every worker sees (one line naming it); two builds of the same inputs at once (one
+version, the units tokenized about once); a worker killed with SIGKILL mid-build (the same bytes); and, last, every
+worker lost (the build stops in one line) and a new one (a rerun from a fresh scratch skips the committed units).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import yaml
 from support.cli import cli_env
 from support.isolated import IsolatedDaskCluster, assert_no_path_under, isolation_unavailable, opened_paths, start_isolated_cluster
 from support.paths import PYTHON, SHARDFLOW
+from support.prefect import PrefectServer
 
 pytest.importorskip("distributed")
 pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip install 'shardflow[s3]'")
@@ -176,6 +178,21 @@ def test_a_local_data_root_the_workers_cannot_see_is_refused_in_one_line(setup: 
     assert len(setup.cluster.worker_info()) == 2
 
 
+def test_the_prefect_flow_on_workers_that_cannot_see_its_scratch_says_so_in_one_line(
+    setup: Setup, prefect_server: PrefectServer
+) -> None:
+    started = time.monotonic()
+    cmd = [*SHARDFLOW, "build", f"s3://{setup.bucket}/corpus/", "--name", "np", "--progress", "none",
+           "--runner", "dask", "--address", setup.cluster.address, "--data-root", f"s3://{setup.bucket}/data",
+           "--catalog", f"s3://{setup.bucket}/catalog", "--scratch", str(setup.base / "flow-scratch")]
+    res = subprocess.run(cmd, env={**setup.env, **prefect_server.env}, cwd=setup.base, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0
+    assert "cannot see this path" in res.stderr and str(setup.base / "flow-scratch") in res.stderr, res.stderr[-3000:]
+    assert "--no-prefect --runner dask" in res.stderr and "Traceback" not in res.stderr
+    assert time.monotonic() - started < 120
+
+
 def test_two_builds_of_the_same_inputs_at_once_tokenize_them_once(setup: Setup) -> None:
     setup.proxy.reset()
     results: dict[str, subprocess.CompletedProcess[str]] = {}
@@ -270,3 +287,4 @@ def test_a_cluster_that_loses_every_worker_stops_the_build_and_another_machine_r
     assert again.stdout.splitlines()[0] == f"published nw@v1 to s3://{setup.bucket}/data/nw/v1", again.stdout
     tokenized = [k for k in setup.sent("data/nw") if "/parts/unit-" in k and k.endswith(".json")]
     assert len(tokenized) < 4, tokenized
+

@@ -28,7 +28,7 @@ from .run import InProcess, OnDone, retrying, stage_retries
 from .stages import Job, Stage, stage
 from .staging import Staging
 
-__all__ = ["DaskExecutor", "WorkerLost", "lost_worker"]
+__all__ = ["DaskExecutor", "WorkerLost", "lost_worker", "refuse_blind_workers", "check_workers_see"]
 
 
 class WorkerLost(ShardflowError):
@@ -66,6 +66,28 @@ def _run_sent(name: str, sends: Any, plan: BuildPlan, job: Job) -> tuple[Any, st
 
     step = remote_jobs.tokenize_job if name == "tokenize-unit" else remote_jobs.write_job
     return retrying(step, sends, plan, *job), get_worker().address
+
+
+def refuse_blind_workers(client: Any, path: str, *, hint: str | None = None) -> None:
+    """One line naming the first Dask worker (of ``client``'s cluster) that cannot see the directory ``path``."""
+    seen = client.run(os.path.isdir, path)
+    blind = sorted(addr for addr, ok in seen.items() if not ok)
+    if blind:
+        raise ConfigError(
+            f"{path}: the Dask worker {blind[0]}{f' (and {len(blind) - 1} more)' if len(blind) > 1 else ''} cannot see "
+            "this path; " + (hint or "a build on Dask with a local --data-root needs storage every worker mounts at the "
+                             "same path. Without one, build to a bucket: --data-root s3://BUCKET/data --catalog "
+                             "s3://BUCKET/catalog --no-prefect")
+        )
+
+
+def check_workers_see(address: str, path: str | os.PathLike[str], *, hint: str | None = None) -> None:
+    """``refuse_blind_workers`` on the cluster at ``address``, for ``path`` (made here first)."""
+    from distributed import Client
+
+    os.makedirs(path, exist_ok=True)
+    with Client(address, set_as_default=False) as client:
+        refuse_blind_workers(client, os.fspath(path), hint=hint)
 
 
 NO_WORKERS_ENV = "SHARDFLOW_DASK_NO_WORKERS_S"
@@ -110,14 +132,7 @@ class DaskExecutor(InProcess):
         return future
 
     def _check_visible(self, path: str) -> None:
-        seen = self.client.run(os.path.isdir, path)
-        blind = sorted(addr for addr, ok in seen.items() if not ok)
-        if blind:
-            raise ConfigError(
-                f"{path}: the Dask worker {blind[0]}{f' (and {len(blind) - 1} more)' if len(blind) > 1 else ''} cannot see "
-                "this path; a build on Dask with a local --data-root needs storage every worker mounts at the same path. "
-                "Without one, build to a bucket: --data-root s3://BUCKET/data --catalog s3://BUCKET/catalog"
-            )
+        refuse_blind_workers(self.client, path)
 
     def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
         if stage.fan_out == "one" or not jobs:
