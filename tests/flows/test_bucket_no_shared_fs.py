@@ -55,8 +55,8 @@ class Setup:
         self.base, self.cluster, self.s3, self.bucket, self.proxy, self.env = base, cluster, s3, bucket, proxy, env
 
     def build(self, name: str, *extra: str, scratch: str = "scratch", timeout: float = 300,
-              runner: bool = True) -> subprocess.CompletedProcess[str]:
-        cmd = [*SHARDFLOW, "build", f"s3://{self.bucket}/corpus/", "--name", name, *OPTIONS, *extra]
+              runner: bool = True, source: str = "corpus") -> subprocess.CompletedProcess[str]:
+        cmd = [*SHARDFLOW, "build", f"s3://{self.bucket}/{source}/", "--name", name, *OPTIONS, *extra]
         if runner:
             cmd += ["--runner", "dask", "--address", self.cluster.address]
         if "--data-root" not in extra:
@@ -191,6 +191,32 @@ def test_the_prefect_flow_on_workers_that_cannot_see_its_scratch_says_so_in_one_
     assert "cannot see this path" in res.stderr and str(setup.base / "flow-scratch") in res.stderr, res.stderr[-3000:]
     assert "--no-prefect --runner dask" in res.stderr and "Traceback" not in res.stderr
     assert time.monotonic() - started < 120
+
+
+def test_an_incremental_build_on_workers_sharing_no_path_equals_a_local_one(setup: Setup, corpus: Path) -> None:
+    fs = setup.s3.fs()
+    files = sorted(corpus.glob("*.parquet"))
+    for p in files[:3]:
+        fs.put_file(str(p), f"{setup.bucket}/more/{p.name}")
+    local = ["--data-root", str(setup.base / "local-inc/data"), "--catalog", str(setup.base / "local-inc/cat")]
+    for _ in range(2):  # v1 of three inputs, then v2 with the fourth: its parent's shards copied, val gathered here
+        res = setup.build("ni", source="more")
+        assert res.returncode == 0, f"{res.stderr[-4000:]}\n{setup.cluster.logs()}"
+        here = setup.build("ni", *local, source="more", runner=False)
+        assert here.returncode == 0, here.stderr[-3000:]
+        fs.put_file(str(files[3]), f"{setup.bucket}/more/{files[3].name}")
+    assert res.stdout.splitlines()[0] == f"published ni@v2 to s3://{setup.bucket}/data/ni/v2", res.stdout
+    directory = setup.base / "local-inc/data/ni/v2"
+    manifest = yaml.safe_load(setup.objects("data/ni/v2")["metadata.yaml"])
+    assert manifest["reuse"]["parent"] == "ni@v1" and len(manifest["reuse"]["tokenized_inputs"]) == 1, manifest["reuse"]
+    ours = setup.objects("data/ni/v2")
+    compared = 0
+    for path in directory.rglob("*"):
+        rel = path.relative_to(directory).as_posix()
+        if path.is_file() and (rel.endswith((".bin", ".bos.idx")) or rel.startswith("stats.")):
+            assert ours[rel] == path.read_bytes(), rel
+            compared += 1
+    assert compared >= 8
 
 
 def test_two_builds_of_the_same_inputs_at_once_tokenize_them_once(setup: Setup) -> None:

@@ -16,6 +16,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -25,16 +27,25 @@ from ..config import BuildConfig
 from ..errors import CatalogError, ConfigError, ShardflowError
 from ..manifest import MANIFEST_NAME, read_manifest
 from ..pipeline.model import BuildPlan
-from ..pipeline.staging import Staging, build_lock
+from ..pipeline.staging import Staging, build_lock, reset_staging, write_plan
 from .build import BucketPlaces, input_content
-from .fs import filesystem, read_with_etag
+from .fs import filesystem, put_if_absent, read_with_etag
 from .layout import CLAIM_NAME, VERSION_RE, Mirror, claim
 from .lease import Lease, wait_for_lease
-from .remote_jobs import Sends, fetch_records, read_sends, write_sends
+from .remote_jobs import Sends, fetch_records, read_sends, work_id, write_sends
 
 __all__ = ["bucket_lock", "prepare_sends", "published_version", "listed_versions", "staging_url"]
 
 log = logging.getLogger("shardflow.pipeline")
+
+
+class _NoLease:
+    """What ``_leased`` yields with a plan that has nothing to do (another build published it)."""
+
+    on_renew: list[Any] = []
+
+
+_NO_LEASE: Any = _NoLease()
 
 
 def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
@@ -45,8 +56,6 @@ def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
         return None
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
         cat = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
         found = cat.find_build(name, plan.build_key)
@@ -71,26 +80,46 @@ def listed_versions(places: BucketPlaces, name: str) -> set[str]:
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
         return set()
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
         return {v.version for v in Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0]).versions(name)}
 
 
 def staging_url(places: BucketPlaces, plan: BuildPlan) -> str:
-    """The bucket prefix of this build's job records: the same from every machine (its build key and catalog URL)."""
-    sid = hashlib.sha256(f"{plan.build_key}\0{places.catalog_url}".encode()).hexdigest()[:16]
-    return places.target.url(places.target.version_key(plan.config.name, f".staging/{sid}"))
+    """The bucket prefix of this build's job records: the same from every machine, and another for a plan that cut
+    other units (``remote_jobs.work_id``)."""
+    return places.target.url(places.target.version_key(plan.config.name, f".staging/{work_id(plan, places.catalog_url)}"))
 
 
-def _claimed_by(places: BucketPlaces, name: str, version: str) -> str | None:
+def _claim_of(places: BucketPlaces, name: str, version: str) -> dict[str, Any] | None:
     got = read_with_etag(places.target.url(f"{places.target.version_key(name, version)}/{CLAIM_NAME}"))
     if got is None:
         return None
     try:
-        return str(json.loads(got[0]).get("build_key"))
-    except (ValueError, AttributeError):
-        return ""
+        record = json.loads(got[0])
+    except ValueError:
+        record = None
+    return record if isinstance(record, dict) else {}
+
+
+def _ours(record: dict[str, Any] | None, plan: BuildPlan) -> bool:
+    """Whether a claim is free or this build's (by its planned key; a publish that began re-keys it, keeping that)."""
+    return record is None or plan.build_key in (record.get("build_key"), record.get("planned_key"))
+
+
+def _claim(places: BucketPlaces, plan: BuildPlan, version: str) -> bool:
+    """Claim ``version`` for ``plan`` (renewing a claim it holds); False if another build holds it."""
+    name = plan.config.name
+    record = _claim_of(places, name, version)
+    if not _ours(record, plan):
+        return False
+    if record is not None and record.get("build_key") != plan.build_key:
+        return True  # re-keyed by a publish of this build that began: ours, left as it is
+    try:
+        claim(places.target, places.target.version_key(name, version), f"{name}@{version}", plan.build_key,
+              places.catalog_url)
+    except CatalogError:
+        return False  # taken meanwhile by another build
+    return True
 
 
 def _next_number(places: BucketPlaces, name: str) -> int:
@@ -98,8 +127,6 @@ def _next_number(places: BucketPlaces, name: str) -> int:
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
         return 1
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="shardflow-claim-") as tmp:
         cat: Catalog = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
         names = [v.version for v in cat.versions(name)] + [r.version for r in cat.removed(name)]
@@ -116,35 +143,65 @@ def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
                           "embeddings yet; build without --embed, or with --runner threads")
     url = staging_url(places, plan)
     sends = read_sends(staging)
+    if sends is None and any(staging.parts.glob("unit-*.json")):
+        # Staged by a run whose workers shared this filesystem: its pieces are here, not where workers can read.
+        reset_staging(staging)
+        write_plan(plan)
+    if sends is not None and (sends.staging_url != url or not _claim(places, plan, sends.version)):
+        # Another work's prefix, or the claim went (a gc took the prefix for abandoned): nothing sent is trusted.
+        reset_staging(staging)
+        staging.sends_file.unlink()
+        write_plan(plan)
+        sends = None
     if sends is None:
         got = read_with_etag(f"{url}/sends.json")
-        version = json.loads(got[0])["version"] if got else None
-        number = int(version[1:]) if version else _next_number(places, name)
-        for _ in range(100):
-            version = f"v{number}"
-            held = _claimed_by(places, name, version)
-            if held in (None, plan.build_key):
-                try:
-                    claim(places.target, places.target.version_key(name, version), f"{name}@{version}", plan.build_key,
-                          places.catalog_url)
-                    break
-                except CatalogError:
-                    pass  # taken meanwhile by another build: the next one
-            number += 1
+        theirs = Sends.from_dict(json.loads(got[0])) if got else None
+        if theirs is not None and _claim(places, plan, theirs.version):
+            sends = theirs
         else:
-            raise CatalogError(f"{places.data_root_url}/{name}: no free version prefix after 100 tries; "
-                               "`shardflow gc` removes abandoned claims")
-        sends = Sends(version=version, version_url=places.target.url(places.target.version_key(name, version)),
-                      staging_url=url, target=places.target, catalog_url=places.catalog_url)
-        from .fs import put_if_absent
-
-        put_if_absent(f"{url}/sends.json", json.dumps(sends.to_dict(), sort_keys=True).encode())
+            sends = _new_sends(places, plan, url)
         write_sends(staging, sends)
     found = fetch_records(staging, sends)
     if found:
         log.info("%s: %d jobs committed by an earlier run of this build were found on the bucket; they are not run "
                  "again", name, found)
     return sends
+
+
+def _new_sends(places: BucketPlaces, plan: BuildPlan, url: str) -> Sends:
+    """The next version prefix this build can claim, recorded on the bucket (or the one another run of this work
+    recorded first)."""
+    name = plan.config.name
+    number = _next_number(places, name)
+    for _ in range(100):
+        if _claim(places, plan, f"v{number}"):
+            break
+        number += 1
+    else:
+        raise CatalogError(f"{places.data_root_url}/{name}: no free version prefix after 100 tries; "
+                           "`shardflow gc` removes abandoned claims")
+    version = f"v{number}"
+    sends = Sends(version=version, version_url=places.target.url(places.target.version_key(name, version)),
+                  staging_url=url, target=places.target, catalog_url=places.catalog_url)
+    if not put_if_absent(f"{url}/sends.json", json.dumps(sends.to_dict(), sort_keys=True).encode()):
+        got = read_with_etag(f"{url}/sends.json")  # a run of the same work elsewhere recorded its own first
+        if got is not None:
+            return Sends.from_dict(json.loads(got[0]))
+    return sends
+
+
+def _renew_claim(places: BucketPlaces, plan: BuildPlan) -> Any:
+    """What the lease's thread also renews: this build's version claim, every 10 minutes, so that ``gc`` never takes
+    a long build's prefix for abandoned (its age is the claim's)."""
+    last = [0.0]
+
+    def renew() -> None:
+        sends = read_sends(Staging(plan.staging))
+        if sends is not None and time.monotonic() - last[0] > 600:
+            _claim(places, plan, sends.version)
+            last[0] = time.monotonic()
+
+    return renew
 
 
 def bucket_lock(places: BucketPlaces, *, sends: bool) -> Callable[..., ContextManager[BuildPlan]]:
@@ -157,30 +214,45 @@ def bucket_lock(places: BucketPlaces, *, sends: bool) -> Callable[..., ContextMa
             if plan.existing:
                 yield plan
                 return
-            with _leased(places, plan) as plan:
-                if not plan.existing:
-                    staging = Staging(plan.staging)
+            with _leased(places, plan) as (plan, lease):
+                staging = Staging(plan.staging)
+                if plan.existing:
+                    _discard_prefix(staging_url(places, plan))  # (left by a publish killed after its catalog entry)
+                else:
                     atomic_write_bytes(staging.bucket_file, json.dumps({"data_root_url": places.data_root_url}).encode())
                     if sends:
                         prepare_sends(places, plan)
+                        lease.on_renew.append(_renew_claim(places, plan))
+                    elif staging.sends:  # staged by workers that sent their files: nothing of it is here
+                        reset_staging(staging)
+                        staging.sends_file.unlink()
+                        write_plan(plan)
                 yield plan
 
     return lock
 
 
+def _discard_prefix(url: str) -> None:
+    fs, root = filesystem(url)
+    try:
+        fs.rm(root, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
 @contextlib.contextmanager
-def _leased(places: BucketPlaces, plan: BuildPlan) -> Iterator[BuildPlan]:
+def _leased(places: BucketPlaces, plan: BuildPlan) -> Iterator[tuple[BuildPlan, Lease]]:
     """Hold the build key's lease; if another build holds it, wait until it publishes (then yield the plan with
     ``existing``) or its lease expires (then take it over)."""
     name, key = plan.config.name, plan.build_key
-    lease: Any = Lease.acquire(places.target, name, key)
+    lease: Lease | None = Lease.acquire(places.target, name, key)
     if lease is None:
         got = wait_for_lease(places.target, name, key, done=lambda: published_version(places, plan))
         if isinstance(got, str):
-            yield dataclasses.replace(plan, existing=f"{name}@{got}")
+            yield dataclasses.replace(plan, existing=f"{name}@{got}"), _NO_LEASE
             return
         lease = got
     with lease:
         # The holder may have published just before this lease was taken: then there is nothing to do.
         version = published_version(places, plan)
-        yield dataclasses.replace(plan, existing=f"{name}@{version}") if version else plan
+        yield (dataclasses.replace(plan, existing=f"{name}@{version}") if version else plan), lease

@@ -42,7 +42,7 @@ from .fs import filesystem, put_if_absent, put_if_match, read_with_etag, refusin
 from .layout import BucketTarget
 
 __all__ = ["LEASE_DIR", "TTL_ENV", "DEFAULT_TTL", "DEFAULT_POLL", "LeaseHeld", "LeaseLost", "LeaseRecord", "Lease",
-           "lease_key", "default_ttl", "wait_for_lease"]
+           "lease_key", "default_ttl", "wait_for_lease", "check_held"]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -145,6 +145,8 @@ class Lease:
         self._lock = threading.Lock()  # one conditional write at a time: the renewer's and release's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.on_renew: list[Callable[[], None]] = []
+        """Called after each renewal, on the renewing thread: what else the holder keeps alive with the lease."""
 
     @classmethod
     def acquire(cls, target: BucketTarget, name: str, build_key: str, *, ttl: float | None = None,
@@ -177,6 +179,7 @@ class Lease:
                              current.describe())
                 lease._thread = threading.Thread(target=lease._renew_loop, name=f"lease-{build_key[:8]}", daemon=True)
                 lease._thread.start()
+                _HELD[lease.url] = lease
                 return lease
         raise CatalogError(f"{lease.url}: changed by other builds {_ATTEMPTS} times in a row; run the build again")
 
@@ -217,6 +220,8 @@ class Lease:
             try:
                 if not self.renew():
                     return
+                for also in list(self.on_renew):
+                    also()
             except Exception as exc:  # a network error: the next tick retries; check() tells when the ttl ran out
                 log.warning("%s: could not renew the lease %s (%s); retrying", self.record.name, self.url, exc)
 
@@ -234,6 +239,7 @@ class Lease:
     def release(self) -> None:
         """Stop renewing and delete the lease, unless another build took it over (then it is left to that one)."""
         self._stop.set()
+        _HELD.pop(self.url, None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
@@ -258,6 +264,16 @@ class Lease:
 
     def __exit__(self, *exc: Any) -> None:  # released also when the build failed: a waiter takes over at once
         self.release()
+
+
+_HELD: dict[str, Lease] = {}  # the leases this process holds, by URL
+
+
+def check_held(target: BucketTarget, name: str, build_key: str) -> None:
+    """``Lease.check()`` of the lease this process holds for ``build_key``, if it holds one (before committing)."""
+    lease = _HELD.get(target.url(lease_key(target, name, build_key)))
+    if lease is not None:
+        lease.check()
 
 
 def wait_for_lease(target: BucketTarget, name: str, build_key: str, *, done: Callable[[], str | None],

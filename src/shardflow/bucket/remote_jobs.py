@@ -32,31 +32,36 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+import tempfile
 import threading
-from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_bytes
-from ..catalog import VersionEntry
+import numpy as np
+
+from ..catalog import VersionEntry, file_lock
 from ..errors import ConfigError
 from ..formats import bosidx, get_format
+from ..formats.writer import header_bytes
 from ..manifest import MANIFEST_NAME, read_manifest
 from ..pipeline.check import validate_staged_shard
 from ..pipeline.layout import gathered_splits, read_layout
 from ..pipeline.model import BuildPlan, UnitResult
 from ..pipeline.staging import Staging, write_plan
 from ..pipeline.tokenize import split_decided_late, tokenize_unit
-from ..pipeline.write import gathered_units, write_shard
+from ..pipeline.write import gathered_segments, write_shard
 from .fs import filesystem, update_object
 from .layout import CLAIM_NAME, BucketTarget
+from .lease import check_held
 from .push import PushResult, finish_push, plan_push, push_files, upload_file
 
 __all__ = ["Sends", "Shipped", "read_sends", "write_sends", "commit_records", "share_layout", "fetch_records",
-           "tokenize_job", "write_job", "send_version", "job_root", "discard_job_dirs"]
+           "tokenize_job", "write_job", "send_version", "job_root", "discard_job_dirs", "work_id", "gathered_pieces"]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -99,15 +104,31 @@ def read_sends(staging: Staging) -> Sends | None:
 
 
 def write_sends(staging: Staging, sends: Sends) -> None:
-    atomic_write_bytes(staging.sends_file, json.dumps(sends.to_dict(), sort_keys=True).encode())
+    _write_local(staging.sends_file, json.dumps(sends.to_dict(), sort_keys=True).encode())
+
+
+def _order(rel: str) -> tuple[bool, bool, str]:
+    """Files first, then ``.json`` markers, a shard's ``.shard.json`` last: its marker says the whole job is done."""
+    return rel.endswith(".json"), rel.endswith(".shard.json"), rel
+
+
+def _write_local(dest: Path, data: bytes) -> None:
+    """``data`` at ``dest``, atomically, under a temporary name of its own (threads of a worker write side by side)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def commit_records(staging: Staging, records: dict[str, bytes]) -> None:
     """Write a job's records into ``staging``, its ``.json`` commit markers last."""
-    for rel in sorted(records, key=lambda r: (r.endswith(".json"), r)):
-        path = staging.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, records[rel])
+    for rel in sorted(records, key=_order):
+        _write_local(staging.root / rel, records[rel])
 
 
 def _url(base: str, rel: str) -> str:
@@ -117,7 +138,7 @@ def _url(base: str, rel: str) -> str:
 def _put_records(sends: Sends, records: dict[str, bytes]) -> None:
     """The records on the bucket's staging prefix too, the ``.json`` markers last: a rerun from any machine finds them."""
     fs, _ = filesystem(sends.staging_url)
-    for rel in sorted(records, key=lambda r: (r.endswith(".json"), r)):
+    for rel in sorted(records, key=_order):
         fs.pipe_file(filesystem(_url(sends.staging_url, rel))[1], records[rel])
 
 
@@ -128,8 +149,7 @@ def _get(sends: Sends, rel: str, dest: Path) -> bool:
         data = fs.cat_file(path)
     except FileNotFoundError:
         return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(dest, data)
+    _write_local(dest, data)
     return True
 
 
@@ -163,25 +183,32 @@ def fetch_records(staging: Staging, sends: Sends) -> int:
 _RECORD = re.compile(r"^(parts/unit-[0-9]+\.(json|docs\.npy|stats\.npz)|parts/unit-[0-9]+/[^/]+\.bos\.idx"
                      r"|layout/[^/]+\.(shard|valid)\.json)$")
 
-_UNIT_LOCKS: defaultdict[tuple[str, int], threading.Lock] = defaultdict(threading.Lock)
-_PLANS_WRITTEN: set[str] = set()
+_SETUP = threading.Lock()  # a worker's threads set up a job directory (its plan, its layout) one at a time
 
 
-def job_root(plan: BuildPlan) -> Path:
-    """This machine's staging directory for ``plan``'s jobs: ``<scratch>/jobs/<staging name>``."""
+def work_id(plan: BuildPlan, catalog_url: str) -> str:
+    """16 hex digits naming this build's work: its build key, catalog, units and parent (what a resumed run must
+    share with the one it resumes: two plans that cut other units never mix their jobs' files)."""
+    work = {"build_key": plan.build_key, "catalog": catalog_url, "units": [u.to_dict() for u in plan.units],
+            "reuse": plan.reuse.signature() if plan.reuse else None}
+    return hashlib.sha256(json.dumps(work, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def job_root(sends: Sends) -> Path:
+    """This machine's staging directory for a build's jobs: ``<scratch>/jobs/<work id>`` (the staging prefix's)."""
     from .build import default_scratch
 
-    return default_scratch() / "jobs" / Path(plan.staging).name
+    return default_scratch() / "jobs" / sends.staging_url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _here(plan: BuildPlan) -> BuildPlan:
-    """``plan`` with its staging directory on this machine (its ``plan.json`` written once per process)."""
-    root = job_root(plan)
+def _here(sends: Sends, plan: BuildPlan) -> BuildPlan:
+    """``plan`` with its staging directory on this machine, its ``plan.json`` written there."""
+    root = job_root(sends)
     local = dataclasses.replace(plan, staging=str(root))
-    if str(root) not in _PLANS_WRITTEN:
-        root.mkdir(parents=True, exist_ok=True)
-        write_plan(local)
-        _PLANS_WRITTEN.add(str(root))
+    with _SETUP:
+        if not Staging(root).plan_file.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            write_plan(local)
     return local
 
 
@@ -192,23 +219,26 @@ def _gathered_streams(plan: BuildPlan) -> set[str]:
 def _unit_records(staging: Staging, unit: int) -> dict[str, bytes]:
     stem = staging.unit_files(unit)[0]
     return {p.relative_to(staging.root).as_posix(): p.read_bytes()
-            for p in sorted(stem.parent.glob(f"{stem.name}.*")) if p.is_file() and ".tmp" not in p.name}
+            for p in sorted(stem.parent.glob(f"{stem.name}.*")) if p.is_file() and _RECORD.match(f"parts/{p.name}")}
 
 
 def _tokenized_here(plan: BuildPlan, unit: int) -> UnitResult:
-    """``tokenize_unit`` in this machine's staging, one thread per unit (another job may need the same pieces)."""
-    with _UNIT_LOCKS[(plan.staging, unit)]:
+    """``tokenize_unit`` in this machine's staging, one job at a time per unit (threads and processes of the machine
+    that share its scratch: another job may need the same pieces)."""
+    lock = Staging(plan.staging).parts / f".unit-{unit:06d}.lock"
+    with file_lock(lock, timeout=None, what=f"work unit {unit}", remove=True):
         return tokenize_unit(plan, unit)
 
 
 def tokenize_job(sends: Sends, plan: BuildPlan, unit: int) -> Shipped:
     """Tokenize ``unit`` on this machine; send its gathered pieces and records to the staging prefix."""
-    here = _here(plan)
+    here = _here(sends, plan)
     staging = Staging(here.staging)
     result = _tokenized_here(here, unit)
     ext = get_format(plan.config.format).extension
     fs, _ = filesystem(sends.staging_url)
-    records = {}
+    records: dict[str, bytes] = {}
+    sent: list[Path] = []
     for stream in sorted(_gathered_streams(plan) & set(result.pieces)):
         for p, piece in enumerate(result.pieces[stream]):
             path = staging.piece(unit, stream, p, ext)
@@ -216,58 +246,95 @@ def tokenize_job(sends: Sends, plan: BuildPlan, unit: int) -> Shipped:
             upload_file(fs, path, filesystem(_url(sends.staging_url, rel))[1], piece.bytes, piece.sha256)
             index = bosidx.index_path(path)  # the layout reads a gathered piece's document starts
             records[index.relative_to(staging.root).as_posix()] = index.read_bytes()
+            sent += [path, index, *path.parent.glob(f"{path.stem}.*")]
     records |= _unit_records(staging, unit)
     _put_records(sends, records)
+    for path in sent:  # on the bucket now: whichever worker writes their shards reads them from there
+        path.unlink(missing_ok=True)
     return Shipped(result, records)
 
 
 def _layout_here(sends: Sends, staging: Staging, split: str) -> None:
-    """The layout's files this job reads, from the staging prefix (once per machine: the layout never changes)."""
-    if not staging.layout_file.exists():
+    """The layout's files this job reads, from the staging prefix (once per machine: a job directory is one work's,
+    whose layout never changes)."""
+    with _SETUP:
         for path in (staging.segments(split), staging.starts(split)):
-            _get(sends, path.relative_to(staging.root).as_posix(), path)
-        if not _get(sends, "layout/layout.json", staging.layout_file):
-            raise ConfigError(f"{sends.staging_url}/layout/layout.json: not there; the driver shares the layout "
-                              "before any shard job runs: run the build again")
-    elif not staging.segments(split).exists():
-        for path in (staging.segments(split), staging.starts(split)):
-            _get(sends, path.relative_to(staging.root).as_posix(), path)
-
-
-def _pieces_here(sends: Sends, plan: BuildPlan, staging: Staging, split: str, k: int) -> None:
-    """What shard ``k`` is made of, on this machine: a placed shard's piece (tokenized again here if its
-    worker was lost), or a gathered shard's pieces (from the staging prefix)."""
-    ext = get_format(plan.config.format).extension
-    sources = read_layout(plan).splits[split].sources
-    if sources is not None:
-        unit, p = sources[k]
-        result = staging.unit_result(unit)
-        path = staging.piece(unit, split, p, ext)
-        if result is None or not path.exists() or not bosidx.index_path(path).exists():
-            log.warning("work unit %d's pieces are not on this machine (the worker that tokenized it is gone): "
-                        "tokenizing it again here", unit)
-            _tokenized_here(plan, unit)
-        return
-    stream = "all" if split_decided_late(plan) else split
-    for unit in gathered_units(plan, split, k):
-        if staging.unit_result(unit) is None:
-            _get(sends, staging.unit_files(unit)[2].relative_to(staging.root).as_posix(), staging.unit_files(unit)[2])
-        result = staging.unit_result(unit)
-        if result is None:
-            raise ConfigError(f"{sends.staging_url}: work unit {unit} has no record; run the build again")
-        for p, _ in enumerate(result.pieces.get(stream, ())):
-            path = staging.piece(unit, stream, p, ext)
             if not path.exists():
                 _get(sends, path.relative_to(staging.root).as_posix(), path)
+        if not staging.layout_file.exists() and not _get(sends, "layout/layout.json", staging.layout_file):
+            raise ConfigError(f"{sends.staging_url}/layout/layout.json: not there; the driver shares the layout "
+                              "before any shard job runs: run the build again")
+
+
+def _placed_piece_here(plan: BuildPlan, staging: Staging, split: str, unit: int, p: int) -> list[Path]:
+    """A placed shard's piece on this machine (the unit tokenized again here if the worker that holds it was lost);
+    the piece's files, to delete once the shard is sent."""
+    path = staging.piece(unit, split, p, get_format(plan.config.format).extension)
+    if staging.unit_result(unit) is None or not path.exists() or not bosidx.index_path(path).exists():
+        log.warning("work unit %d's pieces are not on this machine (the worker that tokenized it is gone): "
+                    "tokenizing it again here", unit)
+        _tokenized_here(plan, unit)
+    return [path, bosidx.index_path(path), *path.parent.glob(f"{path.stem}.*")]
+
+
+def _gathered_here(sends: Sends, plan: BuildPlan, staging: Staging, split: str, k: int) -> list[Path]:
+    """The byte ranges of the staging prefix's pieces that gathered shard ``k`` copies, at their offsets in local
+    sparse files (a val shard of a ``--val-count`` build reads a few documents of every unit, never every piece
+    whole); the files, to delete once the shard is sent."""
+    fmt = get_format(plan.config.format)
+    itemsize = np.dtype(plan.dtype).itemsize
+    skip = header_bytes(fmt, np.dtype(plan.dtype))
+    stream = "all" if split_decided_late(plan) else split
+    fs, _ = filesystem(sends.staging_url)
+    made: list[Path] = []
+    for unit, start, count in gathered_segments(plan, split, k):
+        if unit < 0:
+            continue  # a range of the parent's split: read where the parent is (the driver: DaskExecutor)
+        record = staging.unit_files(unit)[2]
+        if not record.exists() and not _get(sends, record.relative_to(staging.root).as_posix(), record):
+            raise ConfigError(f"{sends.staging_url}: work unit {unit} has no record; run the build again")
+        result = staging.unit_result(unit)
+        assert result is not None
+        pos = 0
+        for p, piece in enumerate(result.pieces.get(stream, ())):
+            lo, hi = max(start, pos), min(start + count, pos + piece.tokens)
+            if lo < hi:
+                path = staging.piece(unit, stream, p, fmt.extension)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                first, last = skip + (lo - pos) * itemsize, skip + (hi - pos) * itemsize
+                data = fs.cat_file(filesystem(_url(sends.staging_url, path.relative_to(staging.root).as_posix()))[1],
+                                   start=first, end=last)
+                with open(path, "ab") as grow:  # created if absent; the ranges land at their own offsets
+                    grow.truncate(max(grow.tell(), piece.bytes))
+                with open(path, "r+b") as f:
+                    f.seek(first)
+                    f.write(data)
+                made += [path, record]
+            pos += piece.tokens
+    return made
+
+
+def gathered_pieces(sends: Sends, plan: BuildPlan, split: str, k: int) -> list[Path]:
+    """What gathered shard ``k`` copies from the units' pieces, fetched into ``plan``'s own staging directory (the
+    driver's, for a gathered shard of an incremental build, which also copies ranges of the parent)."""
+    return _gathered_here(sends, plan, Staging(plan.staging), split, k)
 
 
 def write_job(sends: Sends, plan: BuildPlan, split: str, k: int) -> Shipped:
     """Write and check shard ``k`` of ``split`` on this machine, send its files to their final keys, and return
     its records; its local files are then deleted."""
-    here = _here(plan)
+    here = _here(sends, plan)
     staging = Staging(here.staging)
     _layout_here(sends, staging, split)
-    _pieces_here(sends, here, staging, split, k)
+    sources = read_layout(here).splits[split].sources
+    if sources is None:
+        # Gathered: one such job at a time on this machine (they fill the same sparse piece files).
+        with file_lock(staging.root / ".gathered.lock", timeout=None, what="a gathered shard", remove=True):
+            return _write_and_send(sends, here, staging, split, k, _gathered_here(sends, here, staging, split, k))
+    return _write_and_send(sends, here, staging, split, k, _placed_piece_here(here, staging, split, *sources[k]))
+
+
+def _write_and_send(sends: Sends, here: BuildPlan, staging: Staging, split: str, k: int, used: list[Path]) -> Shipped:
     written = write_shard(here, split, k)
     check = validate_staged_shard(here, split, k)
     entry = written.entry
@@ -279,16 +346,9 @@ def write_job(sends: Sends, plan: BuildPlan, split: str, k: int) -> Shipped:
                for p in (staging.shard_result(split, k), staging.shard_check(split, k))}
     _put_records(sends, records)
     # Sent: this machine's copies go (a rerun here writes the shard again, as it would anywhere else).
-    for file, _, _ in files:
-        (staging.out / file).unlink(missing_ok=True)
-    for path in (staging.shard_result(split, k), staging.shard_check(split, k)):
+    for path in [*(staging.out / file for file, _, _ in files), staging.shard_result(split, k),
+                 staging.shard_check(split, k), *used]:
         path.unlink(missing_ok=True)
-    sources = read_layout(here).splits[split].sources
-    if sources is not None:
-        unit, p = sources[k]
-        piece = staging.piece(unit, split, p, get_format(plan.config.format).extension)
-        for path in (piece, bosidx.index_path(piece), *piece.parent.glob(f"{piece.stem}.*")):
-            path.unlink(missing_ok=True)
     return Shipped((written, check), records)
 
 
@@ -305,8 +365,9 @@ def _rekey_claim(sends: Sends, name: str, planned_key: str, build_key: str) -> N
         record = json.loads(current) if current else {}
         if record.get("build_key") not in (None, planned_key):
             return None  # not ours to change: plan_push's claim says whose it is
+        # ``planned_key`` stays: a rerun (its plan keyed by identity again) knows the claim as its own.
         return json.dumps({**record, "ref": f"{name}@{sends.version}", "build_key": build_key,
-                           "catalog": sends.catalog_url}).encode()
+                           "planned_key": planned_key, "catalog": sends.catalog_url}).encode()
 
     update_object(url, rekeyed, again="run the build again")
 
@@ -327,9 +388,16 @@ def send_version(staging: Staging, sends: Sends, *, name: str, build_key: str, p
     plan = plan_push(out, manifest, entry, target=sends.target, catalog_url=sends.catalog_url)
     if isinstance(plan, PushResult):
         return plan.ref, plan
-    # Each file is skipped (a worker sent it: its size and SHA-256 are checked on the bucket), copied from the
-    # parent, or sent from here; a shard that is none of these fails the publish, naming it.
-    done = push_files(plan, plan.files)
+    # Each file is skipped (a worker sent it: its size and SHA-256 are checked on the bucket, one HEAD each),
+    # copied from the parent, or sent from here; a shard that is none of these fails the publish, naming it.
+    # One run of files per thread, as push_version does: each call lists the prefix once.
+    step = max(1, -(-len(plan.files) // 8))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = [how for hows in pool.map(lambda i: push_files(plan, plan.files[i:i + step]),
+                                         range(0, len(plan.files), step)) for how in hows]
+    # Committed only by the holder of the build key's lease: one that stalled past its ttl lost it to a build
+    # that goes on from the same records; this one stops here.
+    check_held(sends.target, name, planned_key)
     result = finish_push(plan, done)
     fs, root = filesystem(sends.staging_url)
     try:
@@ -339,8 +407,6 @@ def send_version(staging: Staging, sends: Sends, *, name: str, build_key: str, p
     return result.ref, result
 
 
-def discard_job_dirs(plan: BuildPlan) -> None:
-    """This machine's job directory of ``plan`` (after the publish)."""
-    shutil.rmtree(job_root(plan), ignore_errors=True)
-    _PLANS_WRITTEN.discard(str(job_root(plan)))
-
+def discard_job_dirs(sends: Sends) -> None:
+    """This machine's job directory of a build (after its publish)."""
+    shutil.rmtree(job_root(sends), ignore_errors=True)

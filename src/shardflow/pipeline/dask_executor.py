@@ -21,6 +21,7 @@ import time
 from concurrent.futures import CancelledError
 from typing import Any, Callable, Iterator, Sequence
 
+from ..bucket.fs import is_remote
 from ..errors import ConfigError, ShardflowError
 from .layout import read_layout
 from .model import BuildPlan
@@ -121,55 +122,55 @@ class DaskExecutor(InProcess):
         self.client.close()
 
     def _scattered(self, plan: BuildPlan) -> Any:
-        """The plan on every worker, sent once per plan; a local data root checked first (see the class)."""
+        """The plan on every worker, sent once per plan; what the workers must see checked first (see the class)."""
         known = self._plans.get(plan.staging)
         if known is not None and known[0] == plan:
             return known[1]
         if not Staging(plan.staging).sends:
-            self._check_visible(plan.staging)
+            refuse_blind_workers(self.client, plan.staging)
+        for folder in sorted({os.path.dirname(inp.path) for inp in plan.inputs if not is_remote(inp.path)}):
+            refuse_blind_workers(self.client, folder, hint="the workers read the build's local inputs where the plan "
+                                 "found them: put them on storage every worker mounts at the same path, or on the bucket")
         future = self.client.scatter(plan, broadcast=True, hash=False)
         self._plans[plan.staging] = (plan, future)
         return future
 
-    def _check_visible(self, path: str) -> None:
-        refuse_blind_workers(self.client, path)
-
     def map(self, stage: Stage, plan: BuildPlan, jobs: Sequence[Job], on_done: OnDone) -> list[Any]:
+        staging = Staging(plan.staging)
+        sent = _Sent(staging, plan, self._where) if staging.sends else None
         if stage.fan_out == "one" or not jobs:
             results = [retrying(stage, plan, *job, retries=stage_retries(stage)) for job in jobs]
             for job, result in zip(jobs, results):
                 on_done(job, result)
-            return results
-        staging = Staging(plan.staging)
-        sends = None
-        if staging.sends:
-            from ..bucket.remote_jobs import read_sends, share_layout
+            if sent is not None and stage.name == "publish":  # the workers' job directories go with the build
+                from ..bucket.remote_jobs import discard_job_dirs
 
-            sends = read_sends(staging)
-            if stage.name == "write-shard":
-                share_layout(staging, sends)
-        self._scattered(plan)  # (before any job: a local data root the workers can't see is one line)
+                self.client.run(discard_job_dirs, sent.sends)
+            return results
+        if sent is not None:
+            sent.before(stage)
+        self._scattered(plan)  # (before any job: a path the workers can't see is one line)
         results: list[Any] = [None] * len(jobs)
-        here = [i for i, job in enumerate(jobs) if sends is not None and not self._sent(stage, plan, job)]
+        here = [i for i, job in enumerate(jobs) if sent is not None and not sent.on_workers(stage, job)]
         for i in here:  # a parent's shards (only this machine fetched the parent), and checks of what those link
+            if sent is not None:
+                sent.prepare_here(stage, jobs[i])
             results[i] = retrying(stage, plan, *jobs[i], retries=stage_retries(stage))
             on_done(jobs[i], results[i])
-        todo = [i for i in range(len(jobs)) if i not in set(here)]
-
         pins: dict[Any, str] = {}  # future -> the worker it must run on
 
         def submit(i: int, pinned: bool) -> Any:
             plan_future = self._scattered(plan)
-            if sends is None:
+            if sent is None:
                 return self.client.submit(_run_job, stage.name, plan_future, jobs[i], pure=False)
-            worker = self._worker_for(stage, plan, jobs[i]) if pinned else None
-            future = self.client.submit(_run_sent, stage.name, sends, plan_future, jobs[i], pure=False,
+            worker = sent.worker_for(stage, jobs[i]) if pinned else None
+            future = self.client.submit(_run_sent, stage.name, sent.sends, plan_future, jobs[i], pure=False,
                                         workers=[worker] if worker else None, allow_other_workers=False)
             if worker:
                 pins[future] = worker
             return future
 
-        futures = {submit(i, True): i for i in todo}
+        futures = {submit(i, True): i for i in range(len(jobs)) if i not in set(here)}
         try:
             for i, result, error in self._completed(futures, pins, submit, lambda: self._plans.pop(plan.staging, None)):
                 if error is not None:  # the first error stops the build
@@ -177,38 +178,12 @@ class DaskExecutor(InProcess):
                     if lost is None:
                         raise error
                     raise lost from error
-                if sends is not None:
-                    from ..bucket.remote_jobs import commit_records
-
-                    (result, where) = result
-                    commit_records(staging, result.records)
-                    result = result.result
-                    if stage.name == "tokenize-unit":
-                        self._where[jobs[i][0]] = where
-                    elif stage.name == "write-shard":
-                        result = result[0]
-                results[i] = result
-                on_done(jobs[i], result)
+                results[i] = result if sent is None else sent.taken(stage, jobs[i], result)
+                on_done(jobs[i], results[i])
         except BaseException:
             self.client.cancel(list(futures))
             raise
         return results
-
-    def _sent(self, stage: Stage, plan: BuildPlan, job: Job) -> bool:
-        """Whether a job of a build that sends runs on a worker (else here: it links the parent's shard)."""
-        if stage.name == "tokenize-unit":
-            return True
-        if stage.name != "write-shard":
-            return False
-        sources = read_layout(plan).splits[job[0]].sources
-        return sources is None or sources[job[1]][0] >= 0
-
-    def _worker_for(self, stage: Stage, plan: BuildPlan, job: Job) -> str | None:
-        """The worker that holds a placed shard's piece (None: any)."""
-        if stage.name != "write-shard":
-            return None
-        sources = read_layout(plan).splits[job[0]].sources
-        return None if sources is None else self._where.get(sources[job[1]][0])
 
     def _completed(self, futures: dict[Any, int], pins: dict[Any, str], submit: Callable[[int, bool], Any],
                    forget_plan: Callable[[], Any]) -> Iterator[tuple[int, Any, Exception | None]]:
@@ -267,3 +242,61 @@ class DaskExecutor(InProcess):
                 future = submit(i, pinned)
                 futures[future] = i
                 pending.add(future)
+
+
+class _Sent:
+    """A stage's jobs of a build whose workers send its files to a bucket (``bucket/remote_jobs.py``): which run on
+    the workers, on which one, and the records each brings back, committed here."""
+
+    def __init__(self, staging: Staging, plan: BuildPlan, where: dict[int, str]) -> None:
+        from ..bucket.remote_jobs import read_sends
+
+        sends = read_sends(staging)
+        assert sends is not None
+        self.staging, self.plan, self.sends, self.where = staging, plan, sends, where
+        self.layout: Any = None
+
+    def before(self, stage: Stage) -> None:
+        """Only the holder of the build key's lease runs jobs; the write stage's workers read the layout shared."""
+        from ..bucket.lease import check_held
+        from ..bucket.remote_jobs import share_layout
+
+        check_held(self.sends.target, self.plan.config.name, self.plan.build_key)
+        if stage.name == "write-shard":
+            share_layout(self.staging, self.sends)
+            self.layout = read_layout(self.plan)
+
+    def on_workers(self, stage: Stage, job: Job) -> bool:
+        """Tokenize jobs, and write jobs but those that read the parent (which only this machine fetched): its
+        linked shards, and a gathered split of an incremental build (its ranges of the parent's split)."""
+        if stage.name == "tokenize-unit":
+            return True
+        if stage.name != "write-shard":
+            return False
+        sources = self.layout.splits[job[0]].sources
+        return self.plan.reuse is None if sources is None else sources[job[1]][0] >= 0
+
+    def prepare_here(self, stage: Stage, job: Job) -> None:
+        """A gathered shard written here: the units' pieces it copies, fetched from the bucket's staging prefix."""
+        if stage.name == "write-shard" and self.layout.splits[job[0]].sources is None:
+            from ..bucket.remote_jobs import gathered_pieces
+
+            gathered_pieces(self.sends, self.plan, *job)
+
+    def worker_for(self, stage: Stage, job: Job) -> str | None:
+        """The worker that holds a placed shard's piece (None: any)."""
+        if stage.name != "write-shard":
+            return None
+        sources = self.layout.splits[job[0]].sources
+        return None if sources is None else self.where.get(sources[job[1]][0])
+
+    def taken(self, stage: Stage, job: Job, result: Any) -> Any:
+        """A job's result, its records committed here first; where a unit's pieces are, remembered."""
+        from ..bucket.remote_jobs import commit_records
+
+        shipped, where = result
+        commit_records(self.staging, shipped.records)
+        if stage.name == "tokenize-unit":
+            self.where[job[0]] = where
+            return shipped.result
+        return shipped.result[0] if stage.name == "write-shard" else shipped.result

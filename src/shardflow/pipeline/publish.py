@@ -119,7 +119,7 @@ def _publish_sent(plan: BuildPlan, staging: Staging) -> str:
     build_key = content_key(plan)
     _stamp(staging.out, sends.version, sends.version_url, build_key)
     ref, _ = send_version(staging, sends, name=plan.config.name, build_key=build_key, planned_key=plan.build_key)
-    discard_job_dirs(plan)
+    discard_job_dirs(sends)  # (this machine's; DaskExecutor discards the workers')
     discard_staging(Path(plan.staging))
     return ref
 

@@ -153,13 +153,15 @@ def drive(
     reuse: bool | None = None,
     events: Events | None = None,
     lock: Callable[..., ContextManager[BuildPlan]] = build_lock,
+    finish: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Build ``config`` into a published version, running its jobs on ``executor``.
 
     Holds the build's ``lock`` (``build_lock``; a build to a bucket's also holds the bucket's lease of the build
     key: ``bucket/driving.py``) from after planning to the end: a second
     run of the same build fails at once with a clear message (``lock_timeout``
-    seconds: waits, and then reports the version the other run published).
+    seconds: waits, and then reports the version the other run published). ``finish(ref)`` runs last, still
+    under the lock, after a publish (a build to a bucket's push).
     """
     events = events or Events()
     plan = executor.plan(config, data_root=data_root, catalog=catalog, reuse=reuse, lock_timeout=lock_timeout)
@@ -168,6 +170,8 @@ def drive(
             if not plan.existing:  # nobody published it while this run waited for the lock
                 events.planned(plan)
                 done = run_stages(plan, *_stage_runners(plan, executor, events))
+                if finish is not None:
+                    finish(done["publish"][0])
                 return _result(plan, done["publish"][0], created=True)
     events.planned(plan)
     return _result(plan, plan.existing, created=False)
@@ -187,10 +191,17 @@ def run_request(request: BuildRequest, executor: Executor, events: Events | None
     reuse = None if executor.fetch_parent(places, request.config) else False
     data_root, catalog = request.local
     # Workers that share no filesystem with this process send the version's files to the bucket themselves.
-    lock = bucket_lock(places, sends=not executor.shares_filesystem)
-    result = drive(request.config, executor, data_root=data_root, catalog=catalog, reuse=reuse, events=events, lock=lock)
-    if result.ref.partition("@")[2] not in listed_versions(places, request.config.name):
-        executor.push(request, result.ref, listed)  # built here (not sent by the workers, nor by another build)
+    sends = not executor.shares_filesystem
+    lock = bucket_lock(places, sends=sends)
+
+    def push(ref: str) -> None:  # under the build key's lease: a second build of it waits for this push
+        if ref.partition("@")[2] not in listed_versions(places, request.config.name):
+            executor.push(request, ref, listed)
+
+    result = drive(request.config, executor, data_root=data_root, catalog=catalog, reuse=reuse, events=events,
+                   lock=lock, finish=None if sends else push)
+    if not sends:
+        push(result.ref)  # a version built here earlier whose push was interrupted (a no-op after the one above)
     return BuildResult(ref=result.ref, manifest_path=f"{places.version_url(result.ref)}/metadata.yaml",
                        created=result.ref.partition("@")[2] not in listed)
 

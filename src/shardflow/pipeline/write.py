@@ -34,7 +34,7 @@ from .staging import Staging, as_plan
 from .target_files import tokenizer_file_name
 from .tokenize import split_decided_late
 
-__all__ = ["write_shard", "shard_done", "gathered_units", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
+__all__ = ["write_shard", "shard_done", "gathered_segments", "read_shard_results", "shard_file_name", "write_tokenizer_files", "link_or_copy"]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -123,11 +123,11 @@ def _segments(staging: Staging, split: str, lo: int, hi: int) -> list[tuple[int,
     return pieces
 
 
-def gathered_units(plan: BuildPlan, split: str, k: int) -> list[int]:
-    """The work units whose pieces shard ``k`` of the gathered split ``split`` copies tokens from."""
-    staging = Staging(plan.staging)
+def gathered_segments(plan: BuildPlan, split: str, k: int) -> list[tuple[int, int, int]]:
+    """What shard ``k`` of the gathered split ``split`` copies: ``(source, first token, tokens)``, a source >= 0 a
+    work unit's stream of pieces, < 0 a range of the parent's split."""
     lo, hi = read_layout(plan).splits[split].cut(k)
-    return sorted({source for source, _, _ in _segments(staging, split, lo, hi) if source >= 0})
+    return _segments(Staging(plan.staging), split, lo, hi)
 
 
 def shard_done(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardResult | None:
