@@ -182,7 +182,7 @@ def _new_sends(places: BucketPlaces, plan: BuildPlan, url: str) -> Sends:
                            "`shardflow gc` removes abandoned claims")
     version = f"v{number}"
     sends = Sends(version=version, version_url=places.target.url(places.target.version_key(name, version)),
-                  staging_url=url, target=places.target, catalog_url=places.catalog_url)
+                  staging_url=url, target=places.target, catalog_url=places.catalog_url, build_key=plan.build_key)
     if not put_if_absent(f"{url}/sends.json", json.dumps(sends.to_dict(), sort_keys=True).encode()):
         got = read_with_etag(f"{url}/sends.json")  # a run of the same work elsewhere recorded its own first
         if got is not None:

@@ -77,15 +77,17 @@ class Sends:
     """``s3://B/data/NAME/.staging/ID``: the jobs' records and the gathered splits' pieces (deleted at publish)."""
     target: BucketTarget
     catalog_url: str
+    build_key: str = ""
+    """The plan's build key: its lease's name (``shardflow gc`` leaves the prefix of a build whose lease is live)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "version_url": self.version_url, "staging_url": self.staging_url,
-                "target": dataclasses.asdict(self.target), "catalog_url": self.catalog_url}
+                "target": dataclasses.asdict(self.target), "catalog_url": self.catalog_url, "build_key": self.build_key}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Sends":
         return cls(version=d["version"], version_url=d["version_url"], staging_url=d["staging_url"],
-                   target=BucketTarget(**d["target"]), catalog_url=d["catalog_url"])
+                   target=BucketTarget(**d["target"]), catalog_url=d["catalog_url"], build_key=d.get("build_key", ""))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ naming the job (the Prefect flow uses it too).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import CancelledError
@@ -244,6 +245,10 @@ class DaskExecutor(InProcess):
                 pending.add(future)
 
 
+WHERE_FILE = "workers.json"
+"""In a staging directory whose workers send: which worker (address) holds each tokenized unit's pieces."""
+
+
 class _Sent:
     """A stage's jobs of a build whose workers send its files to a bucket (``bucket/remote_jobs.py``): which run on
     the workers, on which one, and the records each brings back, committed here."""
@@ -255,6 +260,11 @@ class _Sent:
         assert sends is not None
         self.staging, self.plan, self.sends, self.where = staging, plan, sends, where
         self.layout: Any = None
+        if not where:  # a driver started again on a cluster still up: its workers still hold the units' pieces
+            try:
+                where.update({int(u): a for u, a in json.loads((staging.root / WHERE_FILE).read_text()).items()})
+            except (OSError, ValueError, AttributeError):
+                pass
 
     def before(self, stage: Stage) -> None:
         """Only the holder of the build key's lease runs jobs; the write stage's workers read the layout shared."""
@@ -298,5 +308,6 @@ class _Sent:
         commit_records(self.staging, shipped.records)
         if stage.name == "tokenize-unit":
             self.where[job[0]] = where
+            commit_records(self.staging, {WHERE_FILE: json.dumps(self.where).encode()})
             return shipped.result
         return shipped.result[0] if stage.name == "write-shard" else shipped.result
