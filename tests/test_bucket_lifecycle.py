@@ -9,17 +9,23 @@ it is gone; an ``rm`` killed between the two steps is finished by its rerun (or 
 ``gc``); ``gc`` aborts a real incomplete multipart upload and deletes an abandoned
 push's prefix, keeps what is younger than ``--older-than``, deletes nothing with
 ``--dry-run`` and never touches a listed version; entry paths that leave the bucket,
-a wrong catalog and half-bucket places are refused in one line. ``diff`` of two versions
+a wrong catalog and half-bucket places are refused in one line. What builds to a bucket
+leave: ``gc`` deletes a published version's staging prefix at once, an abandoned build's once
+old and its lease expired (by age alone without ``sends.json``), a crashed holder's lease, never
+a live lease or the staging it keeps, nothing with ``--dry-run``, and looks again before each
+delete. ``diff`` of two versions
 on the bucket reads their manifests alone, and ``show`` what it shows; both say what they
 say of the versions' local copies.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,8 +256,9 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     assert lines[0].endswith("...), initiated 2010-11-10T20:48:33Z")
     # An upload younger than the threshold is kept: against 1,000,000 hours (114 years), 2010 is recent.
     status, out, err = cli("gc", "--dry-run", "--older-than", "1000000", *places)
-    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads and unlisted versions written in "
-                                "the last 1000000 hours are kept)\n"), err
+    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads, unlisted versions and builds' job "
+                                "records written in the last 1000000 hours are kept, and those of a build whose lease "
+                                "is live)\n"), err
 
     status, out, err = cli("gc", "--dry-run", "--older-than", "0", *places)
     assert status == 0, err
@@ -271,8 +278,9 @@ def test_gc_aborts_an_incomplete_upload_and_deletes_an_abandoned_push_never_a_li
     assert objects(s3, bucket, "data/bk/v1") == v1 and s3.fs().cat_file(f"{bucket}/catalog/bk.yaml") == catalog
     assert len(windows("bk@v1", bucket, tmp_path / "cache")) > 0
     status, out, err = cli("gc", "--older-than", "0", *places)
-    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads and unlisted versions written in "
-                                "the last 0 hours are kept)\n")
+    assert (status, out) == (0, f"nothing to remove under s3://{bucket}/data (uploads, unlisted versions and builds' job "
+                                "records written in the last 0 hours are kept, and those of a build whose lease is "
+                                "live)\n")
     # Its claim gone, bk@v2 is pushed afresh.
     assert push_version("bk@v2", catalog=local / "catalog", **urls(bucket)).ref == "bk@v2"
 
@@ -424,3 +432,193 @@ def test_places_rm_and_gc_cannot_use_are_refused_in_one_line(cli, tmp_path, monk
     assert (status, out) == (2, "") and err.splitlines() == [err.strip()], err
     assert err.startswith(f"shardflow: error: {message}"), err
     assert list(tmp_path.iterdir()) == []  # no directory named s3: or gs:
+
+
+
+# --- gc of what builds to the bucket leave: staging prefixes and leases ---
+
+KEY = "ab" * 32  # a build key
+WORK = "0123456789abcdef"  # a staging prefix's ID
+
+
+def later(monkeypatch: pytest.MonkeyPatch, hours: float) -> None:
+    """gc's clock ``hours`` ahead (its threshold counts from it); a lease's liveness is still read on the real clock."""
+    import shardflow.bucket.lifecycle as lifecycle
+
+    real_now = lifecycle._now
+    monkeypatch.setattr(lifecycle, "_now", lambda: real_now() + lifecycle._dt.timedelta(hours=hours))
+
+
+def target_of(bucket: str):
+    from shardflow.bucket.layout import bucket_target
+
+    return bucket_target(f"s3://{bucket}/data", f"s3://{bucket}/catalog")
+
+
+def build_staging(s3: S3Server, bucket: str, *, version: str = "v2", build_key: str = KEY, work: str = WORK,
+                  sends: bool = True) -> dict[str, int]:
+    """A build's staging prefix ``data/bk/.staging/WORK/`` as a build on workers that share no filesystem leaves it
+    (with ``sends``, its ``sends.json`` naming ``bk@version`` and ``build_key``); returns its ``{key: size}``."""
+    from shardflow.bucket.remote_jobs import Sends
+
+    prefix = f"{bucket}/data/bk/.staging/{work}"
+    files = {f"{prefix}/parts/unit-000000.json": b"{}", f"{prefix}/parts/unit-000000.docs.npy": b"d" * 64,
+             f"{prefix}/parts/unit-000000/train-0.bin": b"t" * 1000}
+    if sends:
+        record = Sends(version=version, version_url=f"s3://{bucket}/data/bk/{version}", staging_url=f"s3://{prefix}",
+                       target=target_of(bucket), catalog_url=f"s3://{bucket}/catalog", build_key=build_key)
+        files[f"{prefix}/sends.json"] = json.dumps(record.to_dict(), sort_keys=True).encode()
+    s3.fs().pipe(files)
+    return objects(s3, bucket, f"data/bk/.staging/{work}")
+
+
+def put_lease(s3: S3Server, bucket: str, *, expires_in: float, build_key: str = KEY) -> str:
+    """The lease of ``build_key`` as its holder left it, expiring ``expires_in`` seconds from now; returns its key."""
+    from shardflow.bucket.lease import LeaseRecord, lease_key
+
+    now = time.time()
+    record = LeaseRecord(name="bk", build_key=build_key, host="node-7", pid=4242, token="f" * 16,
+                         acquired_at=now - 7200, expires_at=now + expires_in, ttl=60.0, renewals=3)
+    key = f"{bucket}/{lease_key(target_of(bucket), 'bk', build_key)}"
+    s3.fs().pipe(key, record.to_bytes())
+    return key
+
+
+def test_gc_deletes_the_staging_of_a_published_version_whatever_its_age(s3):
+    bucket = new_bucket(s3, "gcpub")
+    stage(s3, bucket, "../data/bk/v1")  # bk@v1 listed
+    staged = build_staging(s3, bucket, version="v1")
+    other = build_staging(s3, bucket, version="v2", work="fedcba9876543210")  # bk@v2 not listed: a build at work
+    found = collect_bucket_garbage(**urls(bucket))  # the default threshold, 24 hours: the prefix is seconds old
+    assert [(g.url, g.why, g.objects, g.bytes) for g in found] == [
+        (f"s3://{bucket}/data/bk/.staging/{WORK}/", "bk@v1's staging, a build's job records, its version published",
+         len(staged), sum(staged.values()))]
+    assert objects(s3, bucket, f"data/bk/.staging/{WORK}") == {}
+    assert objects(s3, bucket, "data/bk/.staging/fedcba9876543210") == other
+    assert len(objects(s3, bucket, "data/bk/v1")) == 2
+
+
+def test_gc_deletes_an_abandoned_builds_staging_once_old_and_its_lease_expired(s3, monkeypatch):
+    bucket = new_bucket(s3, "gcabandon")
+    stage(s3, bucket, "../data/bk/v1")
+    staged = build_staging(s3, bucket)  # bk@v2's build, never published
+    put_lease(s3, bucket, expires_in=-60)  # its holder crashed a minute ago
+    assert collect_bucket_garbage(**urls(bucket)) == []  # younger than the threshold
+    later(monkeypatch, 25)
+    found = collect_bucket_garbage(**urls(bucket))
+    assert [g.url for g in found] == [f"s3://{bucket}/data/bk/.staging/{WORK}/",
+                                      f"s3://{bucket}/data/bk/.leases/{KEY}.json"]
+    assert (found[0].objects, found[0].bytes) == (len(staged), sum(staged.values()))
+    assert re.fullmatch(rf"abandoned build of bk \(build key {KEY[:16]}\), last written \S+Z: its job records "
+                        r"\(a rerun of it redoes its jobs\)", found[0].why), found[0].why
+    assert objects(s3, bucket, "data/bk/.staging") == {} and objects(s3, bucket, "data/bk/.leases") == {}
+    assert len(objects(s3, bucket, "data/bk/v1")) == 2
+
+
+def test_gc_judges_a_staging_prefix_without_sends_json_by_its_age_alone(s3, monkeypatch):
+    bucket = new_bucket(s3, "gcnosends")
+    stage(s3, bucket, "../data/bk/v1")
+    staged = build_staging(s3, bucket, sends=False)
+    s3.fs().pipe(f"{bucket}/data/bk/.staging/not-a-work-id/x.json", b"{}")  # not a build's prefix: never touched
+    assert collect_bucket_garbage(**urls(bucket)) == []
+    later(monkeypatch, 25)
+    found = collect_bucket_garbage(**urls(bucket))
+    assert [(g.url, g.objects) for g in found] == [(f"s3://{bucket}/data/bk/.staging/{WORK}/", len(staged))]
+    assert found[0].why.startswith("abandoned build of bk, last written ")
+    assert list(objects(s3, bucket, "data/bk/.staging")) == [f"{bucket}/data/bk/.staging/not-a-work-id/x.json"]
+
+
+def test_gc_deletes_a_crashed_builds_lease_never_a_live_one(s3, monkeypatch):
+    bucket = new_bucket(s3, "gclease")
+    stage(s3, bucket, "../data/bk/v1")
+    crashed = put_lease(s3, bucket, expires_in=-48 * 3600, build_key="1" * 64)
+    recent = put_lease(s3, bucket, expires_in=-3600, build_key="2" * 64)  # ended an hour ago: within the threshold
+    live = put_lease(s3, bucket, expires_in=600, build_key="3" * 64)
+    size = len(s3.fs().cat_file(crashed))
+    found = collect_bucket_garbage(**urls(bucket))
+    assert [(g.url, g.objects, g.bytes) for g in found] == [(f"s3://{crashed}", 1, size)]
+    assert re.fullmatch(rf"lease of a build that ended \S+Z \(bk, build key {'1' * 16}, held by host node-7 "
+                        r"\(pid 4242\) since \S+Z\)", found[0].why), found[0].why
+    assert sorted(objects(s3, bucket, "data/bk/.leases")) == sorted([recent, live])
+    later(monkeypatch, 48)  # the live one stays live, whatever gc's threshold: a taker reads it on its own clock
+    assert [g.url for g in collect_bucket_garbage(**urls(bucket), older_than_hours=0)] == [f"s3://{recent}"]
+    assert list(objects(s3, bucket, "data/bk/.leases")) == [live]
+
+
+def test_a_live_lease_keeps_its_staging_prefix(s3, monkeypatch):
+    from shardflow.bucket.lease import Lease
+
+    bucket = new_bucket(s3, "gclive")
+    stage(s3, bucket, "../data/bk/v1")
+    staged = build_staging(s3, bucket)
+    later(monkeypatch, 48)  # every object of the build is old to gc: only its lease says it runs
+    lease = Lease.acquire(target_of(bucket), "bk", KEY, ttl=60)
+    assert lease is not None
+    try:
+        assert collect_bucket_garbage(**urls(bucket), older_than_hours=0) == []
+        assert objects(s3, bucket, f"data/bk/.staging/{WORK}") == staged
+    finally:
+        lease.release()  # the build ends without publishing: its lease goes, its staging is abandoned
+    assert [g.url for g in collect_bucket_garbage(**urls(bucket))] == [f"s3://{bucket}/data/bk/.staging/{WORK}/"]
+
+
+def test_gc_dry_run_deletes_nothing_of_what_builds_leave(s3, cli, monkeypatch):
+    bucket = new_bucket(s3, "gcdry")
+    stage(s3, bucket, "../data/bk/v1")
+    published = build_staging(s3, bucket, version="v1", work="1" * 16)
+    abandoned = build_staging(s3, bucket, work="2" * 16)
+    lease = put_lease(s3, bucket, expires_in=-60)
+    before = objects(s3, bucket, "")
+    later(monkeypatch, 25)
+    places = ("--data-root", f"s3://{bucket}/data", "--catalog", f"s3://{bucket}/catalog")
+    status, out, err = cli("gc", "--dry-run", *places)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert [line.split(" (")[0] for line in lines[:3]] == [
+        f"would delete s3://{bucket}/data/bk/.staging/{'1' * 16}/", f"would delete s3://{bucket}/data/bk/.staging/{'2' * 16}/",
+        f"would delete s3://{lease}"]
+    assert lines[0].endswith("bk@v1's staging, a build's job records, its version published")
+    assert ": abandoned build of bk (build key " in lines[1] and ": lease of a build that ended " in lines[2]
+    freed = sum(published.values()) + sum(abandoned.values()) + before[lease]
+    assert lines[3:] == [f"would free {size(freed)} (3 items)"]
+    assert objects(s3, bucket, "") == before
+    status, out, err = cli("gc", *places)
+    assert status == 0 and out.splitlines()[-1] == f"freed {size(freed)} (3 items)", err
+    assert objects(s3, bucket, "") == {k: v for k, v in before.items() if "/.staging/" not in k and "/.leases/" not in k}
+
+
+def test_gc_looks_again_before_deleting_a_builds_leftovers(s3, monkeypatch):
+    """A build that takes its expired lease over after gc judged its staging prefix abandoned keeps it, and a lease
+    renewed after gc read it is not deleted (its ETag changed)."""
+    import shardflow.bucket.leftovers as leftovers
+    from shardflow.bucket.lease import Lease
+
+    bucket = new_bucket(s3, "gcagain")
+    stage(s3, bucket, "../data/bk/v1")
+    staged = build_staging(s3, bucket)
+    lease_object = put_lease(s3, bucket, expires_in=-48 * 3600)
+    other = put_lease(s3, bucket, expires_in=-48 * 3600, build_key="9" * 64)
+    later(monkeypatch, 25)
+    real_list, real_read = leftovers.list_objects, leftovers.read_with_etag
+    taken: list[Lease] = []
+
+    def take_over_then_list(fs, root):  # gc looks again before deleting: the build has come back meanwhile
+        if not taken:
+            taken.append(Lease.acquire(target_of(bucket), "bk", KEY, ttl=600))
+        return real_list(fs, root)
+
+    def read_then_renew(url):  # gc has read the other lease: a build takes it over and renews it
+        got = real_read(url)
+        if url == f"s3://{other}" and got is not None:
+            s3.fs().pipe(other, got[0].replace(b'"renewals": 3', b'"renewals": 4'))
+        return got
+
+    monkeypatch.setattr(leftovers, "list_objects", take_over_then_list)
+    monkeypatch.setattr(leftovers, "read_with_etag", read_then_renew)
+    try:
+        assert collect_bucket_garbage(**urls(bucket)) == []
+        assert taken and taken[0] is not None
+        assert objects(s3, bucket, f"data/bk/.staging/{WORK}") == staged
+        assert sorted(objects(s3, bucket, "data/bk/.leases")) == sorted([lease_object, other])
+    finally:
+        taken[0].release()

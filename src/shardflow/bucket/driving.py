@@ -29,7 +29,7 @@ from ..manifest import MANIFEST_NAME, read_manifest
 from ..pipeline.model import BuildPlan
 from ..pipeline.staging import Staging, build_lock, reset_staging, write_plan
 from .build import BucketPlaces, input_content
-from .fs import filesystem, put_if_absent, read_with_etag
+from .fs import filesystem, read_with_etag
 from .layout import CLAIM_NAME, VERSION_RE, Mirror, claim
 from .lease import Lease, wait_for_lease
 from .remote_jobs import Sends, fetch_records, read_sends, work_id, write_sends
@@ -122,15 +122,14 @@ def _claim(places: BucketPlaces, plan: BuildPlan, version: str) -> bool:
     return True
 
 
-def _next_number(places: BucketPlaces, name: str) -> int:
-    """One past the highest version the bucket's catalog lists or has removed."""
+def _taken(places: BucketPlaces, name: str) -> set[str]:
+    """The versions the bucket's catalog lists or has removed: names no build may claim again."""
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
-        return 1
+        return set()
     with tempfile.TemporaryDirectory(prefix="shardflow-claim-") as tmp:
         cat: Catalog = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
-        names = [v.version for v in cat.versions(name)] + [r.version for r in cat.removed(name)]
-    return 1 + max((int(v[1:]) for v in names if VERSION_RE.match(v)), default=0)
+        return {v.version for v in cat.versions(name)} | {r.version for r in cat.removed(name)}
 
 
 def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
@@ -141,25 +140,31 @@ def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
     if plan.config.embed is not None:
         raise ConfigError("--embed: a build to a bucket on Dask workers that share no filesystem does not compute "
                           "embeddings yet; build without --embed, or with --runner threads")
-    url = staging_url(places, plan)
+    url, taken = staging_url(places, plan), _taken(places, name)
+
+    def usable(sends: Sends | None) -> bool:
+        # This work's prefix, a version no catalog entry names (listed by another build, or removed), still claimed
+        # by this build: a gc that took it for abandoned, or an rm, leaves nothing sent to it to trust.
+        return (sends is not None and sends.staging_url == url and sends.version not in taken
+                and _claim(places, plan, sends.version))
+
     sends = read_sends(staging)
-    if sends is None and any(staging.parts.glob("unit-*.json")):
-        # Staged by a run whose workers shared this filesystem: its pieces are here, not where workers can read.
+    if (sends is None and any(staging.parts.glob("unit-*.json"))) or (sends is not None and not usable(sends)):
+        # Staged by a run whose workers shared this filesystem (its pieces are here, where no worker reads them),
+        # or sent to a version this build cannot keep: started afresh here.
         reset_staging(staging)
-        write_plan(plan)
-    if sends is not None and (sends.staging_url != url or not _claim(places, plan, sends.version)):
-        # Another work's prefix, or the claim went (a gc took the prefix for abandoned): nothing sent is trusted.
-        reset_staging(staging)
-        staging.sends_file.unlink()
+        staging.sends_file.unlink(missing_ok=True)
         write_plan(plan)
         sends = None
     if sends is None:
         got = read_with_etag(f"{url}/sends.json")
         theirs = Sends.from_dict(json.loads(got[0])) if got else None
-        if theirs is not None and _claim(places, plan, theirs.version):
+        if usable(theirs):
             sends = theirs
         else:
-            sends = _new_sends(places, plan, url)
+            if theirs is not None:  # its shards went to a version this build cannot keep: sent again
+                _drop_shard_records(url)
+            sends = _new_sends(places, plan, url, taken)
         write_sends(staging, sends)
     found = fetch_records(staging, sends)
     if found:
@@ -168,11 +173,21 @@ def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
     return sends
 
 
-def _new_sends(places: BucketPlaces, plan: BuildPlan, url: str) -> Sends:
-    """The next version prefix this build can claim, recorded on the bucket (or the one another run of this work
-    recorded first)."""
+def _drop_shard_records(url: str) -> None:
+    fs, root = filesystem(url)
+    try:
+        stale = [p for p in fs.find(f"{root}/layout") if p.endswith((".shard.json", ".valid.json"))]
+    except FileNotFoundError:
+        return
+    if stale:
+        fs.rm(stale)
+
+
+def _new_sends(places: BucketPlaces, plan: BuildPlan, url: str, taken: set[str]) -> Sends:
+    """The next version prefix this build can claim, recorded on the bucket (under the build key's lease: no other
+    run of this work writes ``sends.json`` meanwhile)."""
     name = plan.config.name
-    number = _next_number(places, name)
+    number = 1 + max((int(v[1:]) for v in taken if VERSION_RE.match(v)), default=0)
     for _ in range(100):
         if _claim(places, plan, f"v{number}"):
             break
@@ -183,10 +198,8 @@ def _new_sends(places: BucketPlaces, plan: BuildPlan, url: str) -> Sends:
     version = f"v{number}"
     sends = Sends(version=version, version_url=places.target.url(places.target.version_key(name, version)),
                   staging_url=url, target=places.target, catalog_url=places.catalog_url, build_key=plan.build_key)
-    if not put_if_absent(f"{url}/sends.json", json.dumps(sends.to_dict(), sort_keys=True).encode()):
-        got = read_with_etag(f"{url}/sends.json")  # a run of the same work elsewhere recorded its own first
-        if got is not None:
-            return Sends.from_dict(json.loads(got[0]))
+    fs, path = filesystem(f"{url}/sends.json")
+    fs.pipe_file(path, json.dumps(sends.to_dict(), sort_keys=True).encode())
     return sends
 
 

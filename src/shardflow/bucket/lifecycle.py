@@ -5,8 +5,10 @@ point, as ``Catalog.remove`` does locally), then deletes the version's objects, 
 claim object last. ``collect_bucket_garbage`` aborts stale multipart uploads and deletes the
 version prefixes no catalog entry lists: removed versions' leftovers, and abandoned pushes older
 than ``older_than_hours`` (the threshold stands in for locks). A prefix without a claim object is
-not a push's, and a listed version is never touched. Both, with what they refuse:
-docs/OPERATIONS.md ("Remove versions and leftovers").
+not a push's, and a listed version is never touched. It also deletes what builds to the bucket leave
+(``bucket/leftovers.py``): staging prefixes of published versions or abandoned builds, and expired
+leases, never while a lease is live. Both, with what they refuse: docs/OPERATIONS.md ("Remove
+versions and leftovers").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..lifecycle import dependents
 from ..manifest import MANIFEST_NAME
 from .fs import filesystem, read_with_etag, refusing, update_object
 from .layout import CLAIM_NAME, VERSION_RE, BucketTarget, Mirror, bucket_target
+from .leftovers import BucketGarbage, build_leftovers, list_objects as _objects, utc_stamp as _stamp
 
 __all__ = ["BucketRemoval", "BucketGarbage", "remove_bucket_version", "collect_bucket_garbage"]
 
@@ -45,37 +48,8 @@ class BucketRemoval:
     """Remaining versions that named it as their parent (removed with ``force``)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class BucketGarbage:
-    """One thing ``collect_bucket_garbage`` removed (or, with ``dry_run``, would remove)."""
-
-    url: str
-    why: str
-    objects: int
-    """Objects deleted under the prefix; for an incomplete multipart upload, its parts."""
-    bytes: int
-    upload: bool = False
-    """An incomplete multipart upload (aborted), not a prefix of objects (deleted)."""
-
-
 def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
-
-
-def _stamp(when: _dt.datetime) -> str:
-    return when.astimezone(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _objects(fs: Any, root: str) -> dict[str, tuple[int, _dt.datetime | None]]:
-    """``{relative name: (size, last modified)}`` of the objects under ``root/`` (``bucket/key``)."""
-    fs.invalidate_cache(root)
-    try:
-        found = fs.find(f"{root}/", detail=True)
-    except FileNotFoundError:
-        return {}
-    start = len(root) + 1
-    return {p[start:]: (int(info.get("size") or 0), info.get("LastModified"))
-            for p, info in found.items() if p.startswith(f"{root}/") and len(p) > start}
 
 
 def _delete(fs: Any, root: str, names: list[str]) -> None:
@@ -300,8 +274,9 @@ def _version_prefixes(objects: dict[str, tuple[int, Any]]) -> dict[tuple[str, st
 
 def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: bool = False,
                            older_than_hours: float = 24.0) -> list[BucketGarbage]:
-    """Abort old incomplete multipart uploads under the data root and delete unlisted version prefixes there
-    (docs/OPERATIONS.md); returns what was removed (``dry_run``: what would be, removing nothing)."""
+    """Abort old incomplete multipart uploads under the data root and delete unlisted version prefixes there, and
+    builds' leftover staging prefixes and expired leases (docs/OPERATIONS.md); returns what was removed
+    (``dry_run``: what would be, removing nothing)."""
     if not 0 <= older_than_hours <= 1e6:  # NaN too
         raise ConfigError(f"--older-than {older_than_hours:.12g}: give 0 or more hours (at most 1000000)")
     target = bucket_target(data_root_url, catalog_url, options=("--data-root", "--catalog"))
@@ -311,7 +286,8 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
     client = _client()
     uploads = refusing(data_root_url, _uploads, client, target)
     root = "/".join(p for p in (target.bucket, target.data_key) if p)
-    groups = _version_prefixes(_objects(fs, root))
+    everything = _objects(fs, root)
+    groups = _version_prefixes(everything)
     # The catalog is read after the listing: a version committed meanwhile is listed, and so kept.
     listed, removed = _catalog_state(fs, target, catalog_url)
     unlisted = {g: files for g, files in groups.items() if target.version_key(*g) not in listed}
@@ -350,7 +326,8 @@ def collect_bucket_garbage(*, data_root_url: str, catalog_url: str, dry_run: boo
                                     bytes=sum(size for size, _ in files.values())))
         if not dry_run:
             _delete(fs, f"{target.bucket}/{key}", list(files))
-    return result
+    return result + build_leftovers(fs, client, target, catalog_url, everything, listed, uploads, cutoff=cutoff,
+                                    dry_run=dry_run)
 
 
 def _resumed(fs: Any, target: BucketTarget, catalog_url: str, key: str, cutoff: _dt.datetime) -> bool:

@@ -149,8 +149,8 @@ def _gc_bucket(args: argparse.Namespace, data_root: str, catalog: str) -> int:
         unit = "part" if g.upload else "object"
         print(f"{verb} {g.url} ({g.objects} {unit}{'s' if g.objects != 1 else ''}, {byte_size(g.bytes)}): {g.why}")
     if not found:
-        print(f"nothing to remove under {data_root.rstrip('/')} (uploads and unlisted versions written in the last "
-              f"{hours:.12g} hours are kept)")
+        print(f"nothing to remove under {data_root.rstrip('/')} (uploads, unlisted versions and builds' job records "
+              f"written in the last {hours:.12g} hours are kept, and those of a build whose lease is live)")
     else:
         n = len(found)
         print(f"{'would free' if args.dry_run else 'freed'} {byte_size(sum(g.bytes for g in found))} ({n} item{'s' if n != 1 else ''})")

@@ -5,7 +5,8 @@ They read published versions through the core (``shardflow.catalog``,
 a second. ``cli.commands`` registers them in its ``COMMANDS``; errors are
 ``ShardflowError``s, which the command line turns into one message and exit 2.
 They read a bucket's versions through the runtime's verified cache
-(``shardflow.runtime.remote``: ``show`` and ``diff`` fetch only what they print).
+(``shardflow.runtime.remote``: ``show`` and ``diff`` fetch only what they print). ``show``'s report on a
+split is the runtime's (``shardflow.runtime.inspect``), what ``inspect_version`` returns.
 The commands that change versions (``rm``, ``gc``, ``push``) are ``cli.lifecycle``.
 Both check their own URLs (``BUCKET_COMMANDS``).
 """
@@ -188,26 +189,20 @@ def _print_embeddings(m: Any) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from shardflow.card import CARD_DIR, CARD_NAME
-    from shardflow.reader import Version, open_version
-    from shardflow.runtime.remote import RemoteShardSet, is_remote_ref, remote_version
+    from shardflow.reader import open_version
+    from shardflow.runtime.inspect import remote_report_split
+    from shardflow.runtime.remote import is_remote_ref, remote_version
     from shardflow.stats import read_stats
 
     catalog = args.catalog or os.environ.get("SHARDFLOW_CATALOG")
     if is_remote_ref(args.ref, catalog):
         # On a bucket: the manifest, then only what the report reads (each file verified as it arrives): the
-        # statistics, the split's document indexes and the shards its samples come from.
-        from shardflow.manifest_files import named_files
-
+        # statistics, and the indexes and shards its samples come from (every index of a split of few shards).
         cache, m = remote_version(args.ref, catalog=catalog)
         _check_split(args, m)
-        for f in named_files(m):
-            # The statistics, and the tokenizer's copy that the samples are decoded with (its size unrecorded).
-            if f.sha256 and (f.name in ("stats.json", "stats.vocab.npy") or f.where.startswith("tokenized_info.")):
-                cache.ensure(f.name, cache.object_size(f.name) if f.size is None else f.size, f.sha256)
-        stats = read_stats(cache.directory, m)
+        shards, stats = remote_report_split(cache, m, args.split or "train")
         # The card is pushed with the version (not named in its manifest) wherever it has statistics.
         card = f"{cache.url}/{CARD_DIR}/{CARD_NAME}" if stats is not None else None
-        shards = RemoteShardSet.over(cache, m, args.split or "train", version=Version(cache.directory, m))
         return _show(args, m, where=cache.url, card=card, shards=shards, stats=stats)
     from shardflow.cli.options import check_local_paths
 
@@ -216,9 +211,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     m = version.manifest
     _check_split(args, m)
     card = version.directory / CARD_DIR / CARD_NAME
-    # inspect_version takes a reference; the resolved version directory is one.
+    # The opened version's own shard set: its manifest is read once, and its files checked as they are read.
     return _show(args, m, where=str(version.directory), card=str(card) if card.is_file() else None,
-                 shards=version.directory, stats=read_stats(version.directory, m))
+                 shards=version.split(args.split or "train").shards, stats=read_stats(version.directory, m))
 
 
 def _check_split(args: argparse.Namespace, m: Any) -> None:
@@ -228,8 +223,8 @@ def _check_split(args: argparse.Namespace, m: Any) -> None:
 
 def _show(args: argparse.Namespace, m: Any, *, where: str, card: str | None, shards: Any, stats: Any) -> int:
     """``shardflow show`` of the version ``m`` at ``where`` (a directory or a URL): ``card`` (None: it has none),
-    ``shards`` (what ``inspect_version`` opens), ``stats`` (its statistics, or None)."""
-    from shardflow.runtime.inspect import inspect_version
+    ``shards`` (the ``ShardSet`` of the split shown), ``stats`` (its statistics, or None)."""
+    from shardflow.runtime.inspect import LENGTHS_HEADING, split_report
     from shardflow.stats import summary_lines
 
     if args.card:
@@ -252,21 +247,19 @@ def _show(args: argparse.Namespace, m: Any, *, where: str, card: str | None, sha
         print(f"  {split}: {counted(entry.documents, 'document')}, {counted(entry.tokens, 'token')} in "
               f"{counted(len(entry.shards), 'shard')}")
     _print_embeddings(m)
-    report = inspect_version(shards, split=args.split or "train", samples=args.samples)
+    split = args.split or "train"
+    # From the manifest and the statistics: of the shards, only those the samples come from are read.
+    report = split_report(shards, m.splits[split], split=split, samples=args.samples, stats=stats)
     if stats is not None:
-        if _LENGTHS in report:
-            # The report's length histogram is exact (from the document index); the statistics' one has
-            # quarter-octave bins (p50 <= 2,047 where the median is 1,881). Printed once: the exact one.
+        if LENGTHS_HEADING in report:
+            # The report's length histogram has exact octave rows (from the document index, or the statistics for a
+            # split of many shards); the statistics' summary gives quarter-octave bounds (p50 <= 2,047). Printed once.
             stats = {**stats, "splits": {}}
         print("\n".join(summary_lines(stats)))
         if card is not None:
             print(f"  card: {card}")
     print(report)
     return 0
-
-
-_LENGTHS = "Document lengths in tokens"
-"""How ``inspect_version``'s exact length histogram begins (absent where a version has no document index)."""
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
