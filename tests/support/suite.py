@@ -11,6 +11,7 @@ import pytest
 # costs balance, never coverage (every other file follows, in collection order).
 LONGEST_FIRST = (
     "tests/test_docs.py",  # 207 s
+    "tests/flows/test_bucket_no_shared_fs.py",  # 100 (an isolated cluster, seven builds on it)
     "tests/flows/test_dask_cluster.py",  # 67
     "tests/test_object_storage.py",  # 66
     "tests/test_embeddings.py",  # 66
@@ -28,6 +29,7 @@ LONGEST_FIRST = (
     "tests/pipeline/test_embed_parallel.py",  # 23
     "tests/flows/test_build_flow.py",  # 23
     "tests/test_cli.py",  # 22
+    "tests/test_show_scale.py",  # 17
 )
 
 COLLECTED = pytest.StashKey[set]()
