@@ -40,9 +40,11 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
@@ -130,6 +132,17 @@ class HFTokenizer(Tokenizer):
     def reference_batch(self, texts: list[str]) -> list[list[int]]:
         return _reference_lists(self._source.ref, texts)
 
+    def encode_batch(self, texts: pa.Array | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens uint32, offsets int64)`` as ``Tokenizer.encode_batch``; on the reference, sub-batch by sub-batch.
+
+        The reference backend encodes ``SUB_BATCH_BYTES`` of text per library call and keeps
+        only each sub-batch's ids, as one array, so that a batch never holds its ``Encoding``
+        objects all at once (``_reference_arrays``).
+        """
+        if self._fast is not None:
+            return super().encode_batch(texts)
+        return _reference_arrays(self._source.ref, texts)
+
     def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """The tokenizers library's ``decode``, special tokens kept (invalid UTF-8 is replaced)."""
         return self._source.ref.decode(np.asarray(tokens, dtype=np.int64).tolist(), skip_special_tokens=False)
@@ -201,10 +214,63 @@ def _fast_backend(name: str, stamp: tuple[Any, ...]) -> tuple[Any | None, str, A
                         functools.partial(_reference_lists, ref), own=sorted(source.added), key=key, library="the tokenizers library")
 
 
-def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
+SUB_BATCH_BYTES = 1 << 20
+"""Text per call of the tokenizers library on the reference path (UTF-8 bytes of an Arrow array, characters of a list).
+
+The library returns one ``Encoding`` per document, about 70 bytes a token (ids, type ids, token
+strings, offsets, masks) where shardflow keeps 4. Calls of 1 MiB hold about 20 MB of them and cost
+no time (docs/PERFORMANCE.md). A document larger than this is one call of its own."""
+
+
+def _sub_batches(texts: pa.Array | pa.ChunkedArray | Sequence[str]) -> Iterator[list[str]]:
+    """``texts`` as consecutive lists of ``str`` of about ``SUB_BATCH_BYTES`` each (at least one document)."""
+    arrow = isinstance(texts, (pa.Array, pa.ChunkedArray))
+    if arrow:
+        # The lengths come from the offsets; only one sub-batch at a time becomes Python strings.
+        sizes = np.asarray(pc.binary_length(texts).to_numpy(zero_copy_only=False), dtype=np.int64)
+    else:
+        texts = list(texts)
+        sizes = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < len(sizes):
+        reached = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, reached + SUB_BATCH_BYTES, side="right")))
+        yield texts.slice(start, stop - start).to_pylist() if arrow else texts[start:stop]  # type: ignore[union-attr]
+        start = stop
+
+
+def _encodings(ref: Any, texts: list[str]) -> list[Any]:
     # encode_batch_fast skips the offsets, which nothing here reads; same ids.
     encode = getattr(ref, "encode_batch_fast", ref.encode_batch)
-    return [e.ids for e in encode(texts, add_special_tokens=False)]
+    return encode(texts, add_special_tokens=False)
+
+
+def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
+    """The reference ids of each text, as lists, the ``Encoding`` objects of one sub-batch alive at a time."""
+    out: list[list[int]] = []
+    for chunk in _sub_batches(texts):
+        out += [e.ids for e in _encodings(ref, chunk)]  # its own scope: no Encoding outlives the call's list
+    return out
+
+
+def _reference_arrays(ref: Any, texts: pa.Array | pa.ChunkedArray | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The reference ids of ``texts`` as flat ``(tokens uint32, offsets int64)``, built sub-batch by sub-batch.
+
+    Each sub-batch's ``Encoding`` objects become one uint32 array (a document's list of Python
+    ints lives only while it is copied) and are dropped before the next call."""
+    parts: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    for chunk in _sub_batches(texts):
+        ids = [np.array(e.ids, dtype=np.uint32) for e in _encodings(ref, chunk)]
+        lengths.append(np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids)))
+        parts.append(np.concatenate(ids))
+        del ids  # else alive through the next call
+    offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
+    if lengths:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+    return tokens, offsets
 
 
 HF = HFFamily()
