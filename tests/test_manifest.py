@@ -71,8 +71,8 @@ def test_recorded_sizes_and_checksums_match_the_files(sample_built):
 
 
 def test_unknown_schema_version_is_refused_by_name(tmp_path, raw):
-    path = write_raw(tmp_path, {**raw, "schema_version": 4})
-    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 4; this shardflow reads schema_version 1, 2 and 3\. Upgrade shardflow"):
+    path = write_raw(tmp_path, {**raw, "schema_version": 5})
+    with pytest.raises(ManifestError, match=r"unknown manifest schema_version 5; this shardflow reads schema_version 1, 2, 3 and 4\. Upgrade shardflow"):
         read_manifest(path)
     del raw["schema_version"]
     with pytest.raises(ManifestError, match=r"unknown manifest schema_version None"):

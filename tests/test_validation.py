@@ -65,8 +65,9 @@ def test_truncated_shard(version_copy):
     assert f"{path}: {len(data) - 6} bytes, but the manifest says {len(data)}; the shard is truncated or was changed" in msg
     n = (len(data) - HEADER) // 4  # what the intact header says
     assert re.search(rf"file is {len(data) - 6} bytes but its header says {n} tokens of 4 bytes after a 1024-byte header \({len(data)} bytes\)", msg)
+    split = open_version(version_copy).split("train")  # opening checks no shard (issue 43): its first use does
     with pytest.raises(ValidationError, match=rf"{re.escape(str(path))}: {len(data) - 6} bytes, but the manifest says {len(data)}"):
-        open_version(version_copy)
+        split.shard(1)
 
 
 def test_changed_token_out_of_vocabulary(version_copy):
@@ -169,8 +170,11 @@ def test_missing_index_file_and_missing_shard(version_copy):
     assert "(2 problems):" in msg
     assert f"{version_copy / INDEX}: the .bos.idx index of {SHARD} is missing" in msg
     assert f"{version_copy / 'train/sample_train_000002.bin'}: shard 2 of split 'train' is missing" in msg
-    with pytest.raises(ValidationError, match=r"sample_train_000001\.bos\.idx: missing \(split 'train' of sample@v1\)"):
-        open_version(version_copy)
+    split = open_version(version_copy).split("train")  # opening checks no shard (issue 43): its first use does
+    with pytest.raises(ValidationError, match=r"sample_train_000001\.bos\.idx: missing; sample@v1 is damaged"):
+        split.shard_starts(1)
+    with pytest.raises(ValidationError, match=r"sample_train_000002\.bin: missing; sample@v1 is damaged"):
+        split.shard(2)
 
 
 def test_checksum_mismatch_of_shard_and_index(version_copy):

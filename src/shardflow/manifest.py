@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -34,9 +34,11 @@ import yaml
 from ._io import atomic_write_text
 from ._yaml import YamlRefused, YamlRepeated, describe_yaml_error, load_yaml_file
 from .errors import ManifestError
+from .shard_table import TABLE_SCHEMA_VERSION, read_table, tabled_yaml
 
 __all__ = [
     "SCHEMA_VERSION",
+    "TABLE_SCHEMA_VERSION",
     "READABLE_SCHEMA_VERSIONS",
     "MANIFEST_NAME",
     "EMBEDDINGS_DIR",
@@ -49,18 +51,20 @@ __all__ = [
     "read_manifest",
     "write_manifest",
     "version_file",
+    "joined_file",
 ]
 
 SCHEMA_VERSION = 3
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
-"""1: every file flat in the version directory; 2: one directory per split, ``embeddings/``; 3: shards of
-whole documents and of any size up to ``shard_tokens``, each input's own shards listed in its entry."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+"""1: every file flat in the version directory; 2: one directory per split, ``embeddings/``; 3: shards of whole documents,
+of any size up to ``shard_tokens``, each input's own shards listed in its entry; 4: 3, the shards in ``shard_table``."""
 MANIFEST_NAME = "metadata.yaml"
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest ``metadata.yaml`` read (one of 100,000 shards is about 40 MB)."""
 UNIQUE_FILES = (("splits", "*", "shards", "*", "file"),)
 """Where a manifest names its shard files: each at most once, refused at its second listing while parsing."""
 TOKEN_DTYPES = ("uint16", "uint32")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 EMBEDDINGS_DIR = "embeddings"
 """The directory of a schema-2 version holding its embedding files, apart from every split's shards."""
 
@@ -113,23 +117,15 @@ def _list_of(value: Any, item: type, what: str, key: str, where: str) -> list[An
 def check_relative_file(name: Any, where: str) -> str:
     """A file inside the version directory: ``FILE`` or ``DIR/FILE`` (schema 2's split directories).
 
-    No absolute paths, no '..', no backslashes, at most one directory level.
+    No absolute paths, no '..', no backslashes, at most one directory level. Text only: no filesystem call.
     """
     if not isinstance(name, str) or not name:
         raise ManifestError(f"{where}: file name {_shown(name)} is not a string")
-    if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+    if _CONTROL.search(name):
         raise ManifestError(f"{where}: file name {_shown(name)} holds a control character (NUL, newline...); "
                             "restore the file or rebuild the version")
-    norm = posixpath.normpath(name)
     parts = name.split("/")
-    if (
-        name.startswith(("/", "\\"))
-        or Path(name).is_absolute()
-        or norm.startswith("..")
-        or "\\" in name
-        or len(parts) > 2
-        or any(p in ("", ".", "..") for p in parts)
-    ):
+    if "\\" in name or os.path.isabs(name) or len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
         raise ManifestError(
             f"{where}: file {name!r} escapes the version directory; shard paths must be plain file names "
             "or SPLIT/FILE"
@@ -137,31 +133,31 @@ def check_relative_file(name: Any, where: str) -> str:
     return name
 
 
+def joined_file(directory: Path, name: Any, what: str) -> Path:
+    """``directory / name`` after ``version_file``'s text checks (``what``: the field), with no filesystem call: whoever
+    opens the file checks it for symlinks out of the version (``version_file``, ``ShardSet`` at first map)."""
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{directory}: {what} names {_shown(name)}, not a file name; restore the file or rebuild the version")
+    parts = name.split("/")
+    if _CONTROL.search(name) or "\\" in name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+        raise ManifestError(
+            f"{directory}: {what} names {name!r}, which is not a relative path inside the version directory; "
+            "restore the manifest or rebuild the version"
+        )
+    return directory / name
+
+
 def version_file(directory: Path | str, name: Any, what: str) -> Path:
     """The one confinement check for every path a manifest names: ``directory / name``, inside the version.
 
     ``name`` must be relative, without ``..``, ``.``, empty parts, backslashes or
-    control characters (``what`` says which field it came from), and the path,
+    control characters (``what`` says which field it came from: ``joined_file``), and the path,
     symlinks resolved, must lie inside the version directory, itself resolved: a
     symlinked data root, or a user's link *to* a version directory, keeps working,
     but a shard, a split directory or a tokenizer file linked outside the version
     is refused. Raises ``ManifestError`` naming the path and the field.
     """
-    directory = Path(directory)
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"{directory}: {what} names {_shown(name)}, not a file name; restore the file or rebuild the version")
-    parts = name.split("/")
-    if (
-        any(ord(c) < 0x20 or c == "\x7f" for c in name)
-        or "\\" in name
-        or Path(name).is_absolute()
-        or any(p in ("", ".", "..") for p in parts)
-    ):
-        raise ManifestError(
-            f"{directory}: {what} names {name!r}, which is not a relative path inside the version directory; "
-            "restore the manifest or rebuild the version"
-        )
-    path = directory / name
+    path = joined_file(Path(directory), name, what)
     root = os.path.realpath(directory)
     real = os.path.realpath(path)
     if os.path.commonpath([root, real]) != root:
@@ -260,12 +256,13 @@ class SplitEntry:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "SplitEntry":
+    def from_dict(cls, d: Any, where: str, tabled: list[Any] | None = None) -> "SplitEntry":
+        """``tabled``: the split's shards from a shard table (schema 4), whose count ``shards`` gives."""
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: a split must be a mapping of documents, tokens and shards, not {_shown(d)}")
-        shard_list = _require(d, "shards", where)
-        if not isinstance(shard_list, list):
-            raise _kind(shard_list, "a list of shards", "shards", where)
+        shard_list = _require(d, "shards", where) if tabled is None else tabled
+        if not isinstance(shard_list, list) or (tabled is not None and _int(d, "shards", where) != len(tabled)):
+            raise _kind(d["shards"], "a list of shards" if tabled is None else f"{len(tabled)}, as the shard table", "shards", where)
         shards = tuple(ShardEntry.from_dict(s, f"{where}, shard {i}") for i, s in enumerate(shard_list))
         extra = {k: v for k, v in d.items() if k not in ("documents", "tokens", "shards")}
         return cls(
@@ -340,6 +337,8 @@ class Manifest:
     build_key: str
     created_at: str
     parent: str | None = None
+    shard_table: FileEntry | None = None
+    """Schema 4: the table that lists the shards (``shardflow.shard_table``); None: the YAML lists them."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Top-level sections added by later stages (e.g. ``embeddings``)."""
 
@@ -363,9 +362,9 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name in ("splits", "extra"):
+            if f.name in ("splits", "extra") or (f.name == "shard_table" and self.shard_table is None):
                 continue
-            d[f.name] = getattr(self, f.name)
+            d[f.name] = dataclasses.asdict(self.shard_table) if f.name == "shard_table" else getattr(self, f.name)
         d["splits"] = {k: v.to_dict() for k, v in self.splits.items()}
         d.update(self.extra)
         return d
@@ -377,7 +376,8 @@ class Manifest:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str) -> "Manifest":
+    def from_dict(cls, d: Any, where: str, tables: dict[str, list[Any]] | None = None) -> "Manifest":
+        """``tables``: each split's shards from the shard table that a schema-4 ``d`` names (``read_manifest``)."""
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: not a shardflow manifest (expected a mapping at the top level)")
         version = d.get("schema_version")
@@ -398,7 +398,14 @@ class Manifest:
                 for k in splits:
                     if not isinstance(k, str) or not k or any(ord(c) < 0x20 for c in k):
                         raise ManifestError(f"{where}: split name {_shown(k)} must be a non-empty string")
-                kwargs["splits"] = {k: SplitEntry.from_dict(v, f"{where}, split {k!r}") for k, v in splits.items()}
+                if (version == TABLE_SCHEMA_VERSION) != ("shard_table" in d) or (tables is None) != ("shard_table" not in d):
+                    raise ManifestError(f"{where}: a 'shard_table' is read with schema 4 by read_manifest (schema {version})")
+                if set(tables or ()) - set(splits):
+                    raise ManifestError(f"{where}: its shard table lists shards of splits it has not: {sorted(set(tables or ()) - set(splits))}")
+                kwargs["splits"] = {k: SplitEntry.from_dict(v, f"{where}, split {k!r}", None if tables is None else
+                                                            tables.get(k, [])) for k, v in splits.items()}
+            elif f.name == "shard_table":
+                kwargs[f.name] = FileEntry.from_dict(d[f.name], f"{where}, shard_table") if tables is not None else None
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 kwargs[f.name] = _require(d, f.name, where)
             elif f.name in d:
@@ -441,8 +448,9 @@ def _check_fields(fields: dict[str, Any], where: str) -> None:
         ) from None
 
 
-def read_manifest(path: Path | str) -> Manifest:
-    """Parse a ``metadata.yaml`` (bounded safe loader, ``_yaml``) into a ``Manifest``."""
+def read_manifest(path: Path | str, *, table_file: Callable[[FileEntry], Path] | None = None) -> Manifest:
+    """Parse a ``metadata.yaml`` (bounded safe loader, ``_yaml``) into a ``Manifest``, with its shard table if it
+    names one (schema 4: beside it, else where ``table_file(entry)`` says; checked against the entry)."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
@@ -456,7 +464,12 @@ def read_manifest(path: Path | str) -> Manifest:
         raise ManifestError(f"{path}: refused: {exc}; restore the file or rebuild the version") from None
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML ({describe_yaml_error(exc)})") from None
-    manifest = Manifest.from_dict(data, str(path))
+    tables = None
+    if isinstance(data, dict) and data.get("schema_version") == TABLE_SCHEMA_VERSION and "shard_table" in data:
+        entry = FileEntry.from_dict(data["shard_table"], f"{path}, shard_table")
+        where = table_file(entry) if table_file is not None else version_file(path.parent, entry.file, "shard_table")
+        tables = read_table(where, entry.bytes, entry.sha256, str(path))
+    manifest = Manifest.from_dict(data, str(path), tables)
     # Listings the parser did not see as text (aliases of one entry) are caught on the result.
     seen: dict[str, str] = {}
     for split, entry in manifest.splits.items():
@@ -475,8 +488,12 @@ def _repeated_shard(path: Path, file: str, where: str) -> str:
     )
 
 
-def write_manifest(directory: Path, manifest: Manifest) -> Path:
-    """Write ``metadata.yaml`` atomically into ``directory``; returns its path."""
+def write_manifest(directory: Path, manifest: Manifest, *, shard_table: bool | None = None) -> Path:
+    """Write ``metadata.yaml`` atomically into ``directory``; returns its path. ``shard_table``: list the shards
+    in a table beside it (schema 4, ``shardflow.shard_table``); None: as the manifest was read (with one or not)."""
     path = Path(directory) / MANIFEST_NAME
-    atomic_write_text(path, manifest.to_yaml())
+    if shard_table or (shard_table is None and manifest.shard_table is not None):
+        atomic_write_text(path, tabled_yaml(Path(directory), manifest.to_dict()))
+    else:
+        atomic_write_text(path, manifest.replace(shard_table=None, schema_version=min(manifest.schema_version, SCHEMA_VERSION)).to_yaml())
     return path

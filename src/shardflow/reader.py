@@ -5,9 +5,12 @@
     split.document(0)        # token ids of document 0, without its BOS/EOS
     split.text(0)            # ... decoded: the original text
 
-Opening reads the manifest and stats the files (each must exist with the size
-the manifest gives); it reads no shard data. ``verify=True`` also checks every
-checksum and the index invariants (``shardflow validate``).
+Opening reads the manifest (and its shard table, if it has one) and a few
+files of the catalog; it makes no filesystem call per shard. Each shard and
+index is checked as it is first mapped or read: present, of the manifest's
+size, not a symlink out of the version, not changed since it was published
+(``shardflow.shardset``). ``verify=True`` also checks every file, every
+checksum and the index invariants at open (``shardflow validate``).
 """
 
 from __future__ import annotations
@@ -155,22 +158,6 @@ class Version:
         return f"Version({self.ref!r}, {str(self.directory)!r})"
 
 
-def check_files(directory: Path, manifest: Manifest) -> None:
-    """Every file the manifest names exists with its size; raises naming the first that does not."""
-    for split, entry in manifest.splits.items():
-        for shard in entry.shards:
-            for name, size in ((shard.file, shard.bytes), *((f.file, f.bytes) for f in shard.files)):
-                path = version_file(directory, name, f"a file of split {split!r}")
-                try:
-                    actual = path.stat().st_size
-                except FileNotFoundError:
-                    raise ValidationError(f"{path}: missing (split {split!r} of {manifest.ref})") from None
-                if actual != size:
-                    raise ValidationError(
-                        f"{path}: {actual} bytes, but the manifest says {size}; the file is truncated or was changed"
-                    )
-
-
 def open_version(
     ref: str | os.PathLike[str], *, catalog: Catalog | str | os.PathLike[str] | None = None, verify: bool = False
 ) -> Version:
@@ -191,7 +178,8 @@ def open_version(
     if vouch.catalog is None and str(directory) not in _WARNED:
         _WARNED.add(str(directory))
         log.warning("%s; it is served checked against its own manifest only", vouch.unlisted(directory))
-    check_files(directory, manifest)
+    # No per-file check here: O(shards) filesystem calls on every rank at every start. The shard sets check
+    # each file as they first map it (shardset.py), and verify=True checks them all below.
     # What the shard sets check as they first map a shard: the record of the catalog that lists the
     # version, or with verify the stats of the files about to be hashed.
     published = published_stats(directory, manifest, vouch.catalog, current=verify)

@@ -25,14 +25,23 @@ A set that ``open_version`` made for a reader also holds the version's pin
 the stats its files were published with: a shard or index whose mtime is not
 the recorded one when it is first mapped or read is hashed, and refused if its
 bytes changed; a file gone because the version was removed says so.
+
+Opening costs no filesystem call per shard: names are joined to the version
+directory after text checks only (``manifest.joined_file``). A file a manifest
+names is checked as it is first mapped or read: its size against the
+manifest's, and, one ``lstat`` each (and one per split directory), that
+neither it nor its directory is a symlink out of the version
+(``manifest.version_file`` resolves those that are symlinks).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +51,7 @@ import numpy as np
 from ._io import sha256_file
 from .errors import ConfigError, ValidationError
 from .formats import ShardFormat, bosidx, get_format
-from .manifest import Manifest, ShardEntry, version_file
+from .manifest import Manifest, ShardEntry, joined_file, version_file
 from .pins import removed_error
 
 __all__ = ["ShardInfo", "ShardSet", "fingerprint"]
@@ -138,6 +147,8 @@ class ShardSet:
         self._views: list[np.ndarray | None] = [None] * len(shards)
         self._starts: list[np.ndarray | None] = [None] * len(shards)
         self._all_starts: np.ndarray | None = None
+        self._real_dirs: set[str] = set()
+        """Split directories found not to be symlinks (``_inside``), each looked at once per process."""
 
     @classmethod
     def from_manifest(
@@ -146,9 +157,9 @@ class ShardSet:
     ) -> "ShardSet":
         """Split ``split`` of the version in ``directory`` that ``manifest`` describes.
 
-        Reads no file: sizes and checksums are checked by whoever opens the
-        version (``open_version``, validation, the build). Each ``ShardInfo``
-        keeps its manifest entry. ``version`` is recorded for callers that need
+        Reads no file, and calls the filesystem for none: names are joined after text checks, and each
+        file is checked as it is first used (sizes, symlinks: see the module), its checksum by validation.
+        Each ``ShardInfo`` keeps its manifest entry. ``version`` is recorded for callers that need
         more of the version (its tokenizer); ``published`` and ``pin`` are what
         ``open_version`` gives a reader (see the attributes).
         """
@@ -162,9 +173,9 @@ class ShardSet:
             name=manifest.ref,
             shards=[
                 ShardInfo(
-                    path=version_file(directory, s.file, f"shard {k} of split {split!r}"),
+                    path=joined_file(directory, s.file, f"shard {k} of split {split!r}"),
                     tokens=s.tokens,
-                    index=version_file(directory, s.index.file, f"the index of shard {k} of split {split!r}"),
+                    index=joined_file(directory, s.index.file, f"the index of shard {k} of split {split!r}"),
                     entry=s,
                 )
                 for k, s in enumerate(entry.shards)
@@ -190,6 +201,7 @@ class ShardSet:
         state["_views"] = [None] * len(self.shards)
         state["_starts"] = [None] * len(self.shards)
         state["_all_starts"] = None
+        state["_real_dirs"] = set()
         state["version"] = None
         return state
 
@@ -236,9 +248,11 @@ class ShardSet:
     def _open(self, k: int) -> np.ndarray:
         info = self.shards[k]
         entry = info.entry
-        # Given the stat the format takes anyway: one stat for both.
-        check = None if self.published is None or entry is None else (
-            lambda st: self._check_published(info.path, entry.file, entry.sha256, st))
+        check = None
+        if entry is not None:
+            self._inside(info.path, entry.file, f"shard {k}")
+            # Given the stat the format takes anyway: one stat for the size and the published record.
+            check = functools.partial(self._check_file, info.path, entry)
         try:
             mm = self.format.open(info.path, self.dtype) if check is None else \
                 self.format.open(info.path, self.dtype, check=check)
@@ -247,6 +261,37 @@ class ShardSet:
         if len(mm) != info.tokens:
             raise ValidationError(f"{info.path}: {len(mm)} tokens, but {info.tokens} were expected when it was opened")
         return mm
+
+    def _inside(self, path: Path, name: str, what: str) -> os.stat_result:
+        """``path``'s stat, after refusing it (``ManifestError``) if it, or the split directory of its manifest name
+        ``name``, is a symlink out of the version. One ``lstat`` (and one per split directory, once): a regular
+        file in a directory of the version that is not a symlink is inside it. Only a symlink is resolved."""
+        head = name.rpartition("/")[0]
+        try:
+            if head and head not in self._real_dirs:
+                if stat.S_ISLNK(os.lstat(self.directory / head).st_mode):
+                    version_file(self.directory, head, f"the directory of {what} of {self.name}")
+                self._real_dirs.add(head)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                version_file(self.directory, name, f"{what} of {self.name}")
+                st = os.stat(path)
+        except FileNotFoundError:
+            raise self._missing(path) from None
+        return st
+
+    def _check_file(self, path: Path, entry: ShardEntry, st: os.stat_result) -> None:
+        """A shard's size against the manifest, and its stat against the record of publish (if any)."""
+        self._check_size(path, st, entry.bytes)
+        if self.published is not None:
+            self._check_published(path, entry.file, entry.sha256, st)
+
+    @staticmethod
+    def _check_size(path: Path, st: os.stat_result, size: int) -> None:
+        if st.st_size != size:
+            raise ValidationError(
+                f"{path}: {st.st_size} bytes, but the manifest says {size}; the file is truncated or was changed"
+            )
 
     def _check_published(self, path: Path, name: str, sha256: str, st: os.stat_result | None = None) -> None:
         """Refuse ``path`` (manifest name ``name``; ``st`` its stat, else taken) if it changed since it was published.
@@ -340,12 +385,16 @@ class ShardSet:
         if starts is None:
             info = self.shards[k]
             if info.index is not None:
+                entry = info.entry.index if info.entry is not None else None
+                st = None if entry is None else self._inside(info.index, entry.file, f"the index of shard {k}")
+                if st is not None and entry is not None:
+                    self._check_size(info.index, st, entry.bytes)
                 try:
                     starts = bosidx.read(info.index, info.tokens)
                 except FileNotFoundError:
                     raise self._missing(info.index) from None
-                if self.published is not None and info.entry is not None:
-                    self._check_published(info.index, info.entry.index.file, info.entry.index.sha256)
+                if self.published is not None and entry is not None:
+                    self._check_published(info.index, entry.file, entry.sha256, st)
                 self._check_index(k, starts)
             elif self.boundary_token is not None:
                 starts = self._derive_starts(k).astype(bosidx.entry_dtype(info.tokens))

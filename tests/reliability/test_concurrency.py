@@ -185,13 +185,18 @@ def test_a_run_that_waited_reports_what_the_other_published(tmp_path):
 
 def test_the_lock_then_recheck_sequence_is_written_once_and_every_runner_goes_through_it():
     """Plan -> published? -> lock -> published meanwhile? -> stages: only ``drive`` (pipeline/run.py) takes the
-    build's lock; the Prefect flow and the command line's runners call it through ``run_request`` with their executor."""
+    build's lock (``build_lock``, its default, or a build to a bucket's, which takes ``build_lock`` and then the
+    bucket's lease: bucket/driving.py); the Prefect flow and the command line's runners call it through
+    ``run_request`` with their executor."""
     import re
 
     root = Path(__file__).resolve().parents[2]
     files = [*root.joinpath("src", "shardflow").rglob("*.py"), *root.joinpath("flows").rglob("*.py"),
              *root.joinpath("tasks").rglob("*.py")]
     takers = sorted(str(f.relative_to(root)) for f in files if re.search(r"with build_lock\(", f.read_text()))
-    assert takers == ["src/shardflow/pipeline/run.py"]
+    assert takers == ["src/shardflow/bucket/driving.py"]
+    lockers = sorted(str(f.relative_to(root)) for f in files if re.search(r"with lock\(plan", f.read_text()))
+    assert lockers == ["src/shardflow/pipeline/run.py"]
+    assert "lock: Callable[..., ContextManager[BuildPlan]] = build_lock" in (root / "src/shardflow/pipeline/run.py").read_text()
     assert "run_request(" in (root / "flows" / "build.py").read_text()
     assert "run_request(" in (root / "src" / "shardflow" / "cli" / "build.py").read_text()

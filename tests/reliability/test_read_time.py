@@ -3,8 +3,9 @@
 A published version is copied (data root and catalog together), damaged one
 way, and then read three ways: ``shardflow validate REF`` (exit 2, one message
 naming the file, no traceback), ``open_version`` / the runtime's ``open_shards``
-(a ``ShardflowError`` naming the file) and, for damage only checksums can see,
-the same with ``verify=True``.
+(a ``ShardflowError`` naming the file; for damage to one shard or index, when
+that file is first used: opening makes no filesystem call per shard, issue 43)
+and, for damage only checksums can see, the same with ``verify=True``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from shardflow.errors import ManifestError, ShardflowError, ValidationError
 from shardflow.manifest import read_manifest
 from shardflow.reader import open_version
 from shardflow.runtime import open_shards
+from shardflow.shardset import ShardSet
 
 NAME = "rd"
 
@@ -61,7 +64,11 @@ def validate_cli(root: Path, ref: str | None = None) -> tuple[int, str]:
     return rc, err
 
 
-def assert_detected(root: Path, pattern: str, *, needs_checksums: bool = False) -> None:
+def assert_detected(
+    root: Path, pattern: str, *, needs_checksums: bool = False, first_use: Callable[[ShardSet], object] | None = None
+) -> None:
+    """``first_use(shards)``: damage to a file that opening does not touch, seen when that use of the opened split's
+    shards first reads it."""
     rc, err = validate_cli(root)
     assert rc == 2 and "Traceback" not in err, err
     assert err.startswith("shardflow: error: "), err
@@ -74,6 +81,11 @@ def assert_detected(root: Path, pattern: str, *, needs_checksums: bool = False) 
             open_version(ref, catalog=root / "catalog", verify=True)
         with pytest.raises(ValidationError, match=pattern):
             open_shards(ref, catalog=root / "catalog", verify=True)
+    elif first_use is not None:
+        for shards in (open_version(ref, catalog=root / "catalog").split("train").shards,
+                       open_shards(ref, catalog=root / "catalog")):
+            with pytest.raises(ShardflowError, match=pattern):
+                first_use(shards)
     else:
         with pytest.raises(ShardflowError, match=pattern):
             open_version(ref, catalog=root / "catalog")
@@ -90,7 +102,8 @@ def test_truncated_shard(root):
     path, _ = shard(root)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 100)
-    assert_detected(root, rf"{re.escape(str(path))}: \d+ bytes, but the manifest says \d+.*truncated")
+    assert_detected(root, rf"{re.escape(str(path))}: \d+ bytes, but the manifest says \d+.*truncated",
+                    first_use=lambda s: s.shard(1))
 
 
 def test_changed_byte(root):
@@ -104,7 +117,8 @@ def test_changed_byte(root):
 def test_missing_index(root):
     _, idx = shard(root)
     idx.unlink()
-    assert_detected(root, rf"{re.escape(str(idx))}: (the \.bos\.idx index .* is missing|missing)")
+    assert_detected(root, rf"{re.escape(str(idx))}: (the \.bos\.idx index .* is missing|missing)",
+                    first_use=lambda s: s.doc_starts(1))
 
 
 def test_wrong_index_of_the_same_size(root):
@@ -121,7 +135,7 @@ def test_wrong_index_of_the_same_size(root):
 def test_index_of_another_size(root):
     _, idx = shard(root)
     idx.write_bytes(idx.read_bytes()[:-4])
-    assert_detected(root, rf"{re.escape(str(idx))}: \d+ bytes, but the manifest says \d+")
+    assert_detected(root, rf"{re.escape(str(idx))}: \d+ bytes, but the manifest says \d+", first_use=lambda s: s.doc_starts(1))
 
 
 def _edit_manifest(root: Path, edit) -> Path:
@@ -181,8 +195,8 @@ def test_shard_path_escaping_the_version_directory(root, name):
 
 
 def test_unknown_schema_version(root):
-    _edit_manifest(root, lambda d: d.update(schema_version=4))
-    pattern = r"unknown manifest schema_version 4; this shardflow reads schema_version 1, 2 and 3\. Upgrade shardflow"
+    _edit_manifest(root, lambda d: d.update(schema_version=5))
+    pattern = r"unknown manifest schema_version 5; this shardflow reads schema_version 1, 2, 3 and 4\. Upgrade shardflow"
     rc, err = validate_cli(root)
     assert rc == 2 and re.search(pattern, err), err
     with pytest.raises(ManifestError, match=pattern):

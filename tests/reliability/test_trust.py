@@ -148,8 +148,11 @@ def test_a_shard_symlinked_outside_the_version_is_refused(root, tmp_path):
     os.symlink(outside, v1 / shard.file)
     rc, text = validate(root)
     assert rc == 2 and f"shard 0 of split 'train' resolves to {outside}" in text, text
+    split = open_version(f"{NAME}@v1", catalog=root / "catalog").split("train")  # no lstat per shard at open
     with pytest.raises(ManifestError, match=r"resolves to .*outside the version directory"):
-        open_version(f"{NAME}@v1", catalog=root / "catalog")
+        split.shard(0)  # the symlink check runs as the shard is first mapped
+    with pytest.raises(ManifestError, match=r"resolves to .*outside the version directory"):
+        split.shards.first_token(0)  # a read that keeps no map checks it too
 
 
 def test_a_split_directory_symlinked_outside_is_refused(root, tmp_path):
@@ -160,6 +163,11 @@ def test_a_split_directory_symlinked_outside_is_refused(root, tmp_path):
     os.symlink(outside, v1 / "train")
     rc, text = validate(root)
     assert rc == 2 and "outside the version directory" in text, text
+    split = open_version(f"{NAME}@v1", catalog=root / "catalog").split("train")
+    with pytest.raises(ManifestError, match=r"the directory of the index of shard 1 .*outside the version directory"):
+        split.shard_starts(1)
+    with pytest.raises(ManifestError, match=r"resolves to .*outside the version directory"):
+        split.shard(0)
 
 
 def test_a_symlinked_data_root_and_a_link_to_the_version_keep_working(root, tmp_path):

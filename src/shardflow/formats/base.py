@@ -88,4 +88,5 @@ class ShardFormat(ABC):
             )
         if ntokens == 0:
             return np.zeros(0, dtype=dt)
-        return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(ntokens,))
+        # A str, not the Path: np.memmap resolves a Path (a realpath, one lstat per component, per shard mapped).
+        return np.memmap(os.fspath(path), dtype=dt, mode="r", offset=offset, shape=(ntokens,))

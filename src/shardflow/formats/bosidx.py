@@ -51,10 +51,11 @@ def read(path: Path | str, ntokens: int | None = None) -> np.ndarray:
     Int32 or int64 as on disk (``entry_dtype(ntokens)``); None: a shard of at most ``MAX_INT32_TOKENS``.
     """
     path = Path(path)
-    if not path.exists():
-        raise ValidationError(f"{path}: the .bos.idx index is missing")
+    try:
+        size = path.stat().st_size  # one stat, not exists() then stat(): readers read thousands of indexes
+    except FileNotFoundError:
+        raise ValidationError(f"{path}: the .bos.idx index is missing") from None
     dtype = entry_dtype(ntokens)
-    size = path.stat().st_size
     if size % dtype.itemsize:
         raise ValidationError(
             f"{path}: {size} bytes is not a whole number of {'int32' if dtype.itemsize == 4 else 'int64'} entries "

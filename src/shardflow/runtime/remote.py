@@ -150,7 +150,9 @@ class VersionCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
         try:
-            manifest = read_manifest(path)  # also refuses file names with '..', or absolute ones
+            # Also refuses file names with '..', or absolute ones. A shard table (schema 4) is fetched into the
+            # cache beside it, verified against the manifest's entry.
+            manifest = read_manifest(path, table_file=lambda e: self.ensure(e.file, e.bytes, e.sha256))
         except ShardflowError as exc:
             raise renamed(exc, path, url) from None
         if entry is not None:
