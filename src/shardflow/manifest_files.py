@@ -9,11 +9,14 @@ with a SHA-256 but no size.
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
+from .errors import ValidationError
 from .manifest import Manifest
 
-__all__ = ["NamedFile", "named_files"]
+__all__ = ["NamedFile", "named_files", "refuse_repeated_shards"]
 
 
 class NamedFile(NamedTuple):
@@ -44,3 +47,20 @@ def named_files(manifest: Manifest) -> Iterator[NamedFile]:
         name = manifest.tokenized_info.get(key)
         if name:
             yield NamedFile(name, None, manifest.tokenized_info.get(f"{key}_sha256"), f"tokenized_info.{key}")
+
+
+def refuse_repeated_shards(directory: Path, manifest: Manifest) -> None:
+    """One line, before any shard is read, for a manifest listing a shard file more than once.
+
+    Each listing would otherwise be checked (and its bytes hashed) again: one shard listed
+    100,000 times is 100,000 reads, and the sum of the listings' tokens could be made to add up.
+    """
+    counts = Counter(str(shard.file) for entry in manifest.splits.values() for shard in entry.shards)
+    repeated = [(file, n) for file, n in counts.items() if n > 1]
+    if repeated:
+        file, n = repeated[0]
+        more = f" (and {len(repeated) - 1} other shard files)" if len(repeated) > 1 else ""
+        raise ValidationError(
+            f"{directory / 'metadata.yaml'}: lists the shard {file} {n} times{more}; a version lists each shard "
+            "once, so this manifest was changed or is corrupt: rebuild the version or restore its metadata.yaml"
+        )

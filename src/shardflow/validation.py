@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from .provenance import published_manifest_problems
 from .errors import ManifestError, ValidationError
 from .faults import fault
 from .formats import ShardFormat, bosidx, get_format
+from .manifest_files import refuse_repeated_shards
 from .manifest import Manifest, ShardEntry, read_manifest, version_file
 from .shardset import ShardSet
 from .stats import stats_problems
@@ -415,23 +415,6 @@ def _rank_file_problems(directory: Path, manifest: Manifest) -> list[str]:
     return []
 
 
-def _refuse_repeated_shards(directory: Path, manifest: Manifest) -> None:
-    """One line, before any shard is read, for a manifest listing a shard file more than once.
-
-    Each listing would otherwise be checked (and its bytes hashed) again: one shard listed
-    100,000 times is 100,000 reads, and the sum of the listings' tokens could be made to add up.
-    """
-    counts = Counter(str(shard.file) for entry in manifest.splits.values() for shard in entry.shards)
-    repeated = [(file, n) for file, n in counts.items() if n > 1]
-    if repeated:
-        file, n = repeated[0]
-        more = f" (and {len(repeated) - 1} other shard files)" if len(repeated) > 1 else ""
-        raise ValidationError(
-            f"{directory / 'metadata.yaml'}: lists the shard {file} {n} times{more}; a version lists each shard "
-            "once, so this manifest was changed or is corrupt: rebuild the version or restore its metadata.yaml"
-        )
-
-
 def validate_dir(
     directory: Path | str,
     manifest: Manifest | None = None,
@@ -460,7 +443,7 @@ def validate_dir(
     """
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
-    _refuse_repeated_shards(directory, manifest)
+    refuse_repeated_shards(directory, manifest)
     report = ValidationReport(directory=str(directory))
     if published:
         report.problems.extend(published_manifest_problems(directory, manifest, catalog, standalone=standalone))
