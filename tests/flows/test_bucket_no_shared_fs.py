@@ -44,6 +44,7 @@ from support.s3 import CountingProxy, S3Server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+SMALL_SHARDS = ("--shard-tokens", "20000")
 OPTIONS = ["--shard-tokens", "200000", "--val-fraction", "0.1", "--no-prefect", "--progress", "none"]
 
 
@@ -281,7 +282,9 @@ def test_a_cluster_that_loses_every_worker_stops_the_build_and_another_machine_r
     env = setup.env
     setup.env = {**env, "SHARDFLOW_DASK_NO_WORKERS_S": "8"}
     try:
-        thread = threading.Thread(target=lambda: holder.setdefault("res", setup.build("nw")))
+        # Small shards: dozens of write jobs after the units, so the workers are still needed when they die, however
+        # late (under load) the first unit's record is seen.
+        thread = threading.Thread(target=lambda: holder.setdefault("res", setup.build("nw", *SMALL_SHARDS)))
         thread.start()
         fs = setup.s3.fs()
         deadline = time.monotonic() + 120
@@ -308,7 +311,7 @@ def test_a_cluster_that_loses_every_worker_stops_the_build_and_another_machine_r
     setup.cluster.start_worker("w2")
     setup.cluster.wait_for_workers(["w2"])
     setup.proxy.reset()
-    again = setup.build("nw", scratch="scratch-elsewhere")
+    again = setup.build("nw", *SMALL_SHARDS, scratch="scratch-elsewhere")
     assert again.returncode == 0, f"{again.stderr[-4000:]}\n{setup.cluster.logs()}"
     assert again.stdout.splitlines()[0] == f"published nw@v1 to s3://{setup.bucket}/data/nw/v1", again.stdout
     tokenized = [k for k in setup.sent("data/nw") if "/parts/unit-" in k and k.endswith(".json")]

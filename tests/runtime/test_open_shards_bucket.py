@@ -27,7 +27,7 @@ pytest.importorskip("s3fs", reason="object storage needs the optional extra: pip
 pytest.importorskip("moto.server", reason="the loopback S3 server is moto[server] (the test extra)")
 
 from support.paths import PYTHON, SAMPLE  # noqa: E402
-from support.s3 import CountingProxy, S3Server, s3_fixture  # noqa: E402
+from support.s3 import CountingProxy, S3Server, s3_fixture, upload_tree as upload  # noqa: E402
 from shardflow.config import BuildConfig  # noqa: E402
 from shardflow.errors import CatalogError, ConfigError, InputError, ShardflowError  # noqa: E402
 from shardflow.manifest import read_manifest  # noqa: E402
@@ -49,13 +49,6 @@ class Bucketed:
 
     def entries(self, split: str = "train") -> list:
         return list(read_manifest(self.version_dir).splits[split].shards)
-
-
-def upload(s3: S3Server, local: Path, url_root: str) -> None:
-    fs = s3.fs()
-    for p in sorted(local.rglob("*")):
-        if p.is_file() and ".staging" not in p.parts:
-            fs.put_file(str(p), f"{url_root}/{p.relative_to(local).as_posix()}")
 
 
 @pytest.fixture(scope="module")

@@ -146,11 +146,10 @@ class DaskCluster:
             raise RuntimeError(f"dask processes outlived their process group: {alive}\n{self.logs()}")
 
 
-def start_cluster(directory: Path, env: Mapping[str, str], workers: int = 2, timeout: float = 90) -> DaskCluster:
-    """``dask scheduler`` on a free loopback port and ``workers`` separate ``dask worker`` commands, all registered."""
+def start_scheduler(directory: Path, env: Mapping[str, str]) -> tuple[str, DaskProcess]:
+    """``dask scheduler`` on a free loopback port, in a process group of its own: its address and process."""
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
     log = directory / "scheduler.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -158,7 +157,14 @@ def start_cluster(directory: Path, env: Mapping[str, str], workers: int = 2, tim
              "--idle-timeout", "600"],
             stdout=out, stderr=subprocess.STDOUT, env=dict(env), cwd=directory, start_new_session=True,
         )
-    cluster = DaskCluster(address, directory, dict(env), DaskProcess("scheduler", proc, log))
+    return f"tcp://127.0.0.1:{port}", DaskProcess("scheduler", proc, log)
+
+
+def start_cluster(directory: Path, env: Mapping[str, str], workers: int = 2, timeout: float = 90) -> DaskCluster:
+    """``dask scheduler`` on a free loopback port and ``workers`` separate ``dask worker`` commands, all registered."""
+    address, scheduler = start_scheduler(directory, env)
+    log = scheduler.log
+    cluster = DaskCluster(address, directory, dict(env), scheduler)
     try:
         cluster.wait(lambda: "Scheduler at:" in log.read_text(errors="replace"), timeout, "scheduler listening")
         names = [cluster.start_worker().name for _ in range(workers)]

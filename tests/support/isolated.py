@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from support.dask import DaskCluster, DaskProcess, dask_command
+from support.dask import DaskCluster, DaskProcess, dask_command, start_scheduler
 from support.paths import SRC_DIR
-from support.processes import free_port
 
 AUDIT_PRELOAD = Path(__file__).resolve().parent / "audit_preload.py"
 """The ``--preload`` file of every isolated worker, passed by path: by module name it would need tests/support on
@@ -183,17 +182,9 @@ def start_isolated_cluster(
         roots,
     )
 
-    # The scheduler as support.dask.start_cluster starts it (that function makes a plain DaskCluster).
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    log = directory / "scheduler.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*dask_command(), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
-             "--idle-timeout", "600"],
-            stdout=out, stderr=subprocess.STDOUT, env=dict(env), cwd=directory, start_new_session=True,
-        )
-    cluster = IsolatedDaskCluster(address, directory, dict(env), DaskProcess("scheduler", proc, log),
+    address, scheduler = start_scheduler(directory, env)
+    log = scheduler.log
+    cluster = IsolatedDaskCluster(address, directory, dict(env), scheduler,
                                   hidden=roots, own_root=own_root, audit=audit, tmpfs_size=tmpfs_size)
     try:
         cluster.wait(lambda: "Scheduler at:" in log.read_text(errors="replace"), timeout, "scheduler listening")

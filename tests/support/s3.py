@@ -93,6 +93,14 @@ def s3_fixture(scope: str = "module") -> Any:
     return s3
 
 
+def upload_tree(s3: S3Server, local: Any, url_root: str) -> None:
+    """Every file under the local directory ``local`` (a staging directory's excepted) to ``url_root`` (``bucket/prefix``)."""
+    fs = s3.fs()
+    for p in sorted(local.rglob("*")):
+        if p.is_file() and ".staging" not in p.parts:
+            fs.put_file(str(p), f"{url_root}/{p.relative_to(local).as_posix()}")
+
+
 def new_bucket(s3: S3Server, prefix: str) -> str:
     """A new, empty bucket on ``s3`` (a unique name starting ``prefix``)."""
     name = f"{prefix}-{uuid.uuid4().hex[:12]}"

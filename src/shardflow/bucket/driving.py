@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import tempfile
@@ -53,11 +52,9 @@ def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
     objects by their storage identity (the key the catalog records is of their SHA-256, which the workers take),
     a recent version of the same options whose manifest records the same inputs."""
     name = plan.config.name
-    got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
-    if got is None:
-        return None
-    with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
-        cat = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
+    with _bucket_catalog(places, name) as cat, tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
+        if cat is None:
+            return None
         found = cat.find_build(name, plan.build_key)
         if found is not None or all(inp.sha256 for inp in plan.inputs):
             return None if found is None else found.version
@@ -75,13 +72,21 @@ def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
     return None
 
 
-def listed_versions(places: BucketPlaces, name: str) -> set[str]:
-    """The versions the bucket's catalog lists now."""
+@contextlib.contextmanager
+def _bucket_catalog(places: BucketPlaces, name: str) -> Iterator[Catalog | None]:
+    """The bucket's catalog of ``name`` as it is now, read through a scratch mirror (None: it has none)."""
     got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
     if got is None:
-        return set()
-    with tempfile.TemporaryDirectory(prefix="shardflow-lease-") as tmp:
-        return {v.version for v in Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0]).versions(name)}
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="shardflow-bucket-") as tmp:
+        yield Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
+
+
+def listed_versions(places: BucketPlaces, name: str) -> set[str]:
+    """The versions the bucket's catalog lists now."""
+    with _bucket_catalog(places, name) as cat:
+        return set() if cat is None else {v.version for v in cat.versions(name)}
 
 
 def staging_url(places: BucketPlaces, plan: BuildPlan) -> str:
@@ -124,12 +129,8 @@ def _claim(places: BucketPlaces, plan: BuildPlan, version: str) -> bool:
 
 def _taken(places: BucketPlaces, name: str) -> set[str]:
     """The versions the bucket's catalog lists or has removed: names no build may claim again."""
-    got = read_with_etag(places.target.url(places.target.catalog_file_key(name)))
-    if got is None:
-        return set()
-    with tempfile.TemporaryDirectory(prefix="shardflow-claim-") as tmp:
-        cat: Catalog = Mirror(tmp, places.target, places.catalog_url).catalog(name, got[0])
-        return {v.version for v in cat.versions(name)} | {r.version for r in cat.removed(name)}
+    with _bucket_catalog(places, name) as cat:
+        return set() if cat is None else {v.version for v in cat.versions(name)} | {r.version for r in cat.removed(name)}
 
 
 def prepare_sends(places: BucketPlaces, plan: BuildPlan) -> Sends:
