@@ -7,7 +7,8 @@ a version URL and a catalog URL give exactly the local version's samples
 cache); a damaged cached file is fetched again and a damaged object is refused
 naming it; two processes sharing a cache fetch each file once; a streaming
 reader under ``cache_limit_bytes`` evicts what it finished and stays under the
-limit, while ``TokenDataset`` refuses a limit smaller than its split; resume
+limit, and so does ``TokenDataset`` reading at random; a cold open asks the store
+for the catalog entry, the manifest and the one shard it reads; resume
 states are exact; a manifest naming a path outside the version is refused.
 """
 
@@ -171,7 +172,7 @@ def test_a_mixture_reads_a_remote_component(published, tmp_path):
 def test_a_damaged_cached_file_is_fetched_again(published, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger=REMOTE_LOG)
     local = windows(TokenDataset(published.version_dir, seq_len=SEQ))
-    TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path)
+    assert np.array_equal(windows(TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path)), local)
     shards = sorted(tmp_path.rglob("rv_train_*.bin"))
     assert len(fetched(caplog)) == len(shards) == 7
 
@@ -216,7 +217,7 @@ def test_a_damaged_object_is_refused_after_one_retry(published, s3, tmp_path, ca
     url = damaged_copy(s3, published, "flipped", flip)
     refused = rf"{url}/{name}: SHA-256 [0-9a-f]{{64}}, but the manifest says .*fetched twice.*shardflow push NAME@VERSION --repair"
     with pytest.raises(ValidationError, match=refused):
-        TokenDataset(url, seq_len=SEQ, cache_dir=tmp_path)
+        windows(TokenDataset(url, seq_len=SEQ, cache_dir=tmp_path))  # when the shard is first read
     retries = [r for r in caplog.records if r.name == REMOTE_LOG and "fetching it again" in r.getMessage()]
     assert len(retries) == 1 and name in retries[0].getMessage(), [r.getMessage() for r in retries]
     cached = next(tmp_path.rglob("train"))
@@ -302,10 +303,9 @@ def test_two_processes_sharing_a_cache_fetch_each_file_once(published, s3, tmp_p
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     expected = hashlib.sha256(windows(TokenDataset(published.version_dir, seq_len=SEQ)).tobytes()).hexdigest()
     assert [out.strip() for out, _ in outs] == [expected, expected]
-    entries = published.shard_entries()
-    files = [(e.file, e.bytes) for e in entries] + [(e.index.file, e.index.bytes) for e in entries]
-    for file, size in files:
-        assert proxy.bytes_asked(f"{published.bucket}/pre/data/rv/v1/{file}", size) == size, file
+    for e in published.shard_entries():
+        assert proxy.bytes_asked(f"{published.bucket}/pre/data/rv/v1/{e.file}", e.bytes) == e.bytes, e.file
+        assert proxy.bytes_asked(f"{published.bucket}/pre/data/rv/v1/{e.index.file}", e.index.bytes) == 0  # not needed
 
 
 # --- A cache size limit ---
@@ -368,13 +368,67 @@ def test_a_limit_smaller_than_the_shards_read_at_once_is_refused(published, tmp_
     assert cached_bytes(tmp_path) <= sizes[-1] + 1
 
 
-def test_token_dataset_refuses_a_limit_smaller_than_its_split(published, tmp_path):
-    refused = r"rv@v1 split 'train' is [\d,]+ bytes, more than cache_limit_bytes=500,000: TokenDataset .* StreamingTokenDataset"
-    with pytest.raises(ConfigError, match=refused):
-        TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path, cache_limit_bytes=500_000)
-    assert not list(tmp_path.rglob("*.bin"))  # refused before fetching anything
+def test_token_dataset_under_a_limit_reads_at_random_and_keeps_at_most_the_limit(published, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=REMOTE_LOG)
+    sizes = sorted(e.bytes for e in published.shard_entries())
+    limit = sizes[-1] + sizes[-2]  # two shards
+    local = TokenDataset(published.version_dir, seq_len=SEQ)
+    remote = TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path, cache_limit_bytes=limit)
+    assert not list(tmp_path.rglob("*.bin"))  # nothing fetched at open
+    order = np.random.default_rng(0).permutation(len(local))[:300]
+    peak = 0
+    for i in order.tolist():
+        assert np.array_equal(remote[i]["input_ids"], local[i]["input_ids"])
+        peak = max(peak, cached_bytes(tmp_path))
+    assert sizes[-1] <= peak <= limit
+    assert len(fetched(caplog)) > len(sizes)  # shards evicted, then fetched again when read again
+    with pytest.raises(ConfigError, match=r"cache_limit_bytes=[\d,]+ cannot hold the largest shard of rv@v1 .*raise it"):
+        TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path, cache_limit_bytes=sizes[-1] - 1)
     with pytest.raises(ConfigError, match=r"cache_dir and cache_limit_bytes are for versions on object storage"):
         TokenDataset(published.version_dir, seq_len=SEQ, cache_limit_bytes=500_000)
+
+
+def test_a_shard_sampler_on_the_bucket_fetches_its_next_shards_ahead(published, tmp_path, caplog):
+    from shardflow.runtime import ShardSampler
+
+    caplog.set_level(logging.INFO, logger=REMOTE_LOG)
+    local = TokenDataset(published.version_dir, seq_len=SEQ)
+    remote = TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path)
+    sampler = ShardSampler(remote, rank=1, world_size=2, seed=4, shuffle_group=2)
+    indices = list(ShardSampler(local, rank=1, world_size=2, seed=4, shuffle_group=2))
+    got = [remote[i]["input_ids"] for i in sampler]
+    assert len(got) == len(indices) and all(np.array_equal(a, local[i]["input_ids"]) for a, i in zip(got, indices))
+    read = {local.locate(i)[0] for i in indices}
+    records = [r for r in caplog.records if r.name == REMOTE_LOG and r.msg.startswith("fetched") and r.args[0].endswith(".bin")]
+    assert len(records) == len(read) < len(published.shard_entries())  # its shards, each once
+    assert any(r.threadName.startswith("shardflow-readahead") for r in records)  # fetched before the reader got there
+
+
+def test_a_cold_open_asks_the_store_for_the_catalog_entry_the_manifest_and_one_shard(published, s3, tmp_path):
+    proxy = CountingProxy(s3.endpoint)
+    script = textwrap.dedent(
+        f"""
+        from shardflow.runtime import TokenDataset
+        ds = TokenDataset("rv@v1", catalog={published.catalog_url!r}, seq_len={SEQ})
+        print(ds[0]["input_ids"][:4].tolist())
+        """
+    )
+    env = {**os.environ, **s3.env, "AWS_ENDPOINT_URL": proxy.endpoint, "SHARDFLOW_CACHE": str(tmp_path / "cold")}
+    try:
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        proxy.close()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == str(TokenDataset(published.version_dir, seq_len=SEQ)[0]["input_ids"][:4].tolist())
+    first = published.shard_entries()[0].file
+    asked = {(method, path.split("?")[0]) for method, path, _ in proxy.requests}
+    allowed = {f"/{published.bucket}/pre/catalog/rv.yaml", f"/{published.bucket}/pre/data/rv/v1/metadata.yaml",
+               f"/{published.bucket}/pre/data/rv/v1/{first}"}
+    assert {method for method, _ in asked} <= {"GET", "HEAD"}
+    assert {path for _, path in asked} <= allowed, sorted(asked)
+    assert f"/{published.bucket}/pre/data/rv/v1/{first}" in {path for _, path in asked}
+    per_object = {path: sum(1 for m, p, _ in proxy.requests if p.split("?")[0] == path) for path in allowed}
+    assert all(n <= 3 for n in per_object.values()), per_object  # HEAD, GET (and a retry at most)
 
 
 # --- Exact resume ---
@@ -445,7 +499,7 @@ if sys.argv[2] == "small-files":  # a cache that cannot hold a shard: writes pas
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 try:
-    TokenDataset(sys.argv[1], seq_len=256, cache_dir=sys.argv[3])
+    TokenDataset(sys.argv[1], seq_len=256, cache_dir=sys.argv[3])[0]
 except ShardflowError as exc:
     sys.exit(f"{type(exc).__name__}: {exc}")
 """
@@ -461,8 +515,8 @@ def test_a_cache_that_cannot_take_a_file_and_an_unreachable_store_are_one_line(p
     assert out.returncode == 1 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
     if case == "small-files":
         assert re.fullmatch(rf"ConfigError: {published.version_url}/train/\S+\.bin: cannot be cached in "
-                            rf"{tmp_path}/cache/\S+ \(File too large\); free space there, set cache_limit_bytes "
-                            r"\(streaming\), or give another cache_dir \(or \$SHARDFLOW_CACHE\)\n", out.stderr), out.stderr
+                            rf"{tmp_path}/cache/\S+ \(File too large\); free space there, set cache_limit_bytes, "
+                            r"or give another cache_dir \(or \$SHARDFLOW_CACHE\)\n", out.stderr), out.stderr
     else:
         assert re.fullmatch(rf"InputError: {published.version_url}/metadata.yaml: the object store could not be "
                             r"reached \(Could not connect to the endpoint URL: .*\), 3 tries; check AWS_ENDPOINT_URL "

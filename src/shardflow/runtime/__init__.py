@@ -29,6 +29,7 @@ from .inspect import inspect_version
 from .mixture import MixtureDataset
 from .options import ReadOptions
 from .packing import IGNORE_INDEX, collate, pack_fields
+from .sampler import ShardSampler
 from .shards import ShardInfo, ShardSet, open_shards
 from .streaming import SampleStream, StreamingTokenDataset
 
@@ -36,6 +37,7 @@ __all__ = [
     "TokenDataset",
     "StreamingTokenDataset",
     "MixtureDataset",
+    "ShardSampler",
     "ReadOptions",
     "EmbeddingStore",
     "SampleStream",

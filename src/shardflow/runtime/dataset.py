@@ -23,6 +23,7 @@ from ..errors import ConfigError, ValidationError
 from ..formats import bosidx
 from .options import DATASET_OPTIONS, REMOTE_OPTIONS, SHARD_OPTIONS, AlignRule, Overflow, ReadOptions
 from .packing import pack_fields
+from .prefetch import Readahead
 from .remote import RemoteShardSet, is_remote_ref, open_remote_split
 from .shards import ShardSet, open_shards
 
@@ -104,10 +105,13 @@ class TokenDataset:
     ``boundary`` describe the files (see ``open_shards``).
 
     On object storage: ``ref`` a version URL (``s3://bucket/prefix/NAME/vN``),
-    or ``NAME@VERSION`` with ``catalog="s3://..."``. Every file of the split is
+    or ``NAME@VERSION`` with ``catalog="s3://..."``. Opening reads the manifest
+    (and ``align_to_bos`` every shard's index, not its tokens); each shard is
     fetched into ``cache_dir`` (``$SHARDFLOW_CACHE``, ``~/.cache/shardflow``) and
-    verified at open (random access needs them all); ``cache_limit_bytes``
-    smaller than the split is refused (see ``shardflow.runtime.remote``).
+    verified when a sample first needs it (see ``shardflow.runtime.remote``).
+    ``cache_limit_bytes`` bounds the shards one process keeps: past it, the
+    shards it opened first are evicted. Iterating, or ``ShardSampler``, fetches
+    the next shards ahead of the one being read.
     """
 
     def __init__(
@@ -123,8 +127,9 @@ class TokenDataset:
         self.overflow: Overflow = opts.overflow
         self.split = split = opts.split
         if is_remote_ref(ref, opts.catalog):
+            # The manifest now; each shard fetched when first read, the oldest dropped past cache_limit_bytes.
             remote = open_remote_split(ref, options=opts.only(REMOTE_OPTIONS))
-            remote.fetch_all(limit=opts.cache_limit_bytes, split=split)
+            remote.hold_at_most(opts.cache_limit_bytes)
             self.shards: ShardSet = remote
         else:
             if opts.cache_dir is not None or opts.cache_limit_bytes is not None:
@@ -303,8 +308,19 @@ class TokenDataset:
         return item
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for i in range(self._len):
-            yield self[i]
+        shards = self.shards
+        if not isinstance(shards, RemoteShardSet):
+            for i in range(self._len):
+                yield self[i]
+            return
+        ahead = Readahead(shards, [k for k in range(shards.num_shards) if self._cum[k + 1] > self._cum[k]])
+        try:
+            for k in range(shards.num_shards):  # in order: the next shards are fetched while one is read
+                ahead.reached(k)
+                for i in range(self._cum[k], self._cum[k + 1]):
+                    yield self[i]
+        finally:
+            ahead.close()
 
     def window(self, index: int) -> np.ndarray:
         """The raw ``seq_len + 1`` tokens of sample ``index`` (a read-only view, storage dtype)."""

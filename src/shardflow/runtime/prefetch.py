@@ -18,8 +18,10 @@ data read is right whatever happens to the plan.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -27,7 +29,13 @@ import numpy as np
 from ..errors import ConfigError
 from .remote import RemoteShardSet
 
-__all__ = ["ShardFeeder", "epoch_segments"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ShardFeeder", "Readahead", "epoch_segments", "READAHEAD_SHARDS"]
+
+READAHEAD_SHARDS = 2
+"""Shards a map-style reader over a known order (``TokenDataset`` iterated, ``ShardSampler``) has fetched ahead
+of the one it reads."""
 
 Segment = Callable[[], Iterator[np.ndarray]]
 """One epoch of a pass: a callable giving, in reading order, the shard of each sample (in chunks)."""
@@ -206,3 +214,51 @@ class ShardFeeder:
                 self._ready.add(k)
                 self._fetching.discard(k)
                 self._cond.notify_all()
+
+
+class Readahead:
+    """Map-style reading in a known order: fetch the next ``depth`` shards of ``order`` (shards in order of first
+    use) into the cache while the reader is on one, on one background thread.
+
+    Only fetches (each file pinned while it downloads, so no process evicts it half-written): the reader opens
+    each shard itself, which finds it cached, and evicts under its own ``cache_limit_bytes``, so this adds at
+    most ``depth`` shards to what a process holds. A failed fetch is left to the reader, which fetches the shard
+    again when it opens it and raises there, naming the object.
+    """
+
+    def __init__(self, shards: RemoteShardSet, order: list[int], *, depth: int = READAHEAD_SHARDS) -> None:
+        self.shards = shards
+        self.order = order
+        self.depth = depth
+        self._where = {k: i for i, k in reversed(list(enumerate(order)))}  # each shard's first place
+        self._next = 0  # the first place of order not yet handed to the thread
+        self._pool: ThreadPoolExecutor | None = None
+
+    def reached(self, k: int) -> None:
+        """The reader is on shard ``k``: have the shards after it in the order, up to ``depth``, fetched."""
+        i = self._where.get(k)
+        if i is None or self.depth < 1:
+            return
+        stop = min(len(self.order), i + 1 + self.depth)
+        if self._next >= stop:
+            return
+        if self._pool is None:
+            self.shards.cache.prepare()
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-readahead")
+        for j in range(max(self._next, i + 1), stop):
+            self._pool.submit(self._fetch, self.order[j])
+        self._next = stop
+
+    def _fetch(self, k: int) -> None:
+        names = [name for name, _, _ in self.shards.data_files(k)]
+        try:
+            with self.shards.cache.pinned(names):
+                self.shards.fetch(k)
+        except Exception as exc:  # the reader fetches it again when it opens it, and raises there
+            log.info("fetching shard %d of %s ahead failed (%s); it is fetched when read", k, self.shards.name, exc)
+
+    def close(self) -> None:
+        """Stop: wait for the fetch in progress, drop the ones not started."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

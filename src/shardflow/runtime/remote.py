@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 READ_BLOCK = 8 << 20
 """Bytes per ranged GET while downloading (bounded memory, few requests)."""
 FETCH_WORKERS = 8
-"""Concurrent downloads when a whole split is fetched at open."""
+"""Concurrent downloads when many files are fetched at once (every index, or a whole version)."""
 REPAIR_COMMAND = "shardflow push NAME@VERSION --repair --catalog CATALOG_URL"
 """The command that restores a bucket version's damaged objects; callers that know the version and its catalog
 put them in its place."""
@@ -86,7 +87,7 @@ def _cache_writes(url: str, directory: Path) -> Iterator[None]:
             raise
         raise ConfigError(
             f"{url}: cannot be cached in {directory} ({exc.strerror or exc}); free space there, set "
-            "cache_limit_bytes (streaming), or give another cache_dir (or $SHARDFLOW_CACHE)"
+            "cache_limit_bytes, or give another cache_dir (or $SHARDFLOW_CACHE)"
         ) from None
 
 
@@ -340,6 +341,8 @@ class RemoteShardSet(ShardSet):
     """A split of a remote version: a ``ShardSet`` over the cache directory that fetches each file before opening it."""
 
     cache: VersionCache
+    limit: int | None = None
+    """Bytes of opened shards this process keeps (``hold_at_most``); None: every shard it opens stays."""
 
     @classmethod
     def over(cls, cache: VersionCache, manifest: Manifest, split: str, *, version: Any = None) -> "RemoteShardSet":
@@ -366,7 +369,38 @@ class RemoteShardSet(ShardSet):
         # Pinned from the check to the mapping; once mapped, the data outlives an unlink by another process.
         with self.cache.pinned([name for name, _, _ in self.data_files(k)]):
             self.fetch(k)
-            return super()._open(k)
+            mm = super()._open(k)
+        if self.limit is not None:
+            self._keep_within(k)
+        return mm
+
+    def hold_at_most(self, limit: int | None) -> None:
+        """Random access under ``cache_limit_bytes``: keep at most ``limit`` bytes of the shards this process
+        opened (their files and sidecars) mapped and cached; past it, the ones opened first are dropped and
+        evicted (unless another process pins them). One shard larger than ``limit`` is refused here."""
+        largest = max((self.data_bytes(k) for k in range(self.num_shards)), default=0)
+        if limit is not None and largest > limit:
+            raise ConfigError(
+                f"cache_limit_bytes={limit:,} cannot hold the largest shard of {self.name} ({largest:,} bytes); "
+                "raise it to hold at least that shard (random access fetches one shard at a time)"
+            )
+        self.limit = limit
+
+    def _keep_within(self, k: int) -> None:
+        held = self.__dict__.setdefault("_held", OrderedDict())
+        held[k] = self.data_bytes(k)
+        total = sum(held.values())
+        while total > self.limit and len(held) > 1:  # type: ignore[operator]
+            old, size = held.popitem(last=False)
+            self.release(old)
+            for name, _, _ in self.data_files(old):
+                self.cache.try_evict(name)
+            total -= size
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_held", None)  # this process's open shards: a worker's copy opens its own
+        return state
 
     def doc_starts(self, k: int, *, cache: bool = True) -> Any:
         entry = self.shards[k].entry
@@ -377,19 +411,6 @@ class RemoteShardSet(ShardSet):
     def release(self, k: int) -> None:
         """Drop shard ``k``'s memory map (its file may then be evicted and its disk space freed)."""
         self._views[k] = None
-
-    def fetch_all(self, *, limit: int | None, split: str) -> None:
-        """Fetch every file of the split (concurrently); refuse when ``limit`` cannot hold them all."""
-        files = [f for k in range(self.num_shards) for f in self.data_files(k)]
-        files += [(e.index.file, e.index.bytes, e.index.sha256) for e in (s.entry for s in self.shards) if e is not None]
-        total = sum(size for _, size, _ in files)
-        if limit is not None and total > limit:
-            raise ConfigError(
-                f"{self.name} split {split!r} is {total:,} bytes, more than cache_limit_bytes={limit:,}: TokenDataset "
-                "reads samples at random, so it needs the whole split in the cache. Raise cache_limit_bytes to at "
-                f"least {total}, or read it with StreamingTokenDataset, which keeps only the shards it is reading"
-            )
-        self._parallel(files)
 
     def fetch_indexes(self) -> None:
         """Fetch every shard's ``.bos.idx`` (concurrently): BOS alignment reads them all at open."""
