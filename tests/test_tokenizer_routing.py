@@ -12,7 +12,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardflow.tokenizers.routing import Disputed, Routes, Substrings, disputed_pattern
+from shardflow.tokenizers.probing import Probed
+from shardflow.tokenizers.routing import Routes, Substrings
 
 # Control pieces of real models, and texts made of every kind of character a pattern could misread.
 TEXTS = ["<s>", "</s>", "<|endoftext|>", "[INST]", "<0x0A>", "a.b", "\\", "^$", "(?i)", "x y", "\n", "é▁", "{1,3}", "|"]
@@ -42,14 +43,21 @@ def test_hits_agree_with_in_on_any_documents(texts, docs):
 
 
 def test_no_texts_and_no_documents_hit_nothing():
-    assert disputed_pattern([], ["", ""]) is None
+    assert Substrings(["", ""]).hits(pa.array(["<s>", ""], type=pa.large_string())).tolist() == []
     assert Substrings(["<s>"]).hits(pa.array([], type=pa.large_string())).tolist() == []
 
 
+class _Fast:
+    """gigatoken's stand-in: every character is its code point, but U+323B0 (a Unicode 17 letter) is 0."""
+
+    def encode_batch_list(self, texts):
+        return [[0 if c == "\U000323b0" else ord(c) for c in t] for t in texts]
+
+
 def test_routes_hit_a_document_either_rule_hits_once():
-    routes = disputed_pattern([0x323B0], ["<s>"])
-    assert isinstance(routes, Routes) and [type(p) for p in routes.parts] == [Disputed, Substrings]
+    probed = Probed(_Fast(), lambda texts: [[ord(c) for c in t] for t in texts], key=None, name="t", library="ref")
+    routes = Routes([probed, Substrings(["<s>"])])
     docs = pa.array(["plain", "\U000323b0's", "<s> and \U000323b0", "<s>"], type=pa.large_string())
     assert routes.hits(docs).tolist() == [1, 2, 3]
-    assert isinstance(disputed_pattern([], ["<s>"]), Substrings) and isinstance(disputed_pattern([0x41]), Disputed)
     assert routes.hits(docs).dtype == np.int64
+    assert probed.code_points == (0x323B0,)

@@ -17,6 +17,7 @@ of ids into the flat ``(tokens, offsets)`` arrays.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import logging
 import threading
@@ -30,7 +31,8 @@ import pyarrow as pa
 
 from ..errors import ConfigError, InputError
 from .panics import is_library_panic, library_panic_error
-from .routing import disputed_pattern, encode_routed, find_disputed, note_routed
+from .probing import Probed
+from .routing import Routes, Substrings, cached_answer, encode_routed, fast_lock
 
 __all__ = [
     "Tokenizer",
@@ -149,7 +151,8 @@ class Tokenizer(ABC):
         self.backend = backend
         self._source = source  # what the family loaded: its reference library's object, or that and its files' facts
         self._fast = fast  # gigatoken.Tokenizer, or None on the reference backend
-        self._fast_lock = threading.Lock()  # gigatoken's object is not re-entrant (see routing._encode_gigatoken)
+        # gigatoken's object is not re-entrant (see routing.encode_routed): one lock per object, shared by its users.
+        self._fast_lock = fast_lock(fast) if fast is not None else threading.Lock()
         self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
 
     # -- facts the manifest records -------------------------------------------------
@@ -423,19 +426,21 @@ def checked_fast(
     library: str,
     routed: Sequence[str] = (),
 ) -> tuple[Any | None, str, Any | None]:
-    """gigatoken's ``fast`` if it agrees with ``library``, the reference: ``(fast, "", routed pattern)``, else ``(None, why not, None)``.
+    """gigatoken's ``fast`` if it agrees with ``library``, the reference: ``(fast, "", routed)``, else ``(None, why not, None)``.
 
     The probes are the shared ones and the tokenizer's ``own`` special texts, alone and inside words,
-    less those holding a ``routed`` text (the reference encodes their documents). ``key`` names the
-    vocabulary for ``find_disputed``'s cache.
+    less those holding a ``routed`` text (the reference encodes their documents); the answer is kept
+    on disk by ``key`` (the vocabulary file's SHA-256 and the reference library's version) and the
+    probe texts. ``routed`` is then a ``probing.Probed``, with the ``routed`` texts' ``Substrings``.
     """
     texts = [*PROBE_STRINGS, *COMMON_SPECIAL_TEXTS, *own, *(f"a{t}b {t}\n{t}{t}" for t in own)]
-    bad = _disagreement(fast, reference, [t for t in texts if not any(r and r in t for r in routed)])
+    probes = [t for t in texts if not any(r and r in t for r in routed)]
+    digest = hashlib.sha256("\0".join(probes).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    bad = cached_answer("probe", f"{key} {digest}", lambda: _disagreement(fast, reference, probes))
     if bad is not None:
-        return None, f"gigatoken disagrees with {library} on the probe string {bad[:40]!r}", None
-    disputed = find_disputed(fast, reference_batch, cache_key=key)
-    note_routed(name, disputed, library)
-    return fast, "", disputed_pattern(disputed, routed)
+        return None, f"gigatoken disagrees with {library} on the probe string {str(bad)[:40]!r}", None
+    probed = Probed(fast, reference_batch, key=key, name=name, library=library)
+    return fast, "", Routes([probed, Substrings(routed)]) if any(routed) else probed
 
 
 def file_stamp(paths: Sequence[Path]) -> tuple[Any, ...]:

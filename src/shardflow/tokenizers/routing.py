@@ -5,28 +5,28 @@ tokenizers library splits it with older ones. A letter first assigned in
 Unicode 17 (CJK Extension J, Sidetic, Tai Yo, ... 4,657 code points) is then
 ``\\p{L}`` to one and unassigned to the other, and the two split ``"𲎰's"``
 differently, so the ids differ. No probe list can hold every such character,
-so once per tokenizer ``find_disputed`` encodes every code point of planes
-0-3 and 14 (the assigned ones, and those a newer Unicode may assign) in a few
-contexts on both backends, and ``encode_routed`` encodes the documents that
-hold one of the characters it found with the reference. Each document's ids
-are then the reference's, whichever backend ran.
+so every code point of planes 0-3 and 14 (the assigned ones, and those a
+newer Unicode may assign) is compared in a few contexts on both backends
+(``probing.Probed``: a block of 128 code points at a time, the first time a
+document holds one of its characters), and ``encode_routed`` encodes the
+documents that hold a character found to differ with the reference. Each
+document's ids are then the reference's, whichever backend ran.
 
-Finding the characters takes about a second per vocabulary, so the result is
-kept in a small file under ``$SHARDFLOW_CACHE_DIR`` (default
-``~/.cache/shardflow``), keyed by the vocabulary, the libraries' versions and
-Python's Unicode version: each process and worker after the first reads it.
-Finding the documents is one vectorized pass over each batch's UTF-8 bytes
-(``Disputed.hits``): only the lead bytes of the disputed characters are
-looked at, which costs a few milliseconds per 10 MB of text.
+Finding the documents is a vectorized pass over each batch's UTF-8 bytes
+(``utf8_code_points``): the largest byte of each KiB first, then only the
+characters from the smallest lead byte that matters on (0xE0 for Llama 3's
+file: its 3- and 4-byte characters) are decoded, a few milliseconds per 10 MB
+of text.
 
 The families' probe checks (does the fast backend agree with the reference
-on the probe strings) are kept the same way (:func:`cached_answer`): a few
-tenths of a second at every process's start otherwise.
+on the probe strings) are kept on disk (:func:`cached_answer`, under
+``$SHARDFLOW_CACHE_DIR``, default ``~/.cache/shardflow``), keyed by the
+vocabulary and the libraries' versions: a few tenths of a second at every
+process's start otherwise. So are the blocks probed (``probing``).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.metadata
 import json
@@ -35,46 +35,50 @@ import os
 import string
 import threading
 import unicodedata
+import weakref
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from .._arrow import large_strings
 
-__all__ = ["Disputed", "Substrings", "Routes", "find_disputed", "disputed_pattern", "encode_routed", "cached_answer",
-           "note_routed"]
+__all__ = ["Substrings", "Routes", "Routed", "encode_routed", "cached_answer", "cache_file", "keep_json", "fast_lock",
+           "note_routed", "utf8_code_points", "documents_at"]
 
 log = logging.getLogger("shardflow.tokenizers")
 _NOTED: set[tuple[str, str]] = set()
 _NOTED_LOCK = threading.Lock()
+_FAST_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_FAST_LOCKS_LOCK = threading.Lock()
 
 CACHE_ENV = "SHARDFLOW_CACHE_DIR"
-
-# Each character after a letter and before an apostrophe (a contraction), after a digit
-# and before a space: the neighbours whose classes the split patterns ask about.
-_CONTEXT = "a{c}'s 1{c} "
-_CHUNK = 128
 
 ReferenceBatch = Callable[[list[str]], list[list[int]]]
 
 
-@functools.lru_cache(maxsize=1)
-def _candidates() -> tuple[str, ...]:
-    """Planes 0-3 and 14, less surrogates and private use: where any Unicode version assigns characters."""
-    ranges = ((0, 0xD800), (0xF900, 0x40000), (0xE0000, 0xE1000))
-    return tuple(chr(c) for lo, hi in ranges for c in range(lo, hi))
+class Routed(Protocol):
+    """What ``encode_routed`` routes: ``probing.Probed``, ``Substrings``, or ``Routes`` of them."""
+
+    def hits(self, texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Indices of the documents of ``texts`` (a string array without nulls) to encode with the reference."""
 
 
-def _differing(fast: Any, reference: ReferenceBatch, texts: list[str]) -> list[int]:
-    if not texts:
-        return []
-    got, expected = fast.encode_batch_list(texts), reference(texts)
-    return [i for i, (a, b) in enumerate(zip(got, expected)) if list(a) != list(b)]
+def fast_lock(fast: Any) -> threading.Lock:
+    """The one lock of a gigatoken object, held by whoever calls it: every ``Tokenizer`` sharing it, and its probe.
+
+    gigatoken's object is not re-entrant ("Already borrowed" when two threads call it); two
+    tokenizers loaded with other backend names (``auto``, ``gigatoken``) share one object."""
+    with _FAST_LOCKS_LOCK:
+        lock = _FAST_LOCKS.get(fast)
+        if lock is None:
+            lock = _FAST_LOCKS[fast] = threading.Lock()
+        return lock
 
 
-def _cache_file(key: str, kind: str = "disputed") -> Path:
+def cache_file(key: str, kind: str) -> Path:
+    """The file under ``$SHARDFLOW_CACHE_DIR`` that keeps ``kind``'s answer for ``key``, gigatoken's and Unicode's versions."""
     try:
         giga = importlib.metadata.version("gigatoken")
     except importlib.metadata.PackageNotFoundError:
@@ -84,18 +88,29 @@ def _cache_file(key: str, kind: str = "disputed") -> Path:
     return root / f"{kind}-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
 
 
+def keep_json(path: Path, answer: Any) -> None:
+    """Write ``answer`` as JSON to ``path`` atomically; a read-only cache directory only costs the time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: computed again next time
+
+
 def note_routed(name: str, disputed: Sequence[int], library: str) -> None:
-    """Say, at INFO and once per process and tokenizer, what routing around ``disputed`` means: not a problem,
-    the way each document's ids stay exactly the reference library's."""
+    """Say, at INFO and once per process and tokenizer, what routing around ``disputed`` (the characters found
+    so far) means: not a problem, the way each document's ids stay exactly the reference library's."""
     if not disputed:
         return
     with _NOTED_LOCK:
         if (name, library) in _NOTED:
             return
         _NOTED.add((name, library))
-    log.info("tokenizer %s: gigatoken encodes the documents, but for exactness %s encodes those holding any of "
-             "%s characters it classes differently (letters of newer Unicode tables), so every id is %s's",
-             name, library, f"{len(disputed):,}", library)
+    log.info("tokenizer %s: gigatoken encodes the documents, but for exactness %s encodes those holding a character "
+             "it classes differently (letters of newer Unicode tables; %s such characters found so far), so every id "
+             "is %s's", name, library, f"{len(disputed):,}", library)
 
 
 def cached_answer(kind: str, key: str, compute: Callable[[], Any]) -> Any:
@@ -105,96 +120,82 @@ def cached_answer(kind: str, key: str, compute: Callable[[], Any]) -> Any:
     file's SHA-256, the reference library's version). A missing or unreadable
     file is computed again; a read-only cache directory only costs the time.
     """
-    path = _cache_file(key, kind)
+    path = cache_file(key, kind)
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         pass  # not computed yet, or unreadable: compute it
     answer = compute()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(answer))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: computed again next time
+    keep_json(path, answer)
     return answer
 
 
-def find_disputed(fast: Any, reference: ReferenceBatch, *, cache_key: str | None = None) -> tuple[int, ...]:
-    """The code points on which gigatoken's ``fast`` and the ``reference`` batch encoding disagree.
+def utf8_code_points(texts: pa.Array | pa.ChunkedArray, min_lead: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(positions, code points, offsets)`` of the characters of ``texts`` whose UTF-8 lead byte is ``min_lead`` or more.
 
-    Chunks of characters first (about a second for Llama 3's vocabulary, on two cores),
-    then each character of a chunk that differs on its own. A chunk that
-    differs while none of its characters does alone counts whole.
-    ``cache_key`` (the vocabulary file's SHA-256 and the reference library's
-    version, say) keeps the answer on disk for the next process.
+    ``texts`` is a string array without nulls; a position is the character's first byte in the
+    text buffer counted from the first document's, and ``offsets`` (rebased to 0) are the
+    documents', for ``documents_at``. Only the bytes from ``min_lead`` on are looked at further.
     """
-    if not cache_key:
-        return _find_disputed(fast, reference)
-    found = cached_answer("disputed", cache_key, lambda: list(_find_disputed(fast, reference)))
-    try:
-        return tuple(int(c) for c in found)
-    except (TypeError, ValueError):  # a damaged file: compute again
-        return _find_disputed(fast, reference)
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    n = len(texts)
+    off_dtype = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    bufs = texts.buffers()
+    empty = np.empty(0, dtype=np.int64)
+    if n == 0 or bufs[2] is None or min_lead > 0xFF:
+        return empty, empty, np.zeros(1, dtype=np.int64)
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[texts.offset : texts.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    offsets -= offsets[0]
+    pos = _at_least(data, min_lead)
+    if not len(pos):
+        return empty, empty, offsets
+    lead = data[pos]
+    starts = (lead >= 0xC0) | (lead < 0x80)  # continuation bytes (0x80-0xBF) start no character
+    pos, lead = pos[starts], lead[starts].astype(np.int64)
+    # Decode each character from its lead byte and up to three continuation bytes
+    # (gathered at those positions only; an index past the end reads the last byte).
+    last = len(data) - 1
+    b1, b2, b3 = (data[np.minimum(pos + k, last)].astype(np.int64) & 0x3F for k in (1, 2, 3))
+    two = np.where(lead >= 0xC0, ((lead & 0x1F) << 6) | b1, lead)  # and ASCII, where min_lead asks for it
+    cp = np.where(
+        lead >= 0xF0,
+        ((lead & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
+        np.where(lead >= 0xE0, ((lead & 0x0F) << 12) | (b1 << 6) | b2, two),
+    )
+    return pos, np.minimum(cp, 0x10FFFF), offsets
 
 
-def _find_disputed(fast: Any, reference: ReferenceBatch) -> tuple[int, ...]:
-    chars = _candidates()
-    chunks = [chars[i : i + _CHUNK] for i in range(0, len(chars), _CHUNK)]
-    bad_chunks = _differing(fast, reference, ["".join(_CONTEXT.format(c=c) for c in chunk) for chunk in chunks])
-    disputed: set[int] = set()
-    for n in bad_chunks:
-        chunk = chunks[n]
-        alone = {ord(chunk[i]) for i in _differing(fast, reference, [_CONTEXT.format(c=c) for c in chunk])}
-        disputed |= alone or {ord(c) for c in chunk}
-    return tuple(sorted(disputed))
+SCAN_ROW = 1024
+"""Bytes a row of ``_at_least``'s first pass: rows whose largest byte is under the lead byte sought are skipped."""
 
 
-class Disputed:
-    """A set of code points, and which documents of a batch hold one of them (from the UTF-8 bytes)."""
+def _at_least(data: np.ndarray, min_lead: int) -> np.ndarray:
+    """The positions of ``data``'s bytes that are ``min_lead`` or more, sorted.
 
-    def __init__(self, code_points: Sequence[int]) -> None:
-        self.code_points = tuple(code_points)
-        self._table = np.zeros(0x110000, dtype=bool)
-        self._table[list(self.code_points)] = True
-        # The UTF-8 lead bytes of the disputed characters: only bytes at least the
-        # smallest of them are looked at further.
-        self._min_lead = min(chr(c).encode("utf-8")[0] for c in self.code_points)
+    A comparison and ``flatnonzero`` over every byte cost 35-130 ms per 32 MB here, the largest
+    byte of each row of ``SCAN_ROW`` 3-13 ms; a byte of 0xE0 or more (a 3- or 4-byte character)
+    is in 0.8% of the rows of the non-repeating source-file corpus, 20% of make_corpus.py's prose
+    (docs/PERFORMANCE.md)."""
+    n = len(data) // SCAN_ROW * SCAN_ROW
+    rows = data[:n].reshape(-1, SCAN_ROW)
+    # Many rows to look at (one in 8: prose with typographic quotes): one pass over them all costs less
+    # than gathering them. Every 16th row says so first.
+    if not n or np.count_nonzero(rows[::16].max(axis=1) >= min_lead) * 8 > len(rows[::16]):
+        return np.flatnonzero(data >= min_lead)
+    hot = np.flatnonzero(rows.max(axis=1) >= min_lead)
+    if len(hot) * 8 > len(rows):
+        return np.flatnonzero(data >= min_lead)
+    at = np.flatnonzero(rows[hot] >= min_lead)
+    return np.concatenate([hot[at // SCAN_ROW] * SCAN_ROW + at % SCAN_ROW, np.flatnonzero(data[n:] >= min_lead) + n])
 
-    def __repr__(self) -> str:
-        return f"Disputed({len(self.code_points)} code points)"
 
-    def hits(self, texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """Indices of the documents of ``texts`` (a string array without nulls) holding a disputed character."""
-        if isinstance(texts, pa.ChunkedArray):
-            texts = texts.combine_chunks()
-        n = len(texts)
-        off_dtype = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-        bufs = texts.buffers()
-        if n == 0 or bufs[2] is None:
-            return np.empty(0, dtype=np.int64)
-        offsets = np.frombuffer(bufs[1], dtype=off_dtype)[texts.offset : texts.offset + n + 1].astype(np.int64)
-        data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-        pos = np.flatnonzero(data >= self._min_lead)
-        if not len(pos):
-            return np.empty(0, dtype=np.int64)
-        lead = data[pos]
-        starts = lead >= 0xC0  # continuation bytes (0x80-0xBF) start no character
-        pos, lead = pos[starts], lead[starts].astype(np.int64)
-        # Decode each character from its lead byte and up to three continuation bytes
-        # (gathered at those positions only; an index past the end reads the last byte).
-        last = len(data) - 1
-        b1, b2, b3 = (data[np.minimum(pos + k, last)].astype(np.int64) & 0x3F for k in (1, 2, 3))
-        cp = np.where(
-            lead >= 0xF0,
-            ((lead & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
-            np.where(lead >= 0xE0, ((lead & 0x0F) << 12) | (b1 << 6) | b2, ((lead & 0x1F) << 6) | b1),
-        )
-        found = pos[self._table[np.minimum(cp, 0x10FFFF)]]
-        if not len(found):
-            return np.empty(0, dtype=np.int64)
-        return np.unique(np.searchsorted(offsets - offsets[0], found, side="right") - 1)
+def documents_at(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The indices of the documents (``offsets``, rebased to 0) holding the bytes at ``positions``, each once, sorted."""
+    if not len(positions):
+        return np.empty(0, dtype=np.int64)
+    return np.unique(np.searchsorted(offsets, positions, side="right") - 1)
 
 
 class Substrings:
@@ -229,7 +230,7 @@ class Substrings:
 class Routes:
     """Several rules of what ``encode_routed`` routes; a document any of them hits is routed."""
 
-    def __init__(self, parts: Sequence[Disputed | Substrings]) -> None:
+    def __init__(self, parts: Sequence[Routed]) -> None:
         self.parts = tuple(parts)
 
     def __repr__(self) -> str:
@@ -238,19 +239,6 @@ class Routes:
     def hits(self, texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
         found = [part.hits(texts) for part in self.parts]
         return np.unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
-
-
-Routed = Disputed | Substrings | Routes
-
-
-def disputed_pattern(code_points: Sequence[int], substrings: Sequence[str] = ()) -> Routed | None:
-    """What ``encode_routed`` routes: the code points and the ``substrings`` (None for neither)."""
-    parts: list[Disputed | Substrings] = []
-    if code_points:
-        parts.append(Disputed(code_points))
-    if any(substrings):
-        parts.append(Substrings(substrings))
-    return None if not parts else parts[0] if len(parts) == 1 else Routes(parts)
 
 
 def encode_routed(

@@ -54,7 +54,8 @@ from .base import (
     dist_version,
     unknown_tokenizer_error,
 )
-from .routing import Disputed, cached_answer, disputed_pattern, find_disputed, note_routed
+from .probing import Probed
+from .routing import cached_answer
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT", "split_pattern"]
 
@@ -170,7 +171,7 @@ class TiktokenFamily(TokenizerFamily):
         return self.pick_backend(name_or_path, backend, make, lambda: _fast_backend(encoding, spec, name_or_path), "tiktoken")
 
 
-def _fast_backend(encoding: Any, spec: TokenizerSpec, name: str) -> tuple[Any | None, str, Disputed | None]:
+def _fast_backend(encoding: Any, spec: TokenizerSpec, name: str) -> tuple[Any | None, str, Probed | None]:
     """gigatoken for an encoding, checked: ``(fast, "", routed pattern)``, or ``(None, why not, None)``."""
     if spec.rank_file is None or spec.pretokenizer is None:
         return None, "gigatoken needs a rank file and a known pre-tokenizer for this encoding", None
@@ -187,17 +188,16 @@ def _fast_backend(encoding: Any, spec: TokenizerSpec, name: str) -> tuple[Any | 
 
 
 @functools.lru_cache(maxsize=8)
-def _routed_pattern(key: str, fast: Any, encoding: Any, name: str) -> Disputed | None:
-    """The characters gigatoken classes unlike tiktoken (Unicode 17 letters), found once per vocabulary.
+def _routed_pattern(key: str, fast: Any, encoding: Any, name: str) -> Probed:
+    """The characters gigatoken classes unlike tiktoken (Unicode 17 letters), one per vocabulary and process.
 
     gigatoken 0.10 splits with Unicode 17 tables, tiktoken's regex engine with
     older ones: a document holding such a letter can get other ids. No probe
-    string list holds them all, so every candidate code point is compared
-    (about a second), and documents holding one are encoded by tiktoken.
+    string list holds them all, so every candidate code point a document brings
+    is compared (``probing.Probed``), and documents holding one that differs are
+    encoded by tiktoken.
     """
-    disputed = find_disputed(fast, lambda texts: encoding.encode_ordinary_batch(texts), cache_key=key)
-    note_routed(name, disputed, "tiktoken")
-    return disputed_pattern(disputed)
+    return Probed(fast, lambda texts: encoding.encode_ordinary_batch(texts), key=key, name=name, library="tiktoken")
 
 
 TIKTOKEN = TiktokenFamily()
