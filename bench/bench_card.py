@@ -2,8 +2,9 @@
 
     python bench/bench_card.py --baseline /tmp/base                 # the README's first command, 5 rounds
     python bench/bench_card.py --baseline /tmp/base --corpus DIR    # the same on a corpus (--workers 2)
+    python bench/bench_card.py --baseline /tmp/base --incremental DIR --rounds 5   # the card alone; +1 input of N
 
-``--baseline DIR``: another checkout (``git -C MAIN archive HEAD | tar -x -C DIR``).
+``--baseline DIR``: another checkout (``git worktree add DIR HEAD``, or ``git -C MAIN archive HEAD | tar -x -C DIR``).
 Each round runs, alternating this checkout and the baseline (the order
 rotating every round), each build in a fresh process, fresh directories:
 
@@ -20,6 +21,14 @@ build process and the children it waited for); ``finalize``
 wait for the card's thread); and the tail after the shards, from the last
 validate-shard job's end to the end of ``finalize``, which holds any wait
 for the card wherever it was drawn; the ``stats-card`` stage where there is one.
+
+``--incremental DIR`` (a directory of N Parquet inputs, ``make_corpus.py --mb 64 --files 16``) measures
+instead, per checkout, each in a fresh process: the card alone (``write_card`` of a version with a
+parent: its four plots and README, which a build pays; ``import shardflow.card`` before it, which a
+build has paid already; and the process's wall time); a first build of all N inputs as a command (``shardflow build DIR --no-prefect``); the
+incremental build that adds the last input to a version of the other N - 1 (a copy of one built once
+per checkout), as a command, with the stats-card stage's span; and the same with ``--no-card``, the
+floor the card's cost is measured against. The goal: incremental <= first / N + 1.0 s.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,12 +95,116 @@ def run(tree: Path, home: Path, cwd: Path, source: Path, name: str, extra: list[
     line = next(l for l in proc.stderr.splitlines() if l.startswith("STAGE-TIMES "))
     spans = json.loads(line.split(" ", 1)[1])
     fin = spans["validate"]
-    shards_end = spans["validate-shard"][1]
+    shards_end = max(e for stage, (_, e, _) in spans.items() if stage not in ("stats-card", "validate", "publish"))
     out = {"wall": wall, "cpu": cpu, "finalize": fin[2], "tail": fin[1] - shards_end}
     if "stats-card" in spans:
         out["stats_card"] = spans["stats-card"][2]
         out["stats_card_after_shards"] = max(0.0, spans["stats-card"][1] - shards_end)
     return out
+
+
+# The card of a version with a parent, drawn in a fresh process: every import it needs included.
+CARD = r"""
+import json, sys, time
+T0 = time.perf_counter()
+from pathlib import Path
+from shardflow.card import write_card
+from shardflow.manifest import read_manifest
+T1 = time.perf_counter()
+version, parent, out = map(Path, sys.argv[1:])
+write_card(out, read_manifest(version), parent=parent)
+T2 = time.perf_counter()
+print(json.dumps({"import_s": T1 - T0, "card_s": T2 - T1, "files": sorted(p.name for p in (out / "card").iterdir())}))
+"""
+
+
+def _command(tree: Path, cwd: Path, source: Path, extra: list[str]) -> dict:
+    """``shardflow build SOURCE --no-prefect`` in ``cwd`` (its data root and catalog), a fresh process: wall and stage spans."""
+    return run(tree, cwd / "prefect-home", cwd, source, "inc", ["--no-prefect", "--data-root", str(cwd / "data"),
+                                                                   "--catalog", str(cwd / "catalog"), *extra])
+
+
+def _incremental_setup(tree: Path, corpus: Path, work: Path) -> dict[str, Path]:
+    """Once per checkout: a version of all inputs but the last (the template each incremental build copies),
+    and a version with a parent for the card alone."""
+    files = sorted(corpus.glob("*.parquet"))
+    tpl = work / "template"
+    src = tpl / "src"
+    src.mkdir(parents=True)
+    for f in files[:-1]:
+        os.symlink(f.resolve(), src / f.name)
+    _command(tree, tpl, src, [])
+    child = work / "child"
+    shutil.copytree(tpl, child, symlinks=True)
+    os.symlink(files[-1].resolve(), child / "src" / files[-1].name)
+    _command(tree, child, child / "src", [])
+    return {"template": tpl, "v1": child / "data" / "inc" / "v1", "v2": child / "data" / "inc" / "v2",
+            "last": files[-1].resolve(), "all": corpus.resolve()}
+
+
+def _incremental_round(tree: Path, places: dict[str, Path], work: Path, n: int) -> dict:
+    out = work / f"card-{n}"
+    out.mkdir(parents=True)
+    shutil.copy(places["v2"] / "stats.json", out)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CARD, str(places["v2"]), str(places["v1"]), str(out)],
+                          env=env_for(tree, work), capture_output=True, text=True)
+    card_wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"the card failed ({tree}):\n{proc.stderr[-3000:]}")
+    card = json.loads(proc.stdout.splitlines()[-1])
+    first = _command(tree, work / f"first-{n}", places["all"], [])
+    row = {"card_s": card["card_s"], "import_s": card["import_s"], "card_wall": card_wall, "first": first["wall"],
+           "card_cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), "first_cpu": first["cpu"]}
+    for label, extra in (("inc", []), ("inc_no_card", ["--no-card"])):
+        w = work / f"{label}-{n}"
+        shutil.copytree(places["template"], w, symlinks=True)
+        os.symlink(places["last"], w / "src" / places["last"].name)
+        r = _command(tree, w, w / "src", extra)
+        row[label], row[f"{label}_cpu"] = r["wall"], r["cpu"]
+        if label == "inc":
+            row["stats_card"] = r.get("stats_card", 0.0)
+            row["stats_card_after_shards"] = r.get("stats_card_after_shards", 0.0)
+        shutil.rmtree(w)
+    shutil.rmtree(work / f"first-{n}")
+    shutil.rmtree(out)
+    return row
+
+
+def incremental(trees: dict[str, Path], corpus: Path, rounds: int, work: Path) -> None:
+    nfiles = len(list(corpus.glob("*.parquet")))
+    places = {side: _incremental_setup(tree, corpus, work / f"setup-{side}") for side, tree in trees.items()}
+    res: dict[str, list[dict]] = {side: [] for side in trees}
+    print(f"cores: {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}; {nfiles} inputs in {corpus}", flush=True)
+    for i in range(rounds):
+        order = list(trees) if i % 2 == 0 else list(reversed(trees))
+        for side in order:
+            res[side].append(_incremental_round(trees[side], places[side], work / side, i))
+        print(f"round {i + 1}: " + "; ".join(
+            f"{s} card {res[s][-1]['card_s']:.3f} s (+ import {res[s][-1]['import_s']:.2f}), first {res[s][-1]['first']:.2f} s, +1 {res[s][-1]['inc']:.2f} s "
+            f"(--no-card {res[s][-1]['inc_no_card']:.2f})" for s in trees), flush=True)
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in res.items()}
+    print(f"\nmedians over {rounds} rounds; load average now {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
+    print("| checkout | the card: import shardflow.card (s) | the card: its plots and README (s) | its process (s) | "
+          "first build (s) | +1 input (s) | stats-card stage (s) | +1 with --no-card (s) | +1 ÷ first | goal: first/N + 1.0 s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for side, m in med.items():
+        print(f"| {side} | {m['import_s']:.3f} | {m['card_s']:.3f} | {m['card_wall']:.2f} | {m['first']:.2f} | {m['inc']:.2f} | "
+              f"{m['stats_card']:.2f} ({m['stats_card_after_shards']:.2f} after the shards) | {m['inc_no_card']:.2f} | "
+              f"{m['inc'] / m['first']:.3f} | {m['first'] / nfiles + 1.0:.2f} |")
+    t, b = med["this"], med["base"]
+    print(f"| this ÷ base | {t['import_s'] / b['import_s']:.2f} | {t['card_s'] / b['card_s']:.3f} | {t['card_wall'] / b['card_wall']:.2f} | "
+          f"{t['first'] / b['first']:.2f} | {t['inc'] / b['inc']:.2f} | | {t['inc_no_card'] / b['inc_no_card']:.2f} | | |")
+    print("\nCPU seconds (user + system of each process: less noisy than wall time on a shared machine):\n")
+    print("| checkout | the card's process | first build | +1 input | +1 with --no-card |")
+    print("|---|---:|---:|---:|---:|")
+    for side, m in med.items():
+        print(f"| {side} | {m['card_cpu']:.2f} | {m['first_cpu']:.2f} | {m['inc_cpu']:.2f} | {m['inc_no_card_cpu']:.2f} |")
+    print(f"| this ÷ base | {t['card_cpu'] / b['card_cpu']:.2f} | {t['first_cpu'] / b['first_cpu']:.2f} | "
+          f"{t['inc_cpu'] / b['inc_cpu']:.2f} | {t['inc_no_card_cpu'] / b['inc_no_card_cpu']:.2f} |")
+    print("\nall rounds: " + json.dumps(res))
 
 
 def main() -> None:
@@ -100,9 +214,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=None, help="--workers for the builds (default: the command's)")
     ap.add_argument("--core-only", action="store_true", help="only --no-prefect")
+    ap.add_argument("--incremental", type=Path, metavar="DIR",
+                    help="a directory of Parquet inputs: the card alone, a first build and +1 input, as commands")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-card-"))
     trees = {"this": ROOT, "base": args.baseline.resolve()}
+    if args.incremental:
+        try:
+            incremental(trees, args.incremental, args.rounds, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     homes = {side: work / f"home-{side}" for side in trees}
     extra = ["--workers", str(args.workers)] if args.workers else []
     modes = {"core": ["--no-prefect"]} if args.core_only else {"flow": [], "core": ["--no-prefect"]}

@@ -15,7 +15,7 @@ Reported: per round and as medians, each side's wall and CPU seconds; the
 cost of collecting the statistics, ``median(stats) / median(off) - 1``
 (target: under 5%), and with the card; inside the builds, the time
 the stats-card stage spends merging the statistics into stats.json and drawing the
-card (matplotlib's import and three PNGs: a fixed cost, whatever the corpus
+card (three PNGs, drawn with Pillow: a small fixed cost, whatever the corpus
 size, beside the shard jobs), plus finalize's card text; and that the builds wrote
 stats.json and the card's PNGs. On a shared machine wall times are
 noisy: use several rounds.

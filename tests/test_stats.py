@@ -206,7 +206,7 @@ def test_one_and_two_workers_draw_the_same_card(one_worker, two_workers):
 
 
 @pytest.mark.slow
-def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker, monkeypatch):
+def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_path, one_worker):
     src = tmp_path / "src"
     src.mkdir()
     for p in corpus[:2]:
@@ -225,17 +225,14 @@ def test_an_incremental_version_has_the_statistics_of_a_full_build(corpus, tmp_p
     card = (v2.directory / "card" / "README.md").read_text()
     assert f"## Against the parent, {v1.ref}" in card and f"| {corpus[2].name} | added |" in card
     assert _png_size(v2.directory / "card" / "parent.png") > 1000
-    # Its two-axes plot too is where matplotlib's automatic title placement would put the titles.
+    # Drawn again from stats.json and the parent's (as `shardflow card` does): the same bytes.
     import shardflow.card as card_module
-    import shardflow.card_plots as card_plots
 
     redrawn = tmp_path / "redrawn"
     redrawn.mkdir()
     shutil.copy(v2.directory / "stats.json", redrawn)
-    monkeypatch.setattr(card_plots, "_TITLE_Y", None)
     card_module.draw_plots(redrawn, m2, parent=v1.directory, parent_ref=v1.ref)
     assert (redrawn / "card" / "parent.png").read_bytes() == (v2.directory / "card" / "parent.png").read_bytes()
-    monkeypatch.undo()
 
     # shardflow diff on the parent and the child.
     code, out = _cli("diff", v1.ref, v2.ref, "--catalog", str(v2.catalog))
@@ -310,22 +307,6 @@ def test_a_byte_fragment_token_is_shown_escaped_once_in_show_and_the_card(one_wo
     assert "most frequent: '\\x9d' " in "\n".join(summary_lines(stats))
     card = write_card_text(tmp_path, read_manifest(one_worker.directory), {}).read_text()
     assert "| `'\\x9d'` |" in card and "\\\\x9d" not in card
-
-
-def test_titles_placed_by_hand_are_where_matplotlib_would_place_them(one_worker, tmp_path, monkeypatch):
-    # The card names its titles' place (shardflow.card_plots._TITLE_Y) to skip matplotlib's automatic
-    # placement; drawn with that placement instead, every PNG has the same bytes.
-    import shardflow.card as card_module
-    import shardflow.card_plots as card_plots
-
-    directory = tmp_path / "redrawn"
-    directory.mkdir()
-    shutil.copy(one_worker.directory / "stats.json", directory)
-    monkeypatch.setattr(card_plots, "_TITLE_Y", None)
-    plots = card_module.draw_plots(directory, read_manifest(one_worker.directory))
-    assert sorted(name for name, drawn in plots.items() if drawn) == ["lengths.png", "shard_fill.png", "tokens_by_source.png"]
-    for name in plots:
-        assert (directory / "card" / name).read_bytes() == (one_worker.directory / "card" / name).read_bytes(), name
 
 
 def test_show_prints_the_histogram_and_top_sources_and_the_card_path(one_worker):

@@ -11,8 +11,10 @@ and PNGs linked by relative paths:
     card/shard_fill.png        tokens per shard against the shard size
     card/parent.png            documents added/removed per input, and the length distributions overlaid
 
-The plots (drawn by ``card_plots.py``, in the process that runs the stage) need matplotlib
-(part of ``pip install 'shardflow[pipeline]'``); the same statistics give the same bytes.
+The plots are laid out by ``card_plots.py`` and drawn by ``card_draw.py`` with Pillow, in
+matplotlib's look and its DejaVu Sans font, without importing matplotlib: about 0.1 s for the
+four in a fresh process, where matplotlib took a second (docs/PERFORMANCE.md). Both come with
+matplotlib (part of ``pip install 'shardflow[pipeline]'``); the same statistics give the same bytes.
 Without matplotlib the card is text only and says how to get the plots. A build with
 ``BuildConfig.card`` False (``--no-card``) writes no card at all (``stats.json`` still).
 """
