@@ -37,7 +37,9 @@ through ``PYTHONPATH``), the two alternating (A B, then B A, ...), on the
   and its ratio to the raw rate of the same round;
 * with ``--incremental``: a build of all inputs but the last (sorted by name), then, in the same
   data root and catalog, of all of them (the first build is its parent), against the round's
-  first build of all inputs: incremental seconds / first-build seconds.
+  first build of all inputs: incremental seconds / first-build seconds;
+* with ``--phases``: each stage of the tree's own table timed in turn in one process (as without
+  ``--compare-with``: its jobs on 2 threads, the background stage in its place), a table per corpus.
 
 It prints the medians over the rounds as a table and, last, one JSON line with every figure.
 """
@@ -98,25 +100,28 @@ print(json.dumps({"tokens": m.totals["tokens"], "documents": m.totals["documents
 # Each stage of the build's table in turn (whatever the stages are: this script also times other trees),
 # its jobs on 2 threads; a background stage (stats-card) runs in its place here.
 PHASES = r"""
-import json, sys, time
+import json, resource, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from shardflow import pipeline as b
 from shardflow.config import BuildConfig
 corpus, out = sys.argv[1], sys.argv[2]
-t = {}
-t0 = time.perf_counter()
+t, cpu = {}, {}
+def used():  # CPU seconds of this process, every thread
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0, c0 = time.perf_counter(), used()
 plan = b.plan_build(BuildConfig(name="bench", sources=(corpus,)), data_root=out + "/data", catalog=out + "/manifests")
-t["plan (fingerprint inputs)"] = time.perf_counter() - t0
+t["plan (fingerprint inputs)"], cpu["plan (fingerprint inputs)"] = time.perf_counter() - t0, used() - c0
 done = {}
 for stage in b.STAGES:
     if not stage.when(plan):
         continue
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), used()
     with ThreadPoolExecutor(2) as pool:
         done[stage.name] = list(pool.map(lambda job: stage(plan, *job), stage.jobs(plan, done)))
-    t[stage.name] = time.perf_counter() - t0
+    t[stage.name], cpu[stage.name] = time.perf_counter() - t0, used() - c0
 tokens = sum(getattr(r, "tokens", 0) for r in next(iter(done.values())))  # the first stage tokenizes
-print(json.dumps({"tokens": tokens, "phases": t}))
+print(json.dumps({"tokens": tokens, "phases": t, "cpu": cpu}))
 """
 
 CEILING = r"""
@@ -253,8 +258,9 @@ def _rate(r: dict) -> float:
     return r["tokens"] / r["seconds"]
 
 
-def one_round(tree: Path, corpus: Path, work: Path, incremental: bool) -> dict:
-    """Raw rate, core build and (optionally) the incremental pair of one tree on one corpus, each a fresh process."""
+def one_round(tree: Path, corpus: Path, work: Path, incremental: bool, phases: bool = False) -> dict:
+    """Raw rate, core build and (optionally) the incremental pair and the stages' times of one tree on one corpus,
+    each a fresh process."""
     raws = [run_py(RAW, str(corpus), "gigatoken", str(rows), tree=tree) for rows in (4096, 10**9)]
     raw = max(raws, key=_rate)
     out = Path(tempfile.mkdtemp(prefix="core-", dir=work))
@@ -283,11 +289,17 @@ def one_round(tree: Path, corpus: Path, work: Path, incremental: bool) -> dict:
         if inc["reused_inputs"] != len(files) - 1:
             print(f"  WARNING: the incremental build reused {inc['reused_inputs']} of {len(files) - 1} inputs",
                   flush=True)
+    if phases:  # "stage:NAME" (wall) and "cpu:NAME" keys: the tree's own stages (another tree may have others)
+        out = Path(tempfile.mkdtemp(prefix="phases-", dir=work))
+        timed = run_py(PHASES, str(corpus), str(out), tree=tree)
+        row.update({f"stage:{k}": v for k, v in timed["phases"].items()})
+        row.update({f"cpu:{k}": v for k, v in timed.get("cpu", {}).items()})
+        shutil.rmtree(out, ignore_errors=True)
     return row
 
 
 def measure(trees: dict[str, Path], corpora: dict[str, Path], work: Path, rounds: int, incremental: bool,
-            baseline_ref: str | None = None) -> dict:
+            baseline_ref: str | None = None, phases: bool = False) -> dict:
     """Every tree on every corpus, ``rounds`` times, the trees' order alternating per round; medians."""
     runs: dict[str, dict[str, list[dict]]] = {c: {t: [] for t in trees} for c in corpora}
     print(f"cores: {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}", flush=True)
@@ -295,7 +307,7 @@ def measure(trees: dict[str, Path], corpora: dict[str, Path], work: Path, rounds
         order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
         for cname, corpus in corpora.items():
             for label, tree in order:
-                row = one_round(tree, corpus, work, incremental)
+                row = one_round(tree, corpus, work, incremental, phases)
                 runs[cname][label].append(row)
                 inc = (f", incremental {row['incremental_s']:.2f} s ({row['incremental_ratio']:.3f} of the first build)"
                        if incremental else "")
@@ -337,6 +349,20 @@ def report(summary: dict, incremental: bool) -> None:
             print(line)
             if not e["raw_tokens_agree"]:
                 print(f"  WARNING: {label} on {cname}: raw tokens + documents != built tokens")
+    for cname, entry in summary["corpora"].items():
+        stages = list(dict.fromkeys(k for label in labels for k in entry[label] if k.startswith("stage:")))
+        if stages:
+            print(f"\n{cname}: each stage in turn, one process (medians over the rounds; wall s, then CPU s of every "
+                  "thread)\n\n| stage | " + " | ".join(f"{label} wall | {label} CPU" for label in labels) + " |\n|---|"
+                  + "---:|---:|" * len(labels))
+            for k in [*stages, None]:
+                cells = []
+                for label in labels:
+                    for kind in ("stage:", "cpu:"):
+                        e = entry[label]
+                        cells.append(sum(v for key, v in e.items() if key.startswith(kind)) if k is None
+                                     else e.get(kind + k[6:]))
+                print(f"| {'sum of the medians' if k is None else k[6:]} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + " |")
     if len(labels) == 2:
         a, b = labels
         for cname, entry in summary["corpora"].items():
@@ -360,6 +386,8 @@ def main() -> None:
     ap.add_argument("--realistic-mb", type=float, default=300, help="its size, when it is made")
     ap.add_argument("--incremental", action="store_true",
                     help="also time the build of all inputs but the last, then of all (incremental) against a first build")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --compare-with, --realistic or --incremental: also time each stage in turn, per round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds with --compare-with, --realistic or --incremental")
     args = ap.parse_args()
@@ -379,7 +407,8 @@ def main() -> None:
             # Labelled "baseline", not by its commit: the tables go into docs, which name no commit of ours.
             trees["baseline"] = baseline_tree(args.compare_with, work)
             print(f"baseline: {args.compare_with} ({trees['baseline']})", flush=True)
-        report(measure(trees, corpora, work, args.rounds, args.incremental, args.compare_with), args.incremental)
+        report(measure(trees, corpora, work, args.rounds, args.incremental, args.compare_with, args.phases),
+               args.incremental)
         return
     # Same size of file as the big corpus (1000 MB / 16 files), so peak memory compares like with like.
     small = make_corpus(work / f"corpus-{args.small_mb}mb", args.small_mb, max(1, round(args.small_mb * 16 / args.mb)))

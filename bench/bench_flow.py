@@ -216,7 +216,8 @@ def timeline(server: Server, name: str, wall_start: float, wall_end: float) -> d
 
 
 def tail(server: Server, name: str) -> dict[str, float]:
-    """Of the latest ``build NAME`` flow run: from the last validate-shard task run's end to finalize's
+    """Of the latest ``build NAME`` flow run: from the last shard job's task run's end (write-shard; validate-shard in
+    a tree that still reads each shard back) to finalize's
     (the ``validate NAME`` task run) end, which holds any wait for the card; finalize itself; the
     ``stats-card`` task run (none in a checkout without the stage) and how much of it ran after the shards."""
     runs = server.request("POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": [f"build {name}"]}},
@@ -228,7 +229,7 @@ def tail(server: Server, name: str) -> dict[str, float]:
             break
         time.sleep(0.25)
     by_name = {t["name"]: (_ts(t["start_time"]), _ts(t["end_time"])) for t in tasks}
-    checks = [e for n, (_, e) in by_name.items() if n.startswith(f"validate {name} ") and " shard " in n]
+    checks = [e for n, (_, e) in by_name.items() if n.startswith((f"validate {name} ", f"write {name} ")) and " shard " in n]
     last_check = max(checks) if checks else by_name[f"layout {name}"][1]
     f0, f1 = by_name[f"validate {name}"]
     out = {"after_shards": f1 - last_check, "finalize": f1 - f0}
@@ -452,7 +453,8 @@ def main() -> None:
           f"against the core's stages in one process:\n")
     print("| segment | flow (s) | busy slots | core (s) |")
     print("|---|---:|---:|---:|")
-    # The flow's "validate" segment holds the validate-shard task runs and finalize (both named "validate ...").
+    # The flow's "validate" segment holds finalize and, in a tree that has them, the validate-shard task runs (both
+    # named "validate ...").
     core_stages["validate"] = core_stages.get("validate-shard", 0.0) + core_stages.get("validate", 0.0)
     core_of = {"plan": "plan", "tokenize": "tokenize-unit", "layout": "layout", "write": "write-shard",
                "validate": "validate", "publish": "publish"}

@@ -42,7 +42,8 @@ evenly, a stage starts when the one before it ends, as in ``run_stages``):
 * write-shard: ``ceil(train shards / N)`` hard links at the measured seconds
   per link; the gathered val shards copied, each from one val piece per unit,
   at the sweep's seconds per piece and per token;
-* validate-shard: ``ceil(shards / N)`` shards per worker at the measured rate.
+* validate-shard (measurements of a tree that read every shard back): ``ceil(shards / N)`` shards per worker
+  at the measured rate; none in a measurement without the stage (shards checked as they are written).
 
 Memory on the flow's machine at 10 TB: a process that has imported the
 Prefect flow (measured), the loaded tokenizer (measured), the plan held in
@@ -101,7 +102,8 @@ def main(path: str) -> None:
     stored_ratio = r["corpus"]["parquet_bytes"] / (text_mb_measured * 2**20)
     text_rate = text_mb_measured / st["tokenize-unit"]["work_s"]  # MiB of text per core-second
     tokens_per_mb = one["tokens"] / text_mb_measured
-    validate_rate = one["tokens"] / st["validate-shard"]["work_s"]
+    # A measurement without validate-shard (shards checked as they are written): no such time.
+    validate_rate = one["tokens"] / st["validate-shard"]["work_s"] if "validate-shard" in st else math.inf
     tokens_per_doc = one["tokens"] / one["documents"]
     link_s = fit["link_s_per_train_shard"]
     copy_per_piece = max(0.0, fit["val_copy_s"]["per_pieces"])

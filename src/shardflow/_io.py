@@ -16,7 +16,7 @@ from typing import Any
 
 from .faults import fault
 
-__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES", "NPY_LOCK", "load_npy"]
+__all__ = ["safe_load_yaml", "atomic_write_bytes", "atomic_write_text", "sha256_file", "file_identity", "fsync_dir", "tmp_path_for", "remove_quietly", "is_stale_tmp", "start_writeback", "WRITEBACK_MIN_BYTES", "NPY_LOCK", "load_npy"]
 
 def safe_load_yaml(text: str) -> Any:
     """Parse YAML with a *safe* loader only: libyaml's when available (several times
@@ -162,6 +162,15 @@ def remove_quietly(path: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """``atomic_write_bytes`` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def file_identity(path: Path | str) -> tuple[int, int, int]:
+    """``(bytes, inode, mtime_ns)`` of the file at ``path`` itself (``lstat``: a symlink is not followed).
+
+    What tells, without reading it, that a file is still the one a record describes: a file written to since
+    has another mtime, one replaced another inode (the record of a version's files at publish is the same)."""
+    st = os.lstat(path)
+    return st.st_size, st.st_ino, st.st_mtime_ns
 
 
 def sha256_file(path: Path) -> str:

@@ -45,7 +45,7 @@ POINTS: dict[str, str] = {
     "shard-linked": "write_shard: after a shard is hard-linked from the parent version, before its .bos.idx",
     "card-plot": "draw_plots: after each PNG of the dataset card is in place (the stats-card stage, or finalize)",
     "finalize-manifest": "finalize: after the staged manifest is written, before validation",
-    "validate": "validation: at the start of every shard's check",
+    "validate": "validation: at the start of every shard's check (a build's finalize: its record against its files)",
     "finalize-done": "finalize: after validation passed",
     "publish-stamped": "publish: after the version is stamped into the manifest, before the rename",
     "publish-renamed": "publish: after the rename into the data root, before the catalog entry",

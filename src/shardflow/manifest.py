@@ -14,17 +14,18 @@ type-checked against the schema, and a bad one is refused with one message
 naming the file and the field. A schema version this code does not know is
 refused by name.
 
-Schema 2 (this code writes it) keeps each split's shards in their own
-directory (``train/``, ``val/``) and the embeddings in ``embeddings/``, so the
-manifest's file names are ``SPLIT/FILE``; schema 1 versions (every file flat
-in the version directory) are still read, validated and reused as parents.
+Schema 3 (this code writes it) keeps each split's shards in their own
+directory (``train/``, ``val/``), of whole documents, and the embeddings in
+``embeddings/``, so the manifest's file names are ``SPLIT/FILE``; a version of
+more than ``SHARD_TABLE_ABOVE`` shards is written as schema 4, schema 3 with
+its shards listed in a shard table beside the manifest (``shardflow.shard_table``).
+Schema 1 and 2 versions (every file flat in the version directory; shards cut
+across documents) are still read, validated and reused as parents.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -35,9 +36,11 @@ from ._io import atomic_write_text
 from ._yaml import YamlRefused, YamlRepeated, describe_yaml_error, load_yaml_file
 from .errors import ManifestError
 from .shard_table import TABLE_SCHEMA_VERSION, read_table, tabled_yaml
+from .version_paths import check_relative_file, joined_file, shown as _shown, version_file
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SHARD_TABLE_ABOVE",
     "TABLE_SCHEMA_VERSION",
     "READABLE_SCHEMA_VERSIONS",
     "MANIFEST_NAME",
@@ -50,11 +53,18 @@ __all__ = [
     "boundary_tokens",
     "read_manifest",
     "write_manifest",
+    "shard_table_wanted",
     "version_file",
     "joined_file",
 ]
 
 SCHEMA_VERSION = 3
+"""The schema of the versions this code builds (one directory per split, shards of whole documents); a manifest
+is written as schema 4 (``TABLE_SCHEMA_VERSION``: 3, its shards in ``shards.tsv``) exactly when it has a table."""
+SHARD_TABLE_ABOVE = 500
+"""Builds list the shards of a version of more than this many (all splits) in a shard table: ``read_manifest`` of
+YAML took 0.07-0.08 s at 500 shards, 0.15-0.21 s at 1,000, about 5 s at 35,000; with a table 0.01 s at 500
+(median of 7, warm). Smaller versions keep their one-file manifest, byte for byte as before."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 """1: every file flat in the version directory; 2: one directory per split, ``embeddings/``; 3: shards of whole documents,
 of any size up to ``shard_tokens``, each input's own shards listed in its entry; 4: 3, the shards in ``shard_table``."""
@@ -64,7 +74,6 @@ MAX_MANIFEST_BYTES = 256 << 20
 UNIQUE_FILES = (("splits", "*", "shards", "*", "file"),)
 """Where a manifest names its shard files: each at most once, refused at its second listing while parsing."""
 TOKEN_DTYPES = ("uint16", "uint32")
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
 EMBEDDINGS_DIR = "embeddings"
 """The directory of a schema-2 version holding its embedding files, apart from every split's shards."""
 
@@ -73,11 +82,6 @@ def _require(d: dict[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise ManifestError(f"{where}: missing field {key!r}")
     return d[key]
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _kind(value: Any, what: str, key: str, where: str) -> ManifestError:
@@ -112,60 +116,6 @@ def _list_of(value: Any, item: type, what: str, key: str, where: str) -> list[An
     if not isinstance(value, list) or not all(isinstance(x, item) for x in value):
         raise _kind(value, what, key, where)
     return value
-
-
-def check_relative_file(name: Any, where: str) -> str:
-    """A file inside the version directory: ``FILE`` or ``DIR/FILE`` (schema 2's split directories).
-
-    No absolute paths, no '..', no backslashes, at most one directory level. Text only: no filesystem call.
-    """
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"{where}: file name {_shown(name)} is not a string")
-    if _CONTROL.search(name):
-        raise ManifestError(f"{where}: file name {_shown(name)} holds a control character (NUL, newline...); "
-                            "restore the file or rebuild the version")
-    parts = name.split("/")
-    if "\\" in name or os.path.isabs(name) or len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
-        raise ManifestError(
-            f"{where}: file {name!r} escapes the version directory; shard paths must be plain file names "
-            "or SPLIT/FILE"
-        )
-    return name
-
-
-def joined_file(directory: Path, name: Any, what: str) -> Path:
-    """``directory / name`` after ``version_file``'s text checks (``what``: the field), with no filesystem call: whoever
-    opens the file checks it for symlinks out of the version (``version_file``, ``ShardSet`` at first map)."""
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"{directory}: {what} names {_shown(name)}, not a file name; restore the file or rebuild the version")
-    parts = name.split("/")
-    if _CONTROL.search(name) or "\\" in name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
-        raise ManifestError(
-            f"{directory}: {what} names {name!r}, which is not a relative path inside the version directory; "
-            "restore the manifest or rebuild the version"
-        )
-    return directory / name
-
-
-def version_file(directory: Path | str, name: Any, what: str) -> Path:
-    """The one confinement check for every path a manifest names: ``directory / name``, inside the version.
-
-    ``name`` must be relative, without ``..``, ``.``, empty parts, backslashes or
-    control characters (``what`` says which field it came from: ``joined_file``), and the path,
-    symlinks resolved, must lie inside the version directory, itself resolved: a
-    symlinked data root, or a user's link *to* a version directory, keeps working,
-    but a shard, a split directory or a tokenizer file linked outside the version
-    is refused. Raises ``ManifestError`` naming the path and the field.
-    """
-    path = joined_file(Path(directory), name, what)
-    root = os.path.realpath(directory)
-    real = os.path.realpath(path)
-    if os.path.commonpath([root, real]) != root:
-        raise ManifestError(
-            f"{path}: {what} resolves to {real}, outside the version directory {root} (through a symlink); "
-            "a version's files must be inside it: restore the file or rebuild the version"
-        )
-    return path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -488,9 +438,18 @@ def _repeated_shard(path: Path, file: str, where: str) -> str:
     )
 
 
+def shard_table_wanted(manifest: Manifest) -> bool:
+    """Whether a build writes ``manifest`` with a shard table (schema 4): a version of shards of whole documents
+    (schema 3 and later; a schema-2 parent's embedding keeps its shards in the YAML) of more than
+    ``SHARD_TABLE_ABOVE`` shards, all splits together. Read at each call, so a test may lower the constant."""
+    shards = sum(len(s.shards) for s in manifest.splits.values())
+    return manifest.schema_version >= SCHEMA_VERSION and shards > SHARD_TABLE_ABOVE
+
+
 def write_manifest(directory: Path, manifest: Manifest, *, shard_table: bool | None = None) -> Path:
     """Write ``metadata.yaml`` atomically into ``directory``; returns its path. ``shard_table``: list the shards
-    in a table beside it (schema 4, ``shardflow.shard_table``); None: as the manifest was read (with one or not)."""
+    in a table beside it (schema 4, ``shardflow.shard_table``; builds ask for one where ``shard_table_wanted``);
+    None: as the manifest was read (with one or not)."""
     path = Path(directory) / MANIFEST_NAME
     if shard_table or (shard_table is None and manifest.shard_table is not None):
         atomic_write_text(path, tabled_yaml(Path(directory), manifest.to_dict()))

@@ -12,8 +12,9 @@ mappings (as the YAML holds them) and back; ``shardflow.manifest`` reads them in
 (``ShardEntry.from_dict``: file names checked there, as for every manifest), from ``read_manifest``
 and ``write_manifest``.
 
-A manifest is written with a table only when asked (``write_manifest(..., shard_table=True)``), or when
-the manifest it was read from had one (publishing rewrites it, and keeps the table). Byte layout:
+A manifest is written with a table when asked (``write_manifest(..., shard_table=True)``), as builds ask for
+a version of more than ``manifest.SHARD_TABLE_ABOVE`` shards (``manifest.shard_table_wanted``), or when the
+manifest it was read from had one (publishing rewrites it, and keeps the table). Byte layout:
 docs/FORMAT.md ("The shard table").
 """
 

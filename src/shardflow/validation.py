@@ -23,8 +23,10 @@ Shards are scanned in bounded blocks, so memory does not grow with shard size.
 One shard's checks (``validate_shard_entry``) need its manifest entry and a
 ``ShardContext`` (the version's facts), not the whole manifest. A schema-3 shard
 holds whole documents and is checked from its own files; only schemas 1 and 2
-read a neighbour's edge token. A build's validate-shard job reads no other shard
-and no neighbour's record (``pipeline/check.py``).
+read a neighbour's edge token. The checks of the tokens against the index are
+``shard_checks.ShardScan``'s, which a build runs on the arrays as it writes each
+shard (``pipeline/check.py``), so that a build reads no shard back: this is the
+full re-read, for ``shardflow validate`` and whoever wants it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .faults import fault
 from .formats import ShardFormat, bosidx, get_format
 from .manifest_files import refuse_repeated_shards
 from .manifest import Manifest, ShardEntry, read_manifest, version_file
+from .shard_checks import ShardContext, ShardScan
 from .shardset import ShardSet
 from .stats import stats_problems
 
@@ -98,72 +101,6 @@ def _shard_set(directory: Path, manifest: Manifest, split: str) -> ShardSet:
         _recent_sets.clear()
     _recent_sets[key] = (manifest, shards)
     return shards
-
-
-def _nothing() -> int | None:
-    return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardContext:
-    """What validating one shard needs besides its own manifest entry: the version's facts, and for shards cut
-    across documents (schemas 1 and 2) lookups of the two neighbours' edge tokens.
-
-    Built from a manifest (``of_manifest``) or, by a build's validate-shard job, from its plan alone
-    (``pipeline/check.shard_context``: ``whole_documents``, no lookups). The lookups are called only for
-    schemas 1 and 2, when a check needs them, and may raise ``ValidationError``, ``OSError`` or ``ValueError``
-    when that shard cannot be read (then reported on its own): the check then trusts the index.
-    """
-
-    format_name: str
-    dtype: str
-    vocab_size: int
-    boundary: int
-    """The manifest's ``boundary.token_id``: the BOS (placements ``bos``, ``both``) or the EOS (``eos``)."""
-    placement: str
-    bos_id: int | None
-    eos_id: int | None
-    previous_last: Callable[[], int | None] = _nothing
-    """The last token of the shard before this one (None when it is empty); asked only with EOS placement, k > 0."""
-    next_first: Callable[[], int | None] = _nothing
-    """The first token after this shard in its split (None at the split's end); asked only with placement
-    ``both`` and one token as BOS and EOS, when the shard ends with it."""
-    whole_documents: bool = True
-    """Every shard holds whole documents (manifest schema 3): its first token starts one. False for
-    versions of schemas 1 and 2, whose shards were cut across documents."""
-
-    @classmethod
-    def of_manifest(
-        cls,
-        manifest: Manifest,
-        *,
-        previous_last: Callable[[], int | None] = _nothing,
-        next_first: Callable[[], int | None] = _nothing,
-    ) -> "ShardContext":
-        placement, bos, eos = manifest.boundary_tokens
-        return cls(
-            format_name=manifest.format_name,
-            dtype=manifest.dtype,
-            vocab_size=int(manifest.tokenized_info["vocab_size"]),
-            boundary=int(manifest.boundary["token_id"]),
-            placement=placement,
-            bos_id=None if bos is None else bos[1],
-            eos_id=None if eos is None else eos[1],
-            previous_last=previous_last,
-            next_first=next_first,
-            whole_documents=manifest.schema_version >= 3,
-        )
-
-    def edge_token(self, directory: Path, entry: ShardEntry, *, last: bool, what: str) -> int | None:
-        """The first (or last) token id of the shard ``entry`` describes (``what``: which, for messages),
-        None when it is empty; reads one page and keeps no map."""
-        if entry.tokens == 0:
-            return None
-        path = version_file(directory, entry.file, what)
-        tokens = get_format(self.format_name).open(path, np.dtype(self.dtype).newbyteorder("<"))
-        if len(tokens) != entry.tokens:
-            raise ValidationError(f"{path}: {len(tokens)} tokens, but {entry.tokens} were expected when it was opened")
-        return int(tokens[-1 if last else 0])
 
 
 def _next_first(shards: ShardSet, k: int) -> int | None:
@@ -229,26 +166,13 @@ def validate_shard_entry(
     if len(starts) != entry.documents:
         problems.append(f"{idx_path}: {len(starts)} entries, but the manifest says {entry.documents} documents start in {entry.file}")
     problems.extend(_sidecar_problems(directory, fmt, path, entry, len(tokens), dtype, starts, checksums=checksums))
-    if ctx.whole_documents and len(tokens) and (not len(starts) or starts[0] != 0):
-        problems.append(
-            f"{idx_path}: {entry.file} does not begin with a document (its index does not start with 0), but shards "
-            "of manifest schema 3 hold whole documents; the shard or its index was changed, or cut by other software"
-        )
-    vocab = ctx.vocab_size
-    boundary = ctx.boundary
-    placement, bos_id, eos_id = ctx.placement, ctx.bos_id, ctx.eos_id
-    # With EOS placement token 0 starts a document when the previous shard ends with EOS.
-    # (Schema 3: every shard begins with a document, and no neighbour needs reading.)
-    first_is_start = (ctx.whole_documents or _starts_document(ctx, k)) if placement == "eos" else None
     n = len(tokens)
     header_bytes = path.stat().st_size - n * dtype.itemsize
     # One pass of plain reads through two bounded buffers (a memory map would grow resident
-    # memory): range check and boundary positions of one block while the hash of the same
-    # block runs on another core (BackgroundSha256; the buffers alternate).
+    # memory): the token checks of one block (``ShardScan``, the build's checks at write time)
+    # while the hash of the same block runs on another core (BackgroundSha256; the buffers alternate).
+    scan = ShardScan(ctx, path, idx_path, k)
     h = BackgroundSha256()
-    boundary_positions: list[np.ndarray] = []
-    eos_positions: list[np.ndarray] = []
-    last_token = None  # the shard's last token id (None when it has none)
     size = min(_BLOCK, max(n, 1))
     buffers = (np.empty(size, dtype=dtype), np.empty(size, dtype=dtype))
     with open(path, "rb") as f:
@@ -262,98 +186,17 @@ def validate_shard_entry(
             if f.readinto(view) != len(view):
                 return problems + [f"{path}: ended early while reading token {lo}"]
             h.update(view)
-            block = buf[:count]
-            top = int(block.max())
-            if top >= vocab:
-                at = lo + int(np.argmax(block))
-                return problems + [f"{path}: token {at} is id {top}, not below the vocabulary size {vocab}"]
-            boundary_positions.append(np.flatnonzero(block == boundary) + lo)
-            if placement == "both" and eos_id != bos_id:
-                eos_positions.append(np.flatnonzero(block == eos_id) + lo)
-            last_token = int(block[-1])
+            try:
+                scan.feed(buf[:count])
+            except ValidationError as exc:  # an id past the vocabulary: the rest is not read
+                return problems + [str(exc)]
             lo += count
     if checksums and h.hexdigest() != entry.sha256:
         problems.append(
             f"{path}: SHA-256 {h.hexdigest()[:16]}... does not match the manifest's {entry.sha256[:16]}...; "
             "the shard's bytes were changed"
         )
-    positions = np.concatenate(boundary_positions) if boundary_positions else np.empty(0, dtype=np.int64)
-    ends: np.ndarray | None = None  # with both: where the EOS tokens are
-    if placement == "both" and eos_id != bos_id:
-        expected = positions
-        ends = np.concatenate(eos_positions) if eos_positions else np.empty(0, dtype=np.int64)
-    elif placement == "both":
-        # One token as BOS and EOS: an occurrence is a BOS when the token after it is not
-        # that token too (documents are never empty), the next shard's first one at the end.
-        after = np.isin(positions + 1, positions)
-        if len(positions) and positions[-1] == n - 1:
-            after[-1] = ctx.whole_documents or _next_token(ctx) in (None, boundary)
-        expected = positions[~after]
-        ends = positions[after]
-    elif placement == "bos":
-        expected = positions
-    else:
-        after = positions + 1
-        expected = after[after < n]
-        first = first_is_start
-        if first is None:  # the previous shard is unreadable (reported on its own): trust the index
-            first = bool(len(starts)) and starts[0] == 0
-        if first:
-            expected = np.concatenate(([0], expected))
-    if ctx.whole_documents and n and placement != "bos" and last_token != eos_id:
-        problems.append(
-            f"{path}: its last token is {last_token}, not the EOS token {eos_id}: its last document is cut short, "
-            "but shards of manifest schema 3 hold whole documents"
-        )
-    if len(expected) != len(starts) or not np.array_equal(expected, starts):
-        missing = np.setdiff1d(expected, starts)
-        extra = np.setdiff1d(starts, expected)
-        what = "BOS" if placement == "both" else placement.upper()
-        if len(extra):
-            problems.append(
-                f"{idx_path}: entry {int(np.searchsorted(starts, extra[0]))} points at token {int(extra[0])}, "
-                f"which is not a document start ({what} token {boundary} expected)"
-            )
-        if len(missing):
-            problems.append(
-                f"{path}: the document starting at token {int(missing[0])} has no entry in {idx_path.name} "
-                f"({len(missing)} unindexed)"
-            )
-    if ends is not None:
-        # Both placements: the token before every document start inside the shard closes the previous one.
-        inner = starts[starts > 0].astype(np.int64)
-        open_docs = np.setdiff1d(inner - 1, ends)
-        if len(open_docs):
-            at = int(open_docs[0]) + 1
-            problems.append(
-                f"{idx_path}: entry {int(np.searchsorted(starts, at))} points at token {at}, but token {at - 1} "
-                f"before it is not the EOS token {eos_id} (placement both: BOS + ids + EOS)"
-            )
-        unclosed = np.setdiff1d(ends[ends + 1 < n] + 1, starts)
-        if len(unclosed) and not len(open_docs):
-            problems.append(
-                f"{path}: the EOS token at {int(unclosed[0])} is not followed by a document start in {idx_path.name}"
-            )
-    return problems
-
-
-def _starts_document(ctx: ShardContext, k: int) -> bool | None:
-    """With EOS placement: whether shard ``k`` begins a document (None when the shard before cannot be read)."""
-    if k == 0:
-        return True
-    try:
-        last = ctx.previous_last()
-    except (ValidationError, OSError, ValueError):
-        return None
-    return last is not None and last == ctx.boundary
-
-
-def _next_token(ctx: ShardContext) -> int | None:
-    """The first token after the shard in its split (None at the split's end or when unreadable)."""
-    try:
-        return ctx.next_first()
-    except (ValidationError, OSError, ValueError):
-        return None
+    return problems + scan.problems(starts)
 
 
 def _sidecar_problems(
@@ -430,7 +273,7 @@ def validate_dir(
     """Validate a version directory; raises ``ValidationError`` listing every problem.
 
     ``shards=False`` leaves out the per-shard checks (``validate_shard``), for a
-    build whose shards were each validated by a job of their own (``pipeline/check.py``). ``workers`` shards
+    build whose shards were each checked as they were written (``pipeline/check.py``). ``workers`` shards
     are checked at once (default: up to 4, the cores'); ``progress(shards, bytes)``, given, is called once with
     the totals and returns what is told of each shard's bytes as it is checked.
 

@@ -1,4 +1,5 @@
-"""Validating N shards reads O(N) records: each validate-shard job a constant number, whatever N.
+"""Writing and checking N shards reads O(N) records: each write-shard job (which checks its shard as it is
+written, ``pipeline/check.py``) a constant number, whatever N, and finalize O(N).
 
 Records are the stages' JSON files in the staging directory (``parts/unit-N.json``,
 ``layout/SPLIT-K.shard.json``, ``layout.json``, ...). They are counted as they are
@@ -9,7 +10,7 @@ would read more records at 16 shards than at 4, and N such jobs N² in all.
 
 Also here: with one token as BOS and EOS (placement ``both``), a shard that ends
 with a document's BOS is told from one that ends with an EOS by the next shard's
-first token, which the job reads from that shard, not from another one.
+first token, which is read from that shard, not from another one.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _build_counting(tmp_path: Path, shards: int, boundary: str) -> dict[str, Any
     finalize_reads: list[str] = []
 
     def run_jobs(stage: Any, jobs: Any) -> list[Any]:
-        if stage.name == "validate-shard":
+        if stage.name == "write-shard":
             results = []
             for job in jobs:
                 with opened(plan.staging) as seen:  # as the driver runs a job: its done check, then the job
@@ -109,15 +110,15 @@ def _build_counting(tmp_path: Path, shards: int, boundary: str) -> dict[str, Any
 
 @pytest.mark.slow
 @pytest.mark.parametrize("boundary", ["eos", "both"])
-def test_each_validate_shard_job_reads_a_constant_number_of_records(tmp_path, boundary):
+def test_each_write_shard_job_reads_a_constant_number_of_records(tmp_path, boundary):
     small = _build_counting(tmp_path / "small", 4, boundary)
     large = _build_counting(tmp_path / "large", 16, boundary)
     # Shards of whole documents: about 4 and 16 (a shard is cut before the document that would pass the bound).
     n_small, n_large = small["shards"], large["shards"]
     assert 4 <= n_small <= 6 and 16 <= n_large <= 20
     assert len(small["per_job"]) == n_small and len(large["per_job"]) == n_large
-    # Per job: its own record (done check and run), its validation record and the layout; no neighbour's
-    # (whole documents: each shard's boundaries are checked on their own).
+    # Per job: its own record (done check and run), its unit's record and the layout; no neighbour's
+    # (whole documents: each shard's boundaries are checked on their own, as it is written).
     assert max(large["per_job"]) == max(small["per_job"]) <= 5, (small["per_job"], large["per_job"])
     assert sum(large["per_job"]) <= n_large * max(small["per_job"])  # O(N) in all
     # finalize reads each shard's records once or twice: at most 3 more reads per added shard (not N² growth).

@@ -85,7 +85,7 @@ def test_the_card_is_drawn_while_the_shards_are_written_and_without_a_worker_slo
         staging = Staging(next(p for p in (tmp_path / "data" / NAME / ".staging").iterdir() if p.is_dir()))
         layout = json.loads(staging.layout_file.read_text())
         nshards = sum(s["shards"] for s in layout["splits"].values())
-        # The one worker slot is free: the shards get written and validated while the card waits.
+        # The one worker slot is free: the shards get written and checked while the card waits.
         while len(list(staging.layout_dir.glob("*.valid.json"))) < nshards and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(list(staging.layout_dir.glob("*.valid.json"))) == nshards
@@ -221,5 +221,5 @@ def test_with_a_background_runner_the_stage_starts_after_the_layout_and_is_joine
     with build_lock(plan) as plan:
         done = run_stages(plan, run_jobs, start_jobs)
     assert done["publish"] == [f"{NAME}@v1"]
-    assert events == ["tokenize-unit", "layout", "start stats-card", "write-shard", "validate-shard",
-                      "join stats-card", "validate", "publish"]
+    assert events == ["tokenize-unit", "layout", "start stats-card", "write-shard", "join stats-card", "validate",
+                      "publish"]

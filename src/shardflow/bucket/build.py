@@ -136,9 +136,12 @@ def _take_their_manifest(places: BucketPlaces, local: Catalog, name: str, entry:
     ref, directory = f"{name}@{entry.version}", local.version_dir(entry)
     with tempfile.TemporaryDirectory(prefix="shardflow-sync-") as tmp:
         try:
+            # (Read with its shard table, if it names one, fetched and verified: ``VersionCache.load_manifest``.)
             cache, theirs = remote_version(ref, catalog=places.catalog_url, cache_dir=tmp)
             if set(named_files(theirs)) != set(named_files(read_manifest(directory))):
                 raise ShardflowError("the bucket's manifest names other files")
+            # The same files, the shard table among them (its name, size and SHA-256): this copy's table is theirs,
+            # byte for byte, so the manifest alone is replaced.
             staged = directory / f".{MANIFEST_NAME}.tmp"
             shutil.copyfile(cache.directory / MANIFEST_NAME, staged)
             os.chmod(staged, 0o444)  # read-only, as publishing leaves every file of a version
@@ -157,9 +160,9 @@ def fetch_parent(places: BucketPlaces, config: BuildConfig) -> str | None:
     the scratch has it (built here, or fetched): without it, plan with ``reuse=False`` (there is no parent to
     reuse, and nothing more to say about it).
 
-    Every file its manifest names is downloaded, verified against the manifest's SHA-256 as it arrives (the
-    manifest against the bucket catalog's entry), into ``.fetch-vN/`` beside it (a rerun after an interruption
-    keeps what was verified), then the version's directory appears at once, its manifest written last, where the
+    Every file its manifest names (its shard table too, if it has one) is downloaded, verified against the
+    manifest's SHA-256 as it arrives (the manifest against the bucket catalog's entry), into ``.fetch-vN/``
+    beside it (a rerun after an interruption keeps what was verified), then the version's directory appears at once, its manifest written last, where the
     scratch catalog (the bucket's, ``sync_catalog``) lists it. Planning then reuses it as it reuses a version
     built here, and the push copies its equal shards within the bucket. Downloading tokens costs bandwidth;
     tokenizing the text again, which it saves, costs CPU (several times longer at a tokenizer's rate).

@@ -24,7 +24,6 @@ from .._io import atomic_write_bytes
 from ..catalog import Catalog
 from ..config import BuildConfig
 from ..errors import CatalogError, ConfigError, ShardflowError
-from ..manifest import MANIFEST_NAME, read_manifest
 from ..pipeline.model import BuildPlan
 from ..pipeline.staging import Staging, build_lock, reset_staging, write_plan
 from .build import BucketPlaces, input_content
@@ -32,6 +31,7 @@ from .fs import filesystem, read_with_etag
 from .layout import CLAIM_NAME, VERSION_RE, Mirror, claim
 from .lease import Lease, wait_for_lease
 from .remote_jobs import Sends, fetch_records, read_sends, work_id, write_sends
+from .remote_manifest import bucket_manifest
 
 __all__ = ["bucket_lock", "prepare_sends", "published_version", "listed_versions", "staging_url"]
 
@@ -60,10 +60,9 @@ def published_version(places: BucketPlaces, plan: BuildPlan) -> str | None:
             return None if found is None else found.version
         ours = {(inp.relname, inp.size, f"object:{inp.identity}" if inp.identity else inp.sha256) for inp in plan.inputs}
         for entry in sorted(cat.versions(name), key=lambda v: v.created_at, reverse=True)[:3]:
-            try:
-                data = filesystem(f"{places.version_url(f'{name}@{entry.version}')}/{MANIFEST_NAME}")
-                (Path(tmp) / MANIFEST_NAME).write_bytes(data[0].cat_file(data[1]))
-                manifest = read_manifest(tmp)
+            try:  # the manifest the catalog entry records, with its shard table if it names one
+                manifest = bucket_manifest(places.version_url(f"{name}@{entry.version}"), Path(tmp) / entry.version,
+                                           sha256=entry.manifest_sha256)
             except (OSError, ShardflowError):
                 continue
             theirs = {input_content(e) for e in manifest.inputs if isinstance(e, dict)}

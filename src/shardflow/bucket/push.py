@@ -1,10 +1,10 @@
 """``shardflow push``: publish a built version to object storage, with the bucket's own catalog as the commit point.
 
 ``push_version("rv@v2", data_root_url="s3://b/data", catalog_url="s3://b/catalog")`` validates the
-version, claims its prefix (``.shardflow-push.json``), sends every file the manifest names and the
-card, ``metadata.yaml`` last, then lists the version in ``<catalog-url>/<name>.yaml`` with a
-conditional write: docs/OPERATIONS.md ("Publishing to object storage") and docs/FORMAT.md ("A
-version on a bucket").
+version, claims its prefix (``.shardflow-push.json``), sends every file the manifest names (its shard
+table, ``shards.tsv``, among them) and the card, ``metadata.yaml`` last, then lists the version in
+``<catalog-url>/<name>.yaml`` with a conditional write: docs/OPERATIONS.md ("Publishing to object
+storage") and docs/FORMAT.md ("A version on a bucket").
 
 Each upload is hashed as it streams and committed only with the manifest's SHA-256, which it carries
 as user metadata (``sha256``): an ETag is never taken for a hash. The manifest is sent only when
@@ -35,6 +35,7 @@ from ..faults import fault
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest, version_file
 from ..manifest_files import named_files
 from .fs import filesystem, put_if_absent, read_with_etag, update_object
+from .remote_manifest import bucket_manifest
 from ..validation import validate_dir
 
 __all__ = ["PushResult", "PushPlan", "push_version", "prepare_push", "plan_push", "push_files", "finish_push", "bucket_target", "BucketTarget", "CLAIM_NAME", "SHA256_METADATA"]
@@ -191,13 +192,9 @@ def _parent_files(fs: Any, mirror: Mirror, cat: Catalog, name: str, manifest: Ma
     if key.startswith("..") or posixpath.isabs(key):
         return None, {}
     local = mirror.path(key)
-    local.mkdir(parents=True, exist_ok=True)
     try:
-        data = fs.cat_file(mirror.target.url(f"{key}/{MANIFEST_NAME}"))
-        if entry.manifest_sha256 and hashlib.sha256(data).hexdigest() != entry.manifest_sha256:
-            return None, {}  # not the manifest published: nothing of it is trusted
-        (local / MANIFEST_NAME).write_bytes(data)
-        parent = read_manifest(local)
+        # The manifest published (checked against the entry: else nothing of it is trusted), and its shard table.
+        parent = bucket_manifest(mirror.target.url(key), local, sha256=entry.manifest_sha256)
         files = _manifest_files(local, parent)
     except (ShardflowError, FileNotFoundError, OSError):
         return None, {}  # a parent that cannot be read costs uploads, never correctness
@@ -377,11 +374,10 @@ def _twin_entry(fs: Any, key: str, plan: PushPlan) -> VersionEntry:
     version it lists is ours too (its creation time is the other build's); refused if it names other files."""
     data = fs.cat_file(key)
     with tempfile.TemporaryDirectory(prefix="shardflow-push-") as scratch:
-        Path(scratch, MANIFEST_NAME).write_bytes(data)
-        try:
-            theirs: Manifest | None = read_manifest(scratch)
+        try:  # (with its shard table, if it names one: the other push sent it before its manifest)
+            theirs: Manifest | None = bucket_manifest(plan.result.url, scratch, data=data)
         except ShardflowError:
-            theirs = None  # not a manifest: refused below, as one of other files
+            theirs = None  # not a manifest, or not one whose table is there: refused below, as one of other files
     ours = read_manifest(plan.directory)
     if theirs is None or theirs.build_key != ours.build_key or set(named_files(theirs)) != set(named_files(ours)):
         raise CatalogError(

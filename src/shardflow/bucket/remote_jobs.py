@@ -13,8 +13,8 @@ sends what it made to the bucket:
   staging prefix, to be cut into shards by whichever worker writes them. The unit's records (its
   counts, document table and statistics) come back to the driver by value and go to the staging
   prefix, where a rerun from any machine finds them.
-* ``write_job``: the shard is written (a piece linked, or gathered), checked (``validate_staged_shard``),
-  and sent to its final key, each file with the SHA-256 taken when it was written; then its
+* ``write_job``: the shard is written (a piece linked, or gathered) and checked as it is written (its record,
+  ``pipeline/check.py``), and sent to its final key, each file with the SHA-256 taken when it was written; then its
   records come back, and its local files are deleted. A placed shard's piece is on the worker that
   tokenized its unit (the driver asks Dask for that worker); on any other worker (that one was
   lost) the unit is tokenized again there, byte for byte the same.
@@ -49,7 +49,6 @@ from ..errors import ConfigError
 from ..formats import bosidx, get_format
 from ..formats.writer import header_bytes
 from ..manifest import MANIFEST_NAME, read_manifest
-from ..pipeline.check import validate_staged_shard
 from ..pipeline.layout import gathered_splits, read_layout
 from ..pipeline.model import BuildPlan, UnitResult
 from ..pipeline.staging import Staging, write_plan
@@ -337,8 +336,7 @@ def write_job(sends: Sends, plan: BuildPlan, split: str, k: int) -> Shipped:
 
 
 def _write_and_send(sends: Sends, here: BuildPlan, staging: Staging, split: str, k: int, used: list[Path]) -> Shipped:
-    written = write_shard(here, split, k)
-    check = validate_staged_shard(here, split, k)
+    written = write_shard(here, split, k)  # checked as it is written (pipeline/check.py): nothing is read back
     entry = written.entry
     fs, _ = filesystem(sends.version_url)
     files = [(entry.file, entry.bytes, entry.sha256), *((f.file, f.bytes, f.sha256) for f in entry.files)]
@@ -351,7 +349,7 @@ def _write_and_send(sends: Sends, here: BuildPlan, staging: Staging, split: str,
     for path in [*(staging.out / file for file, _, _ in files), staging.shard_result(split, k),
                  staging.shard_check(split, k), *used]:
         path.unlink(missing_ok=True)
-    return Shipped((written, check), records)
+    return Shipped(written, records)
 
 
 # --- publishing -------------------------------------------------------------------------------------------------

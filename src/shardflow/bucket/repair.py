@@ -27,13 +27,14 @@ from typing import Any, Callable, Sequence
 
 from .._io import sha256_file
 from ..errors import ConfigError, ShardflowError, ValidationError
-from ..manifest import MANIFEST_NAME, Manifest, check_relative_file, read_manifest
+from ..manifest import MANIFEST_NAME, FileEntry, Manifest, check_relative_file
 from ..manifest_files import named_files
 from ..runtime.remote import READ_BLOCK, default_cache_dir
 from ..runtime.remote_store import cache_key, resolve_catalog, retrying
 from .build import default_scratch
 from .fs import filesystem, is_remote
 from .push import upload_file
+from .remote_manifest import bucket_manifest
 from .rebuild import RebuildError, rebuild_version
 
 __all__ = ["RepairResult", "repair_bucket_version"]
@@ -98,13 +99,31 @@ def _verified_copy(places: Sequence[Path], name: str, size: int | None, sha: str
     return None
 
 
-def _parse(data: bytes, url: str) -> Manifest:
+def _parse(data: bytes, url: str, places: Sequence[Path], looked: str) -> Manifest:
+    """The manifest ``data`` of the version at ``url``, with its shard table if it names one: a verified copy of
+    the table here (``places``), else the bucket's object, verified. A table that is neither stops the repair
+    here: the manifest's shards are listed in it, so nothing else can be checked without it."""
+    lacking: list[FileEntry] = []
+
+    def table_copy(entry: FileEntry) -> Path | None:
+        found = _verified_copy(places, entry.file, entry.bytes, entry.sha256)
+        if found is None:
+            lacking.append(entry)
+        return found
+
     with tempfile.TemporaryDirectory(prefix="shardflow-repair-") as scratch:
-        Path(scratch, MANIFEST_NAME).write_bytes(data)
         try:
-            return read_manifest(scratch)
+            return bucket_manifest(url, scratch, data=data, table_copy=table_copy)
         except ShardflowError as exc:
-            raise type(exc)(str(exc).replace(str(Path(scratch, MANIFEST_NAME)), url)) from None
+            if not lacking or f"{url}/{lacking[0].file}" not in str(exc):
+                raise
+            why = str(exc).partition(f"{url}/{lacking[0].file}: ")[2].split("; ")[0] or str(exc)
+            raise ValidationError(
+                f"{url}/{lacking[0].file}: the shard table the manifest names is not the manifest's on the bucket "
+                f"({why}), and no copy here has its size and SHA-256 (looked in {looked}); the manifest lists the "
+                "version's shards in it, so nothing else can be checked without it: copy the version directory from "
+                "the machine that built or pushed it (its shards.tsv is enough) and run this again with --from DIR"
+            ) from None
 
 
 def _named(lacking: Sequence[tuple[str, str]], shown: int = 5) -> str:
@@ -168,7 +187,7 @@ def repair_bucket_version(ref: str, *, catalog_url: str, sources: Sequence[str |
             )
         data = manifest_copy.read_bytes()
     assert data is not None
-    manifest = _parse(data, manifest_url)
+    manifest = _parse(data, url, places, looked)
     if (manifest.name, manifest.version) != (name, entry.version):
         raise ValidationError(f"{manifest_url}: the manifest calls itself {manifest.name!r}@{manifest.version!r}, but the "
                               f"catalog {catalog_url} lists this directory as {ref}")

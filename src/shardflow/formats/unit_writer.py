@@ -22,6 +22,12 @@ committed before it; no temporary file is left either way::
         w.write(tokens, lengths)        # consecutive documents: their tokens, boundaries included, and lengths
         shards = w.close()              # [UnitShard], in order
 
+Given a ``check`` (``check(path)``: a ``writer.TokenCheck`` for the shard at ``path``), every shard's
+tokens are fed to its check as they are written, and its document starts checked against them before
+the shard is committed: a shard that fails is dropped, as on any error. Each ``UnitShard`` records its
+files' identities as committed (``files``: size, inode, mtime), so that whoever uses them later can
+tell they are still those files without reading them.
+
 The build's tokenize jobs write their units' shards with it (``pipeline/tokenize.py``).
 """
 
@@ -35,7 +41,8 @@ import numpy as np
 
 from . import bosidx
 from .base import ShardFormat
-from .writer import ShardWriter, encode_index, header_bytes, write_index, write_sidecars
+from .._io import file_identity
+from .writer import ShardWriter, TokenCheck, encode_index, header_bytes, write_index, write_sidecars
 
 __all__ = ["UnitShard", "UnitShardWriter"]
 
@@ -53,13 +60,19 @@ class UnitShard:
     index_sha256: str
     sidecars: tuple[tuple[str, int, str], ...]
     """``(file name, bytes, sha256)`` of each of the format's files beside the shard (megatron's ``.idx``)."""
+    files: tuple[tuple[int, int, int], ...] = ()
+    """``(bytes, inode, mtime_ns)`` of the shard, its ``.bos.idx`` and its sidecars, in that order, as written."""
 
 
 class UnitShardWriter:
     """Documents in, shards of at most ``bound`` tokens out (one oversized document alone excepted)."""
 
-    def __init__(self, fmt: ShardFormat, path_for: Callable[[int], Path], dtype: np.dtype, bound: int) -> None:
-        """``path_for(i)``: where the ``i``-th shard goes (from 0); ``bound``: the most tokens of a shard of several documents."""
+    def __init__(
+        self, fmt: ShardFormat, path_for: Callable[[int], Path], dtype: np.dtype, bound: int, *,
+        check: Callable[[Path], TokenCheck] | None = None,
+    ) -> None:
+        """``path_for(i)``: where the ``i``-th shard goes (from 0); ``bound``: the most tokens of a shard of several documents;
+        ``check(path)``: the checks of the shard at ``path`` as it is written (none: unchecked)."""
         if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
             raise ValueError(f"bound must be a positive number of tokens, not {bound!r}")
         if bound > fmt.max_tokens:
@@ -68,6 +81,7 @@ class UnitShardWriter:
         self.path_for = path_for
         self.dtype = np.dtype(dtype)
         self.bound = bound
+        self.check = check
         header_bytes(fmt, self.dtype)  # a format whose header cannot be written last is refused now, not at the first cut
         self.shards: list[UnitShard] = []
         self._writer: ShardWriter | None = None
@@ -121,7 +135,8 @@ class UnitShardWriter:
     def _append(self, piece: np.ndarray, starts: np.ndarray) -> None:
         """Whole documents into the open shard (opened now if none is); ``starts`` relative to ``piece``."""
         if self._writer is None:
-            writer = ShardWriter(self.fmt, self.path_for(len(self.shards)), self.dtype)
+            path = self.path_for(len(self.shards))
+            writer = ShardWriter(self.fmt, path, self.dtype, check=None if self.check is None else self.check(path))
             writer.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = writer.__enter__()
         self._starts.append(starts + self._fill)
@@ -129,16 +144,20 @@ class UnitShardWriter:
         self._fill += len(piece)
 
     def _cut(self) -> None:
-        """Commit the open shard, then write its ``.bos.idx`` and sidecars."""
+        """Check the open shard's tokens against its document starts, commit it, then write its ``.bos.idx`` and sidecars."""
         writer = self._writer
         assert writer is not None and self._fill
+        starts = np.concatenate(self._starts)
+        if writer.check is not None:
+            writer.check.check(starts)  # before the commit: a shard that fails is dropped with its temporary file
         nbytes, digest = writer.commit()
         writer.__exit__(None, None, None)
         self._writer = None
-        starts = np.concatenate(self._starts)
         idx, idx_sha = encode_index(starts, self._fill)
-        write_index(bosidx.index_path(writer.path), idx)
+        index_path = bosidx.index_path(writer.path)
+        write_index(index_path, idx)
         sidecars = write_sidecars(self.fmt, writer.path, self.dtype, self._fill, starts)
+        files = (writer.path, index_path, *(writer.path.parent / name for name, _, _ in sidecars))
         self.shards.append(
             UnitShard(
                 path=writer.path,
@@ -149,6 +168,7 @@ class UnitShardWriter:
                 index_bytes=len(idx),
                 index_sha256=idx_sha,
                 sidecars=tuple(sidecars),
+                files=tuple(file_identity(p) for p in files),
             )
         )
         self._starts = []

@@ -26,6 +26,13 @@ no more memory than two read blocks, and no hashing while writing (there is
 nothing useful to hash before the header is known).
 ``unit_writer.UnitShardWriter`` cuts documents into such shards.
 
+Every shard is checked as it is written, so that no one reads its tokens back: ``commit`` parses the header
+it wrote as a reader does (the token count, the dtype, the file's size) before the rename, and
+``write_sidecars`` what the format's own check (``check_sidecars``) finds in the files it wrote. A writer
+given a ``TokenCheck`` (``shard_checks.ShardScan``: the ids against the vocabulary, the boundary tokens
+against the document starts) feeds it every block of tokens as it passes; its caller calls ``check`` with
+the shard's document starts before ``commit``, so a shard that fails is never committed.
+
 The layouts themselves are in ``docs/FORMAT.md``.
 """
 
@@ -34,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -43,7 +50,7 @@ from ..errors import ConfigError, ValidationError
 from . import bosidx
 from .base import ShardFormat
 
-__all__ = ["ShardWriter", "header_bytes", "encode_index", "write_index", "write_sidecars"]
+__all__ = ["ShardWriter", "TokenCheck", "header_bytes", "encode_index", "write_index", "write_sidecars"]
 
 # A header written last is hashed with the file read back in blocks of this many bytes (two buffers:
 # one is read while the other is hashed).
@@ -66,12 +73,26 @@ def header_bytes(fmt: ShardFormat, dtype: np.dtype) -> int:
     return size
 
 
+class TokenCheck(Protocol):
+    """The checks of one shard's tokens as they are written (``shard_checks.ShardScan``)."""
+
+    def feed(self, block: np.ndarray) -> None:
+        """The next tokens; raises ``ValidationError`` on an id the shard must not hold."""
+
+    def check(self, starts: np.ndarray) -> None:
+        """After the last ``feed``: raises ``ValidationError`` if the document starts ``starts`` disagree with them."""
+
+
 class ShardWriter:
     """One shard being written: ``write``/``copy_from`` the tokens, then ``commit``."""
 
-    def __init__(self, fmt: ShardFormat, path: Path, dtype: np.dtype, ntokens: int | None = None) -> None:
-        """``ntokens``: the shard's token count, or None to count what is written and write the header at ``commit``."""
+    def __init__(
+        self, fmt: ShardFormat, path: Path, dtype: np.dtype, ntokens: int | None = None, *, check: TokenCheck | None = None
+    ) -> None:
+        """``ntokens``: the shard's token count, or None to count what is written and write the header at ``commit``.
+        ``check``: fed every block of tokens written (its ``check`` is the caller's, before ``commit``)."""
         self.fmt = fmt
+        self.check = check
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.ntokens = ntokens
@@ -119,6 +140,8 @@ class ShardWriter:
         """Append tokens (an array of the shard's dtype, or its raw little-endian bytes)."""
         data = memoryview(tokens).cast("B") if isinstance(tokens, np.ndarray) else memoryview(tokens)
         self._put(data)
+        if self.check is not None:  # while the same bytes are hashed on another core (a failure commits nothing)
+            self.check.feed(np.frombuffer(data, dtype=self.dtype))
         self._hash.wait()  # the caller may change its array once this returns
         self._written += len(data) // self.dtype.itemsize
 
@@ -139,11 +162,14 @@ class ShardWriter:
             n = min(len(buf), count - done)
             # The buffers alternate block by block, across calls: the last block read into this one
             # was two blocks ago, and _put waited for its hash before hashing the block after it.
-            view = memoryview(self._buffers[self._turn][:n]).cast("B")
+            block = self._buffers[self._turn][:n]
+            view = memoryview(block).cast("B")
             self._turn ^= 1
             if src.readinto(view) != len(view):
                 raise ValidationError(f"{src.name}: shorter than the layout says; the staging area is damaged")
             self._put(view)
+            if self.check is not None:
+                self.check.feed(block)  # while the same block is hashed on another core
             done += n
         self._written += count
 
@@ -170,6 +196,7 @@ class ShardWriter:
             if header:
                 os.pwrite(self._file.fileno(), header, 0)
             self.header, self.ntokens = header, self._written
+        self._check_header()
         if not self._streaming:
             self._hash_file()  # before the fsync: the blocks' writeback proceeds meanwhile
         os.fsync(self._file.fileno())
@@ -178,6 +205,19 @@ class ShardWriter:
         os.replace(self.tmp, self.path)
         self._committed = True
         return len(self.header) + self.ntokens * self.dtype.itemsize, self._hash.hexdigest()
+
+    def _check_header(self) -> None:
+        """The file as a reader opens it (``ShardFormat.open``'s checks), before it is committed: the header says the
+        tokens written, of this dtype, and the size is the header's and theirs."""
+        assert self._file is not None and self.header is not None and self.ntokens is not None
+        offset, count, dtype = self.fmt.read_header(self.tmp, self.dtype)
+        size = os.fstat(self._file.fileno()).st_size
+        if (offset, count, np.dtype(dtype)) != (len(self.header), self.ntokens, self.dtype) or size != offset + count * dtype.itemsize:
+            raise ValidationError(
+                f"{self.path}: the header written says {count} tokens of {np.dtype(dtype).name} after {offset} bytes in a "
+                f"{size}-byte file, but {self.ntokens} tokens of {self.dtype.name} after {len(self.header)} were written; "
+                "nothing was committed"
+            )
 
     def _hash_file(self) -> None:
         """Hash the temporary file read back, header included: a block is read while the one before is hashed."""
@@ -223,4 +263,8 @@ def write_sidecars(
     for path, data in fmt.sidecars(Path(shard_path), ntokens, np.dtype(dtype), np.asarray(starts)).items():
         atomic_write_bytes(path, data)
         out.append((path.name, len(data), hashlib.sha256(data).hexdigest()))
+    if out:  # what ``shardflow validate`` checks of them: the format's own reading of the files just written
+        problems = fmt.check_sidecars(Path(shard_path), ntokens, np.dtype(dtype), np.asarray(starts))
+        if problems:
+            raise ValidationError("\n  ".join(problems))
     return out

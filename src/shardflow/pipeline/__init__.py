@@ -11,6 +11,7 @@ executor only runs jobs: ``build(config)`` is ``drive`` on a thread pool,
 owning one stage (see ``docs/ARCHITECTURE.md``):
 
     model        the typed hand-offs (BuildPlan, UnitResult, Layout, ShardResult, Reuse, ...)
+    keys         the build key; a plan's published version (by its content key, too)
     staging      every path of the staging directory, its lock, cleanup after killed runs
     plan         planning                              incremental  reuse of the parent version
     tokenize     tokenizing one work unit              layout       splits and shards
@@ -19,6 +20,7 @@ owning one stage (see ``docs/ARCHITECTURE.md``):
     stages       the stage table                       run          the driver, executors, retries
     request      the build request, checked once       dask_executor  jobs on a Dask cluster, no Prefect
     handle       the plan as it travels to workers     collect_stats  a build's statistics
+    check        a shard's checks as it is written, and their record (no build reads a shard back)
 
 Every stage writes under ``<data_root>/<name>/.staging/<build key>/`` with
 temporary names and ``os.replace``, and first checks whether its output

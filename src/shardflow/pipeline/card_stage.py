@@ -2,7 +2,7 @@
 
 Everything they show is known once the layout is committed (the units' statistics, the shard
 sizes, the parent's statistics: one small record per unit and per shard), so this one job runs
-beside the write-shard and validate-shard jobs, which mostly wait on memcpy, the disk and hashing
+beside the write-shard jobs, which mostly wait on memcpy, the disk and hashing
 with the GIL released, rather than in ``finalize`` on the build's critical path (``Stage.joins``).
 
 It writes ``stats.json``, ``stats.vocab.npy`` and ``card/*.png`` into ``out/``, then its marker

@@ -1,79 +1,59 @@
-"""Validating one written shard, as a job of its own: the shard checks fan out like the writes.
+"""The checks of a build's shards, run as they are written, and the record that says which ran.
 
-``validate_staged_shard(plan, split, k)`` runs the whole per-shard validation
-(``validation.validate_shard_entry``: size, SHA-256, header, token ids, the
-``.bos.idx`` and the format's sidecars) against the manifest entry that the
-write-shard job recorded, on whichever worker runs the job, and records it in
-``layout/<split>-NNNNNN.valid.json`` (written last, the job's commit point).
-The job reads O(1) records, never the whole manifest (N jobs x N records): the
-plan and its shard's record. No neighbour is read: a build's shards hold whole
-documents (manifest schema 3), so each one's boundaries are checked on its own.
-``finalize``, still the one writer of the manifest, then checks only that
-every shard has such a record matching its manifest entry, and validates what
-is not per shard (totals, tokenizer file, embeddings): reading every shard's
-bytes again on one machine is what this stage exists to avoid.
+No shard is read back to check it. Each is checked where its bytes pass:
 
-A shard that an incremental build hard-linked from its parent version, with
-its index and sidecars, is not read again either (``shard_checked``): every
-one of its files is the parent's own file (the same inode), with the size and
-SHA-256 that the parent's manifest records and that were validated when the
-parent was published, and not modified since (its mtime is not later than the
-parent's ``metadata.yaml``, written last): a parent file rewritten or replaced
-since is read and fails here, as before. (Damage that leaves the mtime alone,
-such as media errors, is what ``shardflow validate`` of the parent finds; the
-linked file is the parent's, so it is damaged in both.) Only new and
-rewritten shards are read.
+* A tokenize job's pieces (``formats/unit_writer.UnitShardWriter``) and a gathered shard
+  (``write.py``, through ``formats/writer.ShardWriter``) feed every block of tokens they write to a
+  ``ShardScan`` (``shard_checks.py``, ``shard_checks(plan)``: every id below the vocabulary size, the
+  boundary tokens exactly at the document starts that the ``.bos.idx`` will hold, whole documents),
+  checked before the file is committed; the writer checks the header it wrote and the format's
+  sidecars as a reader reads them; the SHA-256 of every file is taken as it is written.
+* A placed shard is its piece, hard-linked: checked when its tokenize job wrote it, and its files are
+  still those (size, inode and mtime as the unit's record has them, ``Piece.files``).
+* A shard an incremental build hard-linked from its parent version, with its index and sidecars, is
+  the parent's own files (``parents_own``): the same inode, with the size and SHA-256 that the parent's
+  manifest records and that were validated when the parent was published, not modified since (its
+  mtime is not later than the parent's ``metadata.yaml``, written last).
+
+A shard that is none of these (a piece written to or replaced since its job wrote it, a copy across
+file systems, a parent file rewritten since, a unit recorded by an older run) is read back and
+validated in full (``read_back``: ``validation.validate_shard_entry``, what ``shardflow validate``
+runs). The write-shard job records which check it passed, with its files' identities as checked, in
+``layout/<split>-NNNNNN.valid.json`` (``record_check``), before its commit marker. ``finalize`` reads no
+shard: each record must match its manifest entry and the files' sizes, inodes and mtimes
+(``Staging.shard_checked``); a file changed or replaced after its write has another mtime or inode, and
+then every shard is validated in full, byte for byte. A change in place that restores the size and
+mtime is what ``shardflow validate`` finds (docs/ARCHITECTURE.md, threat model).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Literal
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, file_identity
 from ..errors import ConfigError, ValidationError
-from ..formats import get_format
+from ..formats import bosidx, get_format
 from ..manifest import ShardEntry
+from ..shard_checks import ShardContext, ShardScan
 from ..tokenizers import load_tokenizer
-from ..validation import ShardContext, validate_shard_entry
+from ..validation import validate_shard_entry
 from .incremental import open_parent
-from .layout import read_layout
-from .model import BuildPlan, ShardResult
+from .model import BuildPlan
 from .staging import Staging, as_plan, shard_check_record
-from .write import shard_done
 
-__all__ = ["ShardCheck", "validate_staged_shard", "shard_checked", "shard_context"]
+__all__ = ["Checked", "shard_context", "shard_checks", "shard_files", "identities", "parents_own", "read_back", "record_check"]
 
-
-@dataclass(frozen=True, kw_only=True)
-class ShardCheck:
-    """One validated shard (what the job returns: small metadata)."""
-
-    split: str
-    index: int
-    tokens: int
+Checked = Literal["written", "parent", "read"]
+"""How a shard was checked: as written (or its piece was), as the parent's own files, or read back in full."""
 
 
-def validate_staged_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardCheck:
-    """Validate written shard ``k`` of ``split`` byte for byte; a shard already validated is not read again."""
-    plan = as_plan(plan)
-    written = _written(plan, split, k)
-    done = _checked(plan, written)
-    if done is not None:
-        return done
-    staging = Staging(plan.staging)
-    entry = written.entry
-    problems = validate_shard_entry(staging.out, shard_context(plan, split, k), split, k, entry, checksums=True)
-    if problems:
-        raise ValidationError("\n  ".join([f"validation of shard {k} of split {split!r} failed:", *problems]))
-    atomic_write_text(staging.shard_check(split, k), json.dumps(shard_check_record(entry), sort_keys=True))
-    return ShardCheck(split=split, index=k, tokens=entry.tokens)
-
-
-def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardContext:
-    """What validating shard ``k`` needs besides its entry, from the plan alone.
+def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str = "", k: int = 0, *,
+                  vocab_size: int | None = None) -> ShardContext:
+    """What checking a shard of this build needs besides its entry, from the plan alone (any shard: ``split``
+    and ``k`` are not needed). ``vocab_size``: the tokenizer's, when the caller has it loaded.
 
     The facts are those the manifest will record (``pipeline/assemble.py`` assembles
     them from the same plan and tokenizer).
@@ -85,10 +65,12 @@ def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) 
         raise ConfigError(f"{plan.staging}: the plan records no boundary tokens; plan the build again (plan_build)")
     main = b.bos if b.bos is not None else b.eos
     assert main is not None  # Boundaries checks that its placement has its tokens
+    if vocab_size is None:
+        vocab_size = load_tokenizer(cfg.tokenizer, backend=cfg.backend).vocab_size
     return ShardContext(
         format_name=get_format(cfg.format).name,
         dtype=plan.dtype,
-        vocab_size=load_tokenizer(cfg.tokenizer, backend=cfg.backend).vocab_size,
+        vocab_size=vocab_size,
         boundary=main[1],
         placement=b.placement,
         bos_id=b.bos_id,
@@ -97,71 +79,59 @@ def shard_context(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) 
     )
 
 
-def _written(plan: BuildPlan, split: str, k: int) -> ShardResult:
-    """Shard ``k``'s record, its files in place; raises naming the shard (and the stage to run) otherwise."""
-    written = shard_done(plan, split, k)
-    if written is not None:
-        return written
-    info = read_layout(plan).splits.get(split)
-    if info is None or not 0 <= k < info.shards:
-        shards = 0 if info is None else info.shards
-        raise ConfigError(f"{plan.staging}: split {split!r} has {shards} shards; there is no shard {k} to validate")
-    raise ConfigError(
-        f"{plan.staging}: shard {k} of split {split!r} is not written; run write_shard for it first "
-        "(build() and the Prefect flow do)"
-    )
+def shard_checks(plan: BuildPlan, *, vocab_size: int | None = None) -> Callable[[Path], ShardScan]:
+    """The checks of a shard of this build as it is written: ``shard_checks(plan)(path)`` for the shard at ``path``
+    (a writer's ``check``: ``UnitShardWriter``, ``ShardWriter``)."""
+    ctx = shard_context(plan, vocab_size=vocab_size)
+
+    def scan(path: Path) -> ShardScan:
+        return ShardScan(ctx, path, bosidx.index_path(path))
+
+    return scan
 
 
-def shard_checked(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) -> ShardCheck | None:
-    """Shard ``k``'s check when it needs no reading (a few stats), else None.
-
-    Either it was validated already (its record matches the written shard), or
-    it is the parent version's own files, hard-linked (its record is then written).
-    """
-    plan = as_plan(plan)
-    written = shard_done(plan, split, k)
-    return None if written is None else _checked(plan, written)
+def shard_files(entry: ShardEntry) -> list[str]:
+    """The names of a shard's files: the shard, its ``.bos.idx``, its sidecars (the order of ``Piece.files``)."""
+    return [entry.file, *(f.file for f in entry.files)]
 
 
-def _checked(plan: BuildPlan, written: ShardResult) -> ShardCheck | None:
-    """``shard_checked`` for the written shard ``written``."""
-    staging = Staging(plan.staging)
-    entry = written.entry
-    split, k = written.split, written.index
-    record = shard_check_record(entry)
-    path = staging.shard_check(split, k)
-    check = ShardCheck(split=split, index=k, tokens=entry.tokens)
-    try:
-        if json.loads(path.read_text()) == record:
-            return check
-    except (OSError, ValueError):
-        pass
-    if written.linked and _parents_own(plan, staging, split, k, entry):
-        atomic_write_text(path, json.dumps(record, sort_keys=True))
-        return check
-    return None
+def identities(out: Path, entry: ShardEntry) -> list[tuple[int, int, int]]:
+    """``(bytes, inode, mtime_ns)`` of each of the shard's files in ``out`` (``shard_files`` order); raises ``OSError``."""
+    return [file_identity(out / name) for name in shard_files(entry)]
 
 
-def _parents_own(plan: BuildPlan, staging: Staging, split: str, k: int, entry: ShardEntry) -> bool:
-    """Whether every file of ``entry`` is the file of the parent's shard that the layout linked, as its manifest records it."""
+def record_check(staging: Staging, split: str, k: int, entry: ShardEntry, checked: Checked) -> None:
+    """Record that shard ``k`` of ``split`` passed its checks (``checked``: how), with its files as they are now."""
+    files = dict(zip(shard_files(entry), identities(staging.out, entry)))
+    atomic_write_text(staging.shard_check(split, k), json.dumps(shard_check_record(entry, checked, files), sort_keys=True))
+
+
+def read_back(plan: BuildPlan, out: Path, split: str, k: int, entry: ShardEntry) -> None:
+    """Validate shard ``k`` of ``split`` in ``out`` byte for byte against ``entry`` (size, SHA-256, header, token ids,
+    ``.bos.idx``, sidecars): for a shard whose files are not known to be the ones checked as they were written."""
+    problems = validate_shard_entry(out, shard_context(plan), split, k, entry, checksums=True)
+    if problems:
+        raise ValidationError("\n  ".join([f"validation of shard {k} of split {split!r} failed:", *problems]))
+
+
+def parents_own(plan: BuildPlan, out: Path, split: str, parent_k: int, entry: ShardEntry) -> bool:
+    """Whether every file of ``entry`` in ``out`` is the file of the parent's shard ``parent_k`` of ``split``, as its
+    manifest records it, unchanged since the parent was published."""
     if plan.reuse is None:
         return False
-    source = read_layout(plan).splits[split].sources
-    if source is None or source[k][0] >= 0:
-        return False
     parent = open_parent(plan.reuse)
-    theirs = parent.splits[split].shards[source[k][1]].entry
+    theirs = parent.splits[split].shards[parent_k].entry
     assert theirs is not None
     directory = Path(plan.reuse.directory)
-    ours = [entry.file, *(f.file for f in entry.files)]
     pairs = [(theirs.file, theirs.bytes, theirs.sha256), *((f.file, f.bytes, f.sha256) for f in theirs.files)]
+    ours = [(entry.bytes, entry.sha256), *((f.bytes, f.sha256) for f in entry.files)]
     if len(ours) != len(pairs):
         return False
-    for name, (their_name, size, sha), mine in zip(ours, pairs, [(entry.bytes, entry.sha256), *((f.bytes, f.sha256) for f in entry.files)]):
+    for name, (their_name, size, sha), mine in zip(shard_files(entry), pairs, ours):
         if mine != (size, sha):
             return False
         try:
-            if not os.path.samefile(staging.out / name, directory / their_name):
+            if not os.path.samefile(out / name, directory / their_name):
                 return False  # a copy (another file system), or another file: read it
             if not parent.untouched_since_publish((directory / their_name).stat()):
                 return False  # written to or replaced since the parent was published: read it

@@ -1,7 +1,7 @@
 """``DaskExecutor``: the driver's jobs on an existing Dask cluster, without Prefect.
 
-The per-unit and per-shard jobs (tokenize, write, check) run on the cluster's
-workers; single jobs (plan, layout, finalize, publish) and the background card
+The per-unit and per-shard jobs (tokenize, write: each shard checked as it is written) run on the
+cluster's workers; single jobs (plan, layout, finalize, publish) and the background card
 run in this process. Dask's workers bound memory by their thread count
 (``dask worker --nthreads``). The data root must be storage that this process
 and every worker see at the same path. ``pip install 'shardflow[dask]'``.
@@ -310,4 +310,4 @@ class _Sent:
             self.where[job[0]] = where
             commit_records(self.staging, {WHERE_FILE: json.dumps(self.where).encode()})
             return shipped.result
-        return shipped.result[0] if stage.name == "write-shard" else shipped.result
+        return shipped.result

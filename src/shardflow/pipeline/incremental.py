@@ -19,6 +19,8 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from ..catalog import Catalog, recorded_file_stats
@@ -32,7 +34,10 @@ from ..sources import InputFile
 from ..tokenizers import Tokenizer
 from .model import Boundaries, Reuse, ReusedInput
 
-__all__ = ["NO_REUSE_ENV", "VAL_COUNT_NOTICE", "OLD_SCHEMA_NOTICE", "plan_reuse", "recorded_hashes", "ParentVersion", "open_parent"]
+__all__ = [
+    "NO_REUSE_ENV", "VAL_COUNT_NOTICE", "OLD_SCHEMA_NOTICE", "ManifestCache", "plan_reuse", "recorded_hashes", "ParentVersion",
+    "open_parent",
+]
 
 log = logging.getLogger("shardflow.pipeline")
 
@@ -53,7 +58,33 @@ OLD_SCHEMA_NOTICE = (
 )
 
 
-def recorded_hashes(inputs: list[InputFile], cat: Catalog, name: str) -> list[InputFile]:
+class ManifestCache:
+    """Manifests of a dataset's versions, each read once while one build is planned (``plan_reuse`` and the
+    fingerprints read the latest one)."""
+
+    def __init__(self, cat: Catalog, name: str) -> None:
+        self.cat, self.name = cat, name
+        self._read: dict[str, Manifest] = {}
+
+    def read(self, directory: Path | str) -> Manifest:
+        key = str(directory)
+        if key not in self._read:
+            self._read[key] = read_manifest(directory)
+        return self._read[key]
+
+    def latest_inputs(self) -> list[dict[str, Any]]:
+        """The ``inputs`` entries of the catalog's latest version ([]: none, or it cannot be read)."""
+        latest = self.cat.latest(self.name)
+        if not latest:
+            return []
+        try:
+            return [e for e in self.read(self.cat.resolve(f"{self.name}@{latest}")).inputs if isinstance(e, dict)]
+        except (ShardflowError, OSError, TypeError, ValueError, KeyError) as exc:
+            log.warning("not taking input hashes from %s@%s: %s", self.name, latest, exc)
+            return []
+
+
+def recorded_hashes(inputs: list[InputFile], manifests: ManifestCache) -> list[InputFile]:
     """Objects on object storage that the latest version read: their SHA-256 as its manifest recorded it.
 
     An object with the same URL, size and storage identity (ETag, version id) as
@@ -63,14 +94,7 @@ def recorded_hashes(inputs: list[InputFile], cat: Catalog, name: str) -> list[In
     """
     if all(inp.sha256 or not inp.identity for inp in inputs):
         return inputs
-    latest = cat.latest(name)
-    if not latest:
-        return inputs
-    try:
-        recorded = read_manifest(cat.resolve(f"{name}@{latest}")).inputs
-    except (ShardflowError, OSError, TypeError, ValueError, KeyError) as exc:
-        log.warning("not taking object hashes from %s@%s: %s", name, latest, exc)
-        return inputs
+    recorded = manifests.latest_inputs()
     known = {(e.get("path"), e.get("size"), e.get("identity")): e.get("sha256") for e in recorded if e.get("identity")}
     return [
         dataclasses.replace(inp, sha256=str(known.get((inp.path, inp.size, inp.identity)) or ""))
@@ -89,6 +113,7 @@ def plan_reuse(
     prefer: str | None,
     *,
     boundaries: Boundaries,
+    manifests: ManifestCache | None = None,
 ) -> Reuse | None:
     """Which inputs an incremental build can take from the parent version unchanged (None: none).
 
@@ -111,7 +136,7 @@ def plan_reuse(
     ref = f"{config.name}@{version}"
     try:
         directory = cat.resolve(ref)
-        parent = read_manifest(directory)
+        parent = manifests.read(directory) if manifests is not None else read_manifest(directory)
         parent_config = BuildConfig.from_dict(parent.config)
     except (ShardflowError, TypeError, ValueError, KeyError) as exc:
         log.warning("not reusing %s: %s", ref, exc)

@@ -249,13 +249,18 @@ class Piece:
     index_sha256: str
     sidecars: tuple[tuple[str, int, str], ...] = ()
     """``(suffix, bytes, sha256)`` per sidecar: its file name is the shard's stem plus the suffix."""
+    files: tuple[tuple[int, int, int], ...] = ()
+    """``(bytes, inode, mtime_ns)`` of the piece, its ``.bos.idx`` and its sidecars as written and checked
+    (``UnitShardWriter``): the piece linked as a shard is not read again while they hold. None recorded
+    (an older run's record): the shard is read back."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "sidecars": [list(s) for s in self.sidecars]}
+        return {**asdict(self), "sidecars": [list(s) for s in self.sidecars], "files": [list(f) for f in self.files]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Piece":
-        return cls(**{**d, "sidecars": tuple((str(a), int(b), str(c)) for a, b, c in d.get("sidecars", ()))})
+        return cls(**{**d, "sidecars": tuple((str(a), int(b), str(c)) for a, b, c in d.get("sidecars", ())),
+                      "files": tuple((int(a), int(b), int(c)) for a, b, c in d.get("files", ()))})
 
 
 @dataclass(frozen=True, kw_only=True)

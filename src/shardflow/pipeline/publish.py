@@ -3,9 +3,11 @@
 ``finalize`` assembles the manifest from the stages' recorded results, adds
 the statistics that the stats-card stage merged (``pipeline/card_stage.py``;
 merged and drawn here if that stage's record does not match ``out/``), writes
-the card's Markdown and the manifest into ``out/`` and validates every file
-against it (shards, indexes, tokenizer file, embeddings); shards that the validate-shard stage
-(``pipeline/check.py``) already validated, one job each, are not read again. ``publish`` then gives the validated directory
+the card's Markdown and the manifest into ``out/`` (a version of more than
+``manifest.SHARD_TABLE_ABOVE`` shards with its shard table, ``shards.tsv``, schema 4) and validates every file
+against it (shards, indexes, tokenizer file, embeddings); shards are not read again: each was checked as it
+was written (``pipeline/check.py``), and its record is compared with its files' sizes, inodes and mtimes. ``publish``
+then gives the validated directory
 its identity under the dataset's catalog lock: it picks the version name,
 stamps ``version`` and ``dataset_path`` (nothing else) into the manifest,
 renames ``out/`` to ``<data_root>/<name>/<version>`` and adds the catalog
@@ -30,7 +32,8 @@ from ..embed.embedder import check_available
 from ..embed.files import embedding_key, validate_embeddings
 from ..errors import ShardflowError, ValidationError
 from ..faults import fault
-from ..manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, SplitEntry, read_manifest, write_manifest
+from ..manifest import (MANIFEST_NAME, SCHEMA_VERSION, Manifest, SplitEntry, read_manifest, shard_table_wanted,
+                        write_manifest)
 from ..provenance import catalog_id, claim_publisher, publisher_record, read_publisher
 from ..targets.hf_tokenizer import HF_DIR
 from ..tokenizers import load_tokenizer
@@ -77,10 +80,17 @@ def finalize(plan: BuildPlan | str | os.PathLike[str]) -> Manifest:
     # file behind; it must not be published with the version.
     for stray in staging.out.rglob(".*.tmp-*"):  # the split directories too
         stray.unlink(missing_ok=True)
-    write_manifest(staging.out, manifest)
+    if shard_table_wanted(manifest):
+        # More than SHARD_TABLE_ABOVE shards: listed in shards.tsv (schema 4), written before the manifest that names
+        # it; read back, so that the validation below checks the table too and the manifest returned names it.
+        write_manifest(staging.out, manifest, shard_table=True)
+        manifest = read_manifest(staging.out)
+    else:
+        write_manifest(staging.out, manifest, shard_table=False)
     fault("finalize-manifest", staging.out)
-    # Shards validated by their own jobs (the validate-shard stage) are not read again here;
-    # if any is not (a caller that ran the stages by hand), every shard is validated here, as before.
+    # Shards checked as they were written (pipeline/check.py) are not read again here: each record against its
+    # files' sizes, inodes and mtimes. If any is not (a file changed or replaced since, a staging directory of an
+    # older run), every shard is validated here in full, byte for byte.
     each_checked = all(
         staging.shard_checked(split, k, entry)
         for split, s in manifest.splits.items()
@@ -348,7 +358,7 @@ def embed_version(
     if problems:
         shutil.rmtree(staging, ignore_errors=True)
         raise ValidationError("\n  ".join([f"embeddings of {ref} failed validation:", *problems]))
-    write_manifest(out, manifest)
+    write_manifest(out, manifest, shard_table=shard_table_wanted(manifest))  # (the parent's table is not linked)
     if "stats" in manifest.extra and card_wanted(manifest.config):
         try:  # the card of the same tokens, against REF; a view, never a reason to fail
             write_card(out, manifest, parent=src_dir, parent_ref=ref)

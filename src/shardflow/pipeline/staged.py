@@ -14,7 +14,7 @@ from ..tokenizers import load_tokenizer
 from .assemble import TokenizerInfo, assemble_manifest, hashed_inputs, now
 from .layout import read_layout, unit_results
 from .model import BuildPlan, EmbedResult, UnitResult
-from .plan import build_key
+from .keys import build_key
 from .staging import Staging, as_plan
 from .target_files import tokenizer_file_name
 from .write import read_shard_results
@@ -36,14 +36,18 @@ def content_key(plan: BuildPlan | str | os.PathLike[str], units: list[UnitResult
     """The build key of what was read: the plan's, with every object's SHA-256 for its storage identity.
 
     Planning keys an object on object storage that no earlier version recorded
-    by its identity there (ETag, version id), not having read it; the workers
-    hashed it since. The manifest and the catalog record this key, which is the
+    by its identity there (ETag, version id), and a local file that no version
+    holds by its stat, not having read them; the workers hashed them since. The manifest and the catalog record this key, which is the
     one a build of a local copy of the same files has.
     """
     plan = as_plan(plan)
     if all(inp.sha256 for inp in plan.inputs):
         return plan.build_key
     filled = hashed_inputs(plan, unit_results(plan) if units is None else units)
+    unhashed = [inp.path for inp in filled if not inp.sha256 and not inp.identity]
+    if unhashed:  # a local file planned by its stat, which the job of its first unit hashes: never keyed by a stat
+        raise ValidationError(f"{unhashed[0]}: no SHA-256 was recorded by the job of its first work unit; "
+                              "tokenize that unit again (delete its parts/unit-N.json) or build again")
     return build_key(plan.config, filled, load_tokenizer(plan.config.tokenizer, backend=plan.config.backend))
 
 

@@ -1,8 +1,9 @@
 """The build's stages, declared once: name, core function, fan-out and retry class of each.
 
 After ``plan_build`` (and under ``build_lock``) a build is the stages of ``STAGES``, in order:
-tokenize-unit, layout, stats-card, write-shard, validate-shard, embed-fit, embed-shard, embed,
-validate, publish (docs/ARCHITECTURE.md). ``build()`` runs them on a thread pool and the Prefect
+tokenize-unit, layout, stats-card, write-shard, embed-fit, embed-shard, embed, validate, publish
+(docs/ARCHITECTURE.md). No stage reads a shard back to check it: each is checked as it is written
+(``check.py``), and ``validate`` compares the records with the files' identities. ``build()`` runs them on a thread pool and the Prefect
 flow maps each one to a task (``tasks/build.py``); both read this table, so the sequence exists in
 one place.
 
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 from .card_stage import card_done, draw_card
-from .check import shard_checked, validate_staged_shard
 from .embed_stage import embed_fit, embed_shard, embed_shard_done, embed_staged, fit_done
 from .layout import make_layout
 from .model import BuildPlan, Layout
@@ -92,12 +92,11 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="tokenize-unit", run=tokenize_unit, done=unit_done, fan_out="units", retry="io", verb="tokenize"),
     Stage(name="layout", run=make_layout, fan_out="one", retry="never"),
     # Everything the statistics and the card's plots show is known from the layout on: drawn while the
-    # shards are written and validated (those jobs mostly release the GIL), not in finalize.
+    # shards are written (those jobs mostly release the GIL), not in finalize.
     Stage(name="stats-card", run=draw_card, done=card_done, fan_out="one", retry="never",
           when=lambda plan: plan.config.stats, joins="validate"),
+    # Each shard checked as it is written (a placed one: its piece, when its tokenize job wrote it): none is read back.
     Stage(name="write-shard", run=write_shard, done=shard_done, fan_out="shards", retry="io", verb="write"),
-    Stage(name="validate-shard", run=validate_staged_shard, done=shard_checked, fan_out="shards", retry="never",
-          verb="validate"),
     # Embeddings: the PCA (with --embed-dim) fitted once, on a fixed sample, before any shard's job applies it;
     # then one job per shard (what grows with the corpus), each writing its own files; then the sections.
     Stage(name="embed-fit", run=embed_fit, done=fit_done, fan_out="one", retry="never",

@@ -33,12 +33,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._io import atomic_write_text, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
+from .._io import atomic_write_text, file_identity, fsync_dir, is_stale_tmp, load_npy, tmp_path_for
 from ..catalog import Catalog, file_lock
 from ..provenance import catalog_id, read_publisher
 from ..errors import ConfigError, ShardflowError
+from ..faults import fault
 from ..formats import bosidx
 from ..manifest import SCHEMA_VERSION, read_manifest
+from .keys import published_build
 from .model import BUILD_FORMAT_VERSION, BuildPlan, UnitResult
 
 __all__ = [
@@ -163,15 +165,26 @@ class Staging:
         return self.layout_dir / f"{split}-{k:06d}.shard.json"
 
     def shard_check(self, split: str, k: int) -> Path:
-        """The record of shard ``k``'s validation (``pipeline/check.py``)."""
+        """The record of shard ``k``'s checks, written by its write-shard job (``pipeline/check.py``)."""
         return self.layout_dir / f"{split}-{k:06d}.valid.json"
 
     def shard_checked(self, split: str, k: int, entry: Any) -> bool:
-        """Whether shard ``k`` was validated as the manifest entry ``entry`` describes, and is still that size
-        (sent to a bucket: its record, committed after the upload, is the proof)."""
+        """Whether shard ``k`` passed its checks as the manifest entry ``entry`` describes it, and its files are still
+        the ones checked: the size, inode and mtime recorded then, not a byte read (sent to a bucket: its record,
+        committed after the upload, is the proof)."""
+        fault("validate", self.out / entry.file)
         try:
-            return json.loads(self.shard_check(split, k).read_text()) == shard_check_record(entry) and (
-                self.sends or (self.out / entry.file).stat().st_size == entry.bytes)
+            record = json.loads(self.shard_check(split, k).read_text())
+            if self.sends and record == entry.to_dict():
+                return True  # an older run's record of a shard it read back (its files are on the bucket, not here)
+            if not isinstance(record, dict) or record.get("entry") != entry.to_dict() or record.get("checked") is None:
+                return False
+            if self.sends:
+                return True
+            files = record.get("files")
+            return isinstance(files, dict) and all(
+                files.get(name) == list(file_identity(self.out / name)) for name in (entry.file, *(f.file for f in entry.files))
+            )
         except (OSError, ValueError):
             return False
 
@@ -226,9 +239,10 @@ def staged_elsewhere(root: Path, cat: Catalog) -> bool:
         return True
 
 
-def shard_check_record(entry: Any) -> dict[str, Any]:
-    """What a shard's validation record holds: the manifest entry it validated (files, sizes, SHA-256s)."""
-    return entry.to_dict()  # type: ignore[no-any-return]
+def shard_check_record(entry: Any, checked: str, files: dict[str, Any]) -> dict[str, Any]:
+    """What a shard's check record holds: the manifest entry checked (files, sizes, SHA-256s), how it was checked
+    (``pipeline/check.py``: ``written``, ``parent``, ``read``), and each file's ``[bytes, inode, mtime_ns]`` then."""
+    return {"entry": entry.to_dict(), "checked": checked, "files": {name: list(i) for name, i in files.items()}}
 
 
 def load_plan(staging: str | os.PathLike[str]) -> BuildPlan:
@@ -284,7 +298,7 @@ def build_lock(plan: BuildPlan, *, timeout: float | None = 0) -> Iterator[BuildP
     """
     staging = Staging(plan.staging)
     with staging_lock(staging, plan.config.name, timeout):
-        found = Catalog(plan.catalog).find_build(plan.config.name, plan.build_key)
+        found = published_build(plan)  # (by the content key too, for a plan that left local files unhashed)
         if found is not None:
             yield dataclasses.replace(plan, existing=f"{plan.config.name}@{found.version}")
         elif staging.plan_file.exists():
@@ -397,7 +411,11 @@ def never_resumed(staging: Staging, published: set[str], cat: Catalog | None = N
     if not isinstance(old, dict):  # no plan: being written, only begun (kept), or left by a killed clean-up
         names = {staging_name(key, cat) if cat is not None else key[:16] for key in published}
         return "its build is published" if staging.root.name in names else None
-    if old.get("build_key") in published:
+    try:  # the key publish recorded (publish.json): the content's, where the plan left local files unhashed
+        recorded = json.loads(staging.publish_file.read_text()).get("build_key")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if old.get("build_key") in published or recorded in published:
         return "its build is published"
     versions = (old.get("build_format_version"), old.get("manifest_schema"))
     ours = (BUILD_FORMAT_VERSION, SCHEMA_VERSION)

@@ -14,6 +14,14 @@ version as they are. As the tokens pass, the unit's statistics
 are collected (``pipeline/collect_stats.py``: counts per token id, per ``--stats-column``
 value) and written beside them. The unit's ``.json`` is written last: it is the
 unit's commit point.
+
+An input that planning did not hash (an object on object storage, planned by
+its storage identity; a local file, by its stat: ``pipeline/plan.py``) is
+hashed by the job of its first unit, from the bytes it reads
+(``sources/hashing.py``), between two checks that the input is still the one
+planned (``check_unchanged``); the hash goes in the unit's result
+(``UnitResult.input_sha256``, which the manifest's key takes) and, for a local
+file, in the fingerprint cache, so the next build knows it without a read.
 """
 
 from __future__ import annotations
@@ -34,11 +42,13 @@ from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..formats import get_format
 from ..formats.unit_writer import UnitShardWriter
-from ..sources import InputFile, WorkUnit, iter_text_batches, split_scores
+from ..sources import InputFile, WorkUnit, input_kind, iter_text_batches, split_scores
 from ..sources.cuts import cut_in_bytes
-from ..sources.fingerprint import local_stat
+from ..sources.fingerprint import local_stat, record_fingerprints
+from ..sources.hashing import finish_hash
 from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
+from .check import shard_checks
 from .model import BuildPlan, Piece, UnitResult
 from .staging import DOC_DTYPE, Staging, as_plan
 from .collect_stats import UnitCollector, collecting, unit_stats_in_place
@@ -50,8 +60,8 @@ log = logging.getLogger("shardflow.pipeline")
 
 def check_unchanged(inp: InputFile) -> None:
     """Refuse an input that is no longer the one planned: a local file whose size or mtime changed since planning
-    hashed it (not its ctime or inode, which differ between the machines of a cluster on some network
-    filesystems), an object whose storage identity did (one HEAD request)."""
+    hashed it, or took its stat to leave it to this job to hash (not its ctime or inode, which differ between the
+    machines of a cluster on some network filesystems), an object whose storage identity did (one HEAD request)."""
     if inp.stat:
         try:
             now = local_stat(inp.path)
@@ -147,13 +157,19 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
     tmp_docs = tmp_path_for(docs_path)
     extra: dict[str, Any] = {}
     collector = UnitCollector(tokenizer.vocab_size) if collecting(plan) else None
+    # Planned unhashed (an object by its storage identity, a local file by its stat): the job of its first unit
+    # hashes it for the manifest (and, a local file, for the fingerprint cache), from the bytes it reads.
+    hashes = not inp.sha256 and wu.start == 0 and wu.first_row == 0
+    local = hashes and not inp.identity
     try:
         check_unchanged(inp)
-        with hashing_reads(inp.path) as read:
+        before = local_stat(inp.path) if local else ""
+        with hashing_reads(inp.path) if hashes else contextlib.nullcontext() as read:
             counts, pieces = _tokenize_into(plan, staging, unit, tmp_docs, tokenizer, collect=collector)
-        if not inp.sha256 and wu.start == 0 and wu.first_row == 0:
-            # Planned from the storage's identity only: this worker hashes the object for the manifest,
-            # from the bytes it just read when it read them all in order (JSON Lines), else reading it again.
+        if local:
+            extra["input_sha256"] = finish_hash(read, inp.path, inp.size, mapped=input_kind(inp).mapped)
+        elif hashes:
+            # An object: from the bytes just read when they were all read in order (JSON Lines), else read again.
             extra["input_sha256"] = read.digest(inp.size) or hash_input(inp.path)
         check_unchanged(inp)  # what was read and hashed is the version that was planned
     except BaseException:
@@ -161,6 +177,8 @@ def tokenize_unit(plan: BuildPlan | str | os.PathLike[str], unit: int) -> UnitRe
         remove_quietly(tmp_docs)
         shutil.rmtree(unit_dir, ignore_errors=True)
         raise
+    if local and local_stat(inp.path) == before:  # the next build knows these bytes without reading them
+        record_fingerprints(Path(plan.data_root) / plan.config.name, {inp.path: (before, extra["input_sha256"])})
     os.replace(tmp_docs, docs_path)
     fault("tokenize-tokens", docs_path)
     if collector is not None:
@@ -187,13 +205,15 @@ class _Pieces:
         self.plan, self.staging, self.unit, self.dtype = plan, staging, unit, dtype
         self.writers: dict[str, UnitShardWriter] = {}
         self.stack = contextlib.ExitStack()
+        self.check = shard_checks(plan)  # each piece checked as it is written, so that none is read back (check.py)
 
     def write(self, stream: str, tokens: np.ndarray, lengths: np.ndarray) -> None:
         writer = self.writers.get(stream)
         if writer is None:
             ext = self.fmt.extension
             writer = UnitShardWriter(
-                self.fmt, lambda p: self.staging.piece(self.unit, stream, p, ext), self.dtype, self.plan.config.shard_tokens
+                self.fmt, lambda p: self.staging.piece(self.unit, stream, p, ext), self.dtype, self.plan.config.shard_tokens,
+                check=self.check,
             )
             self.writers[stream] = self.stack.enter_context(writer)
         writer.write(tokens, lengths)
@@ -205,7 +225,7 @@ class _Pieces:
                 Piece(
                     tokens=s.tokens, documents=s.documents, bytes=s.bytes, sha256=s.sha256,
                     index_bytes=s.index_bytes, index_sha256=s.index_sha256,
-                    sidecars=tuple((name[len(s.path.stem):], n, sha) for name, n, sha in s.sidecars),
+                    sidecars=tuple((name[len(s.path.stem):], n, sha) for name, n, sha in s.sidecars), files=s.files,
                 )
                 for s in writer.close()
             )

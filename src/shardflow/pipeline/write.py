@@ -4,8 +4,11 @@ A placed shard (``layout.py``) is hard-linked, not read: a piece a tokenize
 job wrote, or the parent version's shard of an unchanged input. A gathered
 shard's tokens are ranges of the units' pieces (or of the parent's split)
 copied through the format-level ``ShardWriter``, which owns the header, the
-hash, the temporary name and the rename. ``layout/SPLIT-K.shard.json`` is
-written last: the shard's commit point.
+hash, the temporary name and the rename. Every shard is checked here, without
+reading it back (``check.py``): a gathered one as its tokens are copied, a
+placed one by its files being the ones checked when they were written (or the
+parent's own); ``layout/SPLIT-K.valid.json`` records how, and
+``layout/SPLIT-K.shard.json``, written last, is the shard's commit point.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..formats.writer import ShardWriter, encode_index, header_bytes, write_inde
 from ..manifest import FileEntry, ShardEntry, version_file
 from ..targets import shard_path as shard_path_in_version
 from ..tokenizers import Tokenizer
+from .check import Checked, identities, parents_own, read_back, record_check, shard_checks
 from .incremental import open_parent
 from .layout import read_layout
 from .model import SPLITS, BuildPlan, ShardResult
@@ -157,14 +161,24 @@ def write_shard(plan: BuildPlan | str | os.PathLike[str], split: str, k: int) ->
         raise ConfigError(f"{split} has {info.shards} shards; there is no shard {k}")
     shard_path = staging.out / shard_path_in_version(cfg.target, cfg.name, split, k, fmt.extension)
     shard_path.parent.mkdir(parents=True, exist_ok=True)  # the split's directory (schema 2)
+    checked: Checked | None = "written"  # a gathered shard: as its tokens were copied (_gather)
     if info.sources is None:
         entry = _gather(plan, staging, split, k, shard_path)
         linked = False
     else:
         unit, p = info.sources[k]
         linked = unit < 0
-        entry = _link_parent(plan, split, p, shard_path) if linked else _link_piece(plan, staging, split, unit, p, shard_path)
+        if linked:
+            entry = _link_parent(plan, split, p, shard_path)
+            checked = "parent" if parents_own(plan, staging.out, split, p, entry) else None
+        else:
+            entry, written = _link_piece(plan, staging, split, unit, p, shard_path)
+            checked = "written" if written and identities(staging.out, entry) == list(written) else None
         fault("shard-linked", shard_path)
+    if checked is None:  # not known to be the files checked as they were written: every byte read, as validate does
+        read_back(plan, staging.out, split, k, entry)
+        checked = "read"
+    record_check(staging, split, k, entry, checked)
     result = ShardResult(split=split, index=k, entry=entry, linked=linked)
     atomic_write_text(staging.shard_result(split, k), json.dumps(result.to_dict()))
     log.info("%s %s shard %d (%d tokens)", "linked" if result.linked else "placed" if info.sources else "wrote", split, k, entry.tokens)
@@ -179,8 +193,10 @@ def _sidecar_path(shard_path: Path, suffix: str) -> Path:
     return shard_path.with_name(shard_path.stem + suffix)
 
 
-def _link_piece(plan: BuildPlan, staging: Staging, split: str, unit: int, p: int, shard_path: Path) -> ShardEntry:
-    """A piece a tokenize job wrote, hard-linked under the shard's name with its index and sidecars."""
+def _link_piece(plan: BuildPlan, staging: Staging, split: str, unit: int, p: int, shard_path: Path
+                ) -> tuple[ShardEntry, tuple[tuple[int, int, int], ...]]:
+    """A piece a tokenize job wrote, hard-linked under the shard's name with its index and sidecars; its entry, and
+    its files' identities as its job recorded them when it wrote and checked them (none: an older record)."""
     result = staging.unit_result(unit)
     ext = get_format(plan.config.format).extension
     if result is None or p >= len(result.pieces.get(split, ())):
@@ -202,7 +218,7 @@ def _link_piece(plan: BuildPlan, staging: Staging, split: str, unit: int, p: int
         sidecars=tuple(
             FileEntry(file=_rel(staging, _sidecar_path(shard_path, sfx)), bytes=n, sha256=sha) for sfx, n, sha in piece.sidecars
         ),
-    )
+    ), piece.files
 
 
 def _link_parent(plan: BuildPlan, split: str, k: int, shard_path: Path) -> ShardEntry:
@@ -243,7 +259,8 @@ def _gather(plan: BuildPlan, staging: Staging, split: str, k: int, shard_path: P
     stream = "all" if split_decided_late(plan) else split
     skip = header_bytes(fmt, dtype)
     buf = np.empty(min(_BLOCK_TOKENS, hi - lo), dtype=dtype)
-    with ShardWriter(fmt, shard_path, dtype, hi - lo) as writer:
+    scan = shard_checks(plan)(shard_path)  # fed every block as it is copied
+    with ShardWriter(fmt, shard_path, dtype, hi - lo, check=scan) as writer:
         for n, (source, src_lo, take) in enumerate(_segments(staging, split, lo, hi)):
             if source >= 0:
                 _copy_stream(writer, buf, staging, source, stream, src_lo, take, ext=fmt.extension, skip=skip)
@@ -252,6 +269,7 @@ def _gather(plan: BuildPlan, staging: Staging, split: str, k: int, shard_path: P
                 parent.copy_range(writer, buf, SPLITS[-1 - source], src_lo, take)
             if n == 0:
                 fault("shard-mid", writer.tmp)
+        scan.check(local)  # the tokens against the index about to be written, before the shard is committed
         nbytes, digest = writer.commit()
     fault("shard-written", shard_path)
     idx_path = bosidx.index_path(shard_path)

@@ -25,7 +25,8 @@ The modules:
     jsonl        JSON Lines, plain, .gz or .zst (byte ranges of whole lines)
     lines        a byte stream's lines in bounded memory (a line over the limit is read past, not held)
     hf_dataset   save_to_disk directories             discover     files, directories and globs to inputs
-    fingerprint  content hashes of the inputs
+    fingerprint  content hashes of the inputs, and their stat-keyed cache
+    hashing      a local input hashed by the worker that reads it, from the bytes it reads
     storage      objects on object storage (s3://, gs://, memory://): listing, identity, reading in place
 
 Adding an input kind: write one module with a subclass of ``base.InputKind``
@@ -36,13 +37,15 @@ and cuts units, with ``cut_units`` when the file is made of indivisible
 pieces; ``iter_batches``, which yields the unit's raw text column in slices of
 at most ``batch_rows`` rows, or ``ParsedColumn`` slices when it parses records
 that can be bad; ``locate_damage`` optionally; ``divisible`` when some of its
-files are one unit whatever the unit size), and add its
+files are one unit whatever the unit size; ``mapped`` when it memory-maps
+local files instead of reading them through ``open_input``), and add its
 instance to ``INPUT_KINDS`` below. Discovery, the "unsupported file type"
 message, cleaning, row numbering and read-error messages then cover it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -63,7 +66,7 @@ from .base import (
     split_scores,
 )
 from .fingerprint import fingerprint_inputs
-from .storage import is_remote, storage_error
+from .storage import hashing_reads, is_remote, storage_error
 from .hf_dataset import HF_SAVED_DATASET
 from .jsonl import JSONL, JSONL_SUFFIXES
 from .parquet import PARQUET, PARQUET_SUFFIXES
@@ -134,11 +137,15 @@ def plan_units(
     id_column: str | None,
     unit_bytes: int,
     only: Collection[int] | None = None,
+    digests: dict[int, str] | None = None,
 ) -> list[WorkUnit]:
     """Cut every input into work units of whole row groups / record batches, about ``unit_bytes`` each.
 
     ``only``: cut just these inputs (by index in ``inputs``, which their units
     still carry as ``input``); None: all of them. Units are numbered from 0.
+    ``digests``: a local input without a SHA-256 that its kind reads in full
+    to cut it (a JSON Lines file's lines are counted) is hashed in that same
+    pass, and its SHA-256 put here, by index (``sources/hashing.py``).
 
     Objects on object storage are planned on a pool of threads: each costs a
     round trip or two (a footer, a head), so thousands of them in sequence
@@ -147,9 +154,15 @@ def plan_units(
 
     def one(i: int) -> list[WorkUnit]:
         inp = inputs[i]
-        return input_kind(inp).plan_units(
-            inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=0
-        )
+        hashed = digests is not None and not inp.sha256 and not is_remote(inp.path)
+        with hashing_reads(inp.path) if hashed else contextlib.nullcontext() as read:
+            units = input_kind(inp).plan_units(
+                inp, input_index=i, text_column=text_column, id_column=id_column, unit_bytes=unit_bytes, first_index=0
+            )
+        digest = read.digest(inp.size) if read is not None else None
+        if digests is not None and digest:
+            digests[i] = digest
+        return units
 
     chosen = range(len(inputs)) if only is None else sorted(only)
     if any(is_remote(inputs[i].path) for i in chosen) and len(chosen) > 1:

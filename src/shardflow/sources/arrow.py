@@ -35,6 +35,7 @@ class _ArrowIPCKind(InputKind):
 
     label = "Arrow"
     suffixes = ARROW_SUFFIXES
+    mapped = True  # a local file: pa.memory_map (see _open)
 
     def detect(self, path: Path | str) -> str | None:
         if not has_suffix(file_name(path), self.suffixes):

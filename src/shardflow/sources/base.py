@@ -70,6 +70,10 @@ class InputFile:
     kind: str
     size: int
     sha256: str = ""
+    """The SHA-256 of the file's bytes. Empty while planning has not read it: an object on object storage
+    (``identity`` stands in for it), or a local file that no version holds by its name and size and that the
+    fingerprint cache does not know (``stat`` stands in for it); the worker that reads its first unit hashes it
+    (``UnitResult.input_sha256``), so that its bytes are read once (``pipeline/plan.py``)."""
     identity: str = ""
     """For an object on object storage (``path`` is its URL): the storage's identity of this version of it
     (``"ETag=..."``, ``"VersionId=..."``, see ``storage.identity``), which the build key and incremental
@@ -89,8 +93,9 @@ class InputFile:
 
     @property
     def key_identity(self) -> str:
-        """What the build key records of the content: the SHA-256, or the storage identity of a remote object."""
-        return self.sha256 or f"object:{self.identity}"
+        """What the build key records of the content: the SHA-256, else the storage identity of a remote object,
+        or a local file's stat (size, mtime, ctime, inode) when planning left it to be hashed by its reader."""
+        return self.sha256 or (f"object:{self.identity}" if self.identity else f"file:{self.stat}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +239,9 @@ class InputKind(ABC):
     """For messages: "inputs are Parquet (.parquet, .pq) or ..."; kinds of one family share it."""
     suffixes: tuple[str, ...]
     """Lower-case file name endings, with the dot, that directory scans pick up."""
+    mapped: bool = False
+    """Whether a local file is memory-mapped to be read, never read through ``storage.open_input``: the job that
+    hashes it does so over the mapping (``hashing.finish_hash``)."""
 
     def detect(self, path: Path | str) -> str | None:
         """The kind name of ``path`` (a local path, or an object's URL) if this kind (or its family) reads it, else None.

@@ -27,9 +27,9 @@ spare planning a read of the file but name documents by numbers nobody can
 use, and a "line N" message would need that count anyway. The cost: planning
 reads every JSON Lines file once, counting lines (a ``bytes.count`` per
 megabyte, disk speed), on the planning machine; compressed files are
-decompressed for it. That is on top of the inputs' SHA-256, which its cache
-skips for unchanged files and this count does not; acceptable for local
-files. An object on object storage is not read by planning beyond its first
+decompressed for it. A file the fingerprint cache does not know is hashed in
+that same pass (``sources/hashing.py``), so a local JSON Lines file is read
+twice in a first build: counted and hashed, then tokenized. An object on object storage is not read by planning beyond its first
 16 KiB: it is cut blind into byte ranges (``JsonLinesKind._plan_object``),
 whose workers find their line boundaries and count their rows; the layout
 places each range's rows after those of the ranges before it, so line
@@ -88,7 +88,7 @@ from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, Parsed
 from .base import budget_words, file_name, has_suffix, record_limit
 from .cuts import byte_offsets
 from .lines import BLOCK, Oversized, range_lines, read_lines
-from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input, read_head
+from .storage import PLAN_BLOCK, READ_BLOCK, hashing, is_remote, open_input, read_head
 
 __all__ = ["JSONL_SUFFIXES", "JsonLinesKind", "JSONL"]
 
@@ -114,7 +114,9 @@ def _open(path: str, block_size: int = READ_BLOCK) -> BinaryIO:
     codec = _codec(path)
     if codec is None:
         return open_input(path, block_size=block_size)
-    raw = pa.OSFile(path) if not is_remote(path) else pa.PythonFile(open_input(path, block_size=block_size), mode="r")
+    # Through a Python file object where the raw bytes are read in place or hashed as they are read.
+    hashed = is_remote(path) or hashing(path)
+    raw = pa.PythonFile(open_input(path, block_size=block_size), mode="r") if hashed else pa.OSFile(path)
     return pa.CompressedInputStream(raw, codec)  # type: ignore[return-value]
 
 

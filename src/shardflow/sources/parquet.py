@@ -2,7 +2,9 @@
 
 Planning reads only the footer (row counts and the text column's uncompressed
 size per row group); reading streams the unit's row groups, text column only,
-in batches, so a huge row group is never in memory at once. A text larger
+in batches, so a huge row group is never in memory at once. The job that hashes
+a local file as it reads it (``sources/hashing.py``) reads the other columns'
+chunks too, in file order, for the hash. A text larger
 than the batch budget is a bad record (``base.within_budget``): in a row group
 of one row it is known from the footer and never decompressed; otherwise its
 page is decompressed (a value cannot span pages) but the text is not tokenized.
@@ -11,6 +13,7 @@ page is decompressed (a value cannot span pages) but the text is not tokenized.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +21,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from .storage import PLAN_BLOCK, READ_BLOCK, is_remote, open_input
 from .cuts import join_small_tail
+from .hashing import forward_hash
 from .base import DEFAULT_BATCH_BYTES, READ_ERRORS, InputFile, InputKind, ParsedColumn, WorkUnit
 from .base import budget_words, check_schema, column_path, cut_units, record_limit, select_column, within_budget
 
@@ -28,12 +32,16 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 _PAGE_OVERHEAD = 4096
 
 
-def _open(inp: InputFile, block_size: int = READ_BLOCK) -> pq.ParquetFile:
+def _open(inp: InputFile, block_size: int = READ_BLOCK, *, hashing: bool = False) -> pq.ParquetFile:
     try:
         # A buffered stream reads column pages incrementally, so a huge row group
         # never has to be in memory at once (the memory bound is the batch size).
         # An object on object storage is read in place: the footer, then the unit's pages, by ranged reads.
-        source = open_input(inp.path, block_size=block_size) if is_remote(inp.path) else inp.path
+        # ``hashing``: a local file this job hashes as it reads it (``hashing.ForwardHash``), if it does.
+        if is_remote(inp.path):
+            source: Any = open_input(inp.path, block_size=block_size)
+        else:
+            source = (forward_hash(inp.path) if hashing else None) or inp.path
         return pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
     except READ_ERRORS as exc:
         raise InputError(f"{inp.path}: not a readable Parquet file ({exc}); the file is corrupt or truncated") from None
@@ -70,7 +78,7 @@ class ParquetKind(InputKind):
     def iter_batches(
         self, inp: InputFile, unit: WorkUnit, *, text_column: str, batch_rows: int, batch_bytes: int = DEFAULT_BATCH_BYTES
     ) -> Iterator[pa.Array | pa.ChunkedArray | ParsedColumn]:
-        pf = _open(inp)
+        pf = _open(inp, hashing=True)
         path = column_path(inp, pf.schema_arrow, text_column)
         # A dotted name reads only the struct's text leaf, not its sibling fields.
         columns = [".".join(path)]

@@ -42,6 +42,8 @@ __all__ = [
     "open_input",
     "hash_input",
     "hashing_reads",
+    "claim_hash",
+    "hashing",
     "ReadHash",
     "current_identity",
     "read_head",
@@ -219,6 +221,9 @@ class ReadHash:
         self.pos = 0
         self.broken = False
         self.opened = 0
+        self.kept: tuple[int, bytes] | None = None
+        """``(offset, bytes)``: the end of a local file that its reader read first (a Parquet footer), kept so that
+        it is hashed at the end without reading it again (``sources/hashing.py``)."""
         self._h = hashlib.sha256()
 
     def update(self, data: bytes) -> None:
@@ -226,8 +231,9 @@ class ReadHash:
         self.pos += len(data)
 
     def digest(self, size: int) -> str | None:
-        """The hex digest if the object was read once, in order, from its first byte to its last; else None."""
-        if self.broken or self.opened != 1 or self.pos != size:
+        """The hex digest if the object was read, in order, from its first byte to its last through the first
+        stream opened on it (``claim_hash``); else None."""
+        if self.broken or not self.opened or self.pos != size:
             return None
         return self._h.hexdigest()
 
@@ -246,20 +252,36 @@ def hashing_reads(path: str) -> Iterator[ReadHash]:
         _tees.current = None
 
 
-def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
-    """A binary file object for a local path or a URL; for a URL, ranged reads of ``block_size``."""
-    if not is_remote(path):
-        return open(path, "rb")
-    fs, root = filesystem(path)
-    try:
-        f = fs.open(root, "rb", block_size=block_size)
-    except Exception as exc:
-        _raise_storage_error(path, exc)
+def hashing(path: str) -> bool:
+    """Whether this thread hashes ``path`` as it reads it, and has opened no stream on it yet (see ``claim_hash``)."""
     tee = getattr(_tees, "current", None)
-    if tee is not None and tee.path == path:
-        tee.opened += 1
-        return _HashingReader(f, tee)  # type: ignore[return-value]
-    return f  # type: ignore[no-any-return]
+    return tee is not None and tee.path == path and not tee.opened
+
+
+def claim_hash(path: str) -> ReadHash | None:
+    """The hash this thread takes of ``path`` as it reads it (``hashing_reads``), for the first stream opened on it
+    only; None for any other (a second stream would hash bytes out of order)."""
+    tee = getattr(_tees, "current", None)
+    if tee is None or tee.path != path:
+        return None
+    tee.opened += 1
+    return tee if tee.opened == 1 else None
+
+
+def open_input(path: str, *, block_size: int = READ_BLOCK) -> BinaryIO:
+    """A binary file object for a local path or a URL; for a URL, ranged reads of ``block_size``.
+
+    Under ``hashing_reads(path)``, the first one opened hashes what is read through it, in order."""
+    if not is_remote(path):
+        f: Any = open(path, "rb")
+    else:
+        fs, root = filesystem(path)
+        try:
+            f = fs.open(root, "rb", block_size=block_size)
+        except Exception as exc:
+            _raise_storage_error(path, exc)
+    tee = claim_hash(path)
+    return f if tee is None else _HashingReader(f, tee)  # type: ignore[no-any-return, return-value]
 
 
 def read_head(path: str, n: int) -> bytes:
