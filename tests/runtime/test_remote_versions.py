@@ -14,6 +14,7 @@ states are exact; a manifest naming a path outside the version is refused.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import logging
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -382,6 +384,24 @@ def test_token_dataset_under_a_limit_reads_at_random_and_keeps_at_most_the_limit
         peak = max(peak, cached_bytes(tmp_path))
     assert sizes[-1] <= peak <= limit
     assert len(fetched(caplog)) > len(sizes)  # shards evicted, then fetched again when read again
+
+    def mapped() -> int:  # this process's maps of the cache's shard files, evicted (deleted) ones included
+        return sum(1 for line in Path("/proc/self/maps").read_text().splitlines() if str(tmp_path) in line and ".bin" in line)
+
+    wrong: list[int] = []
+
+    def read(seed: int) -> None:
+        for i in np.random.default_rng(seed).permutation(len(local))[:150].tolist():
+            if not np.array_equal(remote[i]["input_ids"], local[i]["input_ids"]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in (1, 2)]  # two threads of one process
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert not wrong and mapped() <= 2 and cached_bytes(tmp_path) <= limit  # no shard left mapped outside the count
     with pytest.raises(ConfigError, match=r"cache_limit_bytes=[\d,]+ cannot hold the largest shard of rv@v1 .*raise it"):
         TokenDataset(published.version_url, seq_len=SEQ, cache_dir=tmp_path, cache_limit_bytes=sizes[-1] - 1)
     with pytest.raises(ConfigError, match=r"cache_dir and cache_limit_bytes are for versions on object storage"):

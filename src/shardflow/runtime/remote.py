@@ -369,15 +369,26 @@ class RemoteShardSet(ShardSet):
         # Pinned from the check to the mapping; once mapped, the data outlives an unlink by another process.
         with self.cache.pinned([name for name, _, _ in self.data_files(k)]):
             self.fetch(k)
-            mm = super()._open(k)
-        if self.limit is not None:
+            return super()._open(k)
+
+    def shard(self, k: int) -> Any:
+        if self.limit is None or self._views[k] is not None:
+            return super().shard(k)
+        # Under a limit, one thread of this process at a time opens a shard, stores its view and evicts: another
+        # thread's eviction never takes a shard opened but not yet stored (then never released again).
+        pid, lock = self.__dict__.get("_held_lock") or (None, None)
+        if pid != os.getpid() or lock is None:
+            pid, lock = self.__dict__["_held_lock"] = (os.getpid(), threading.Lock())
+        with lock:
+            view = super().shard(k)
             self._keep_within(k)
-        return mm
+        return view
 
     def hold_at_most(self, limit: int | None) -> None:
         """Random access under ``cache_limit_bytes``: keep at most ``limit`` bytes of the shards this process
-        opened (their files and sidecars) mapped and cached; past it, the ones opened first are dropped and
-        evicted (unless another process pins them). One shard larger than ``limit`` is refused here."""
+        opened (their files and sidecars; the small ``.bos.idx`` files are fetched apart and not counted)
+        mapped and cached; past it, the ones opened first are dropped and evicted (unless another process pins
+        them). One shard larger than ``limit`` is refused here."""
         largest = max((self.data_bytes(k) for k in range(self.num_shards)), default=0)
         if limit is not None and largest > limit:
             raise ConfigError(
@@ -387,6 +398,7 @@ class RemoteShardSet(ShardSet):
         self.limit = limit
 
     def _keep_within(self, k: int) -> None:
+        """Count shard ``k``, just opened by ``shard`` (``last_token``'s maps are not kept, so not counted)."""
         held = self.__dict__.setdefault("_held", OrderedDict())
         held[k] = self.data_bytes(k)
         total = sum(held.values())
@@ -400,6 +412,7 @@ class RemoteShardSet(ShardSet):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_held", None)  # this process's open shards: a worker's copy opens its own
+        state.pop("_held_lock", None)
         return state
 
     def doc_starts(self, k: int, *, cache: bool = True) -> Any:
