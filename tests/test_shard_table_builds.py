@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 import shardflow.manifest as manifest_module
 from support.cli import run_main
-from support.paths import SAMPLE
+from support.corpus import split_sample
 from shardflow.config import BuildConfig
 from shardflow.manifest import SCHEMA_VERSION, SHARD_TABLE_ABOVE, TABLE_SCHEMA_VERSION, read_manifest
 from shardflow.pipeline import build
@@ -41,13 +40,8 @@ SEQ = 64
 
 @pytest.fixture(scope="module")
 def halves(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The sample corpus as two Parquet inputs (rows 0-29, 30-60)."""
-    out = tmp_path_factory.mktemp("halves")
-    table = pq.read_table(SAMPLE)
-    paths = [out / "a.parquet", out / "b.parquet"]
-    pq.write_table(table.slice(0, 30), paths[0])
-    pq.write_table(table.slice(30), paths[1])
-    return paths
+    """The sample corpus as two Parquet inputs (rows 0-29, 30-60): part0.parquet, part1.parquet."""
+    return sorted(split_sample(tmp_path_factory.mktemp("halves"), (30, 31)).glob("*.parquet"))
 
 
 def build_with(above: int, sources: list[Path] | list[str], root: Path | str, catalog: Path | str | None = None) -> str:
@@ -132,7 +126,7 @@ def test_each_incremental_build_reused_its_parent_whatever_lists_its_shards(chai
     for name, root in chains.items():
         child = read_manifest(version(root, "v2"))
         assert child.parent == "tb@v1" and child.extra["reuse"]["parent"] == "tb@v1", name
-        assert child.extra["reuse"]["linked_shards"] > 0 and child.extra["reuse"]["reused_inputs"] == ["a.parquet"], name
+        assert child.extra["reuse"]["linked_shards"] > 0 and child.extra["reuse"]["reused_inputs"] == ["part0.parquet"], name
 
 
 def test_validate_checks_a_built_table(chains):
