@@ -50,7 +50,7 @@ from shardflow.errors import ConfigError
 from shardflow.manifest import read_manifest
 
 from shardflow.cli.progress import BuildProgress, Progress, emit
-from shardflow.flows.report import FOUND_ROWS, artifact_key, card_markdown, leads, summary_description, summary_markdown
+from shardflow.flows.report import FOUND_ROWS, artifact_key, card_markdown, placed, summary_description, summary_markdown
 from shardflow.flows.server import watch_server
 from shardflow.tasks.build import (
     STAGE_BATCH_TASKS, STAGE_TASKS, TAGS, attach_core_logs, fetch_parent_task, plan_task, push_files_task, push_finish_task, push_prepare_task,
@@ -292,8 +292,8 @@ class RunProgress(BuildProgress):
         self._last = now
         try:
             if self.artifact_id is None:
-                self.artifact_id = create_progress_artifact(
-                    min(100.0, percent), key=artifact_key(self.name, "progress"), description=description)
+                self.artifact_id = _create_placed(lambda: create_progress_artifact(
+                    min(100.0, percent), key=artifact_key(self.name, "progress"), description=description), "progress")
             else:
                 update_progress_artifact(self.artifact_id, progress=min(100.0, percent), description=description)
         except Exception:  # a progress bar is a convenience; never fail a build for it
@@ -336,11 +336,11 @@ class RunProgress(BuildProgress):
         from prefect.artifacts import create_markdown_artifact
 
         try:
-            _create_leading(lambda: create_markdown_artifact(
+            _create_placed(lambda: create_markdown_artifact(
                 f"# Build summary: {self.name}\n\n**FAILED** in step `{stage.name}`: {error}\n\nNothing was published.\n",
                 key=artifact_key(self.name, "summary"),
                 description=f"{self.name}: failed in {stage.name}: {str(error)[:200]}",
-            ), [self.artifact_id])
+            ), "summary")
         except Exception:
             log.debug("could not record the failure summary", exc_info=True)
 
@@ -365,41 +365,33 @@ class RunProgress(BuildProgress):
                       elapsed=time.monotonic() - self.started, ref=ref))
         self._update(100.0, f"{self.name}: done, {ref}", force=True)
         assert self.plan is not None
-        _publish_artifacts(name=self.name, ref=ref, catalog=self.plan.catalog, created=created, stats=stats,
-                           progress_id=self.artifact_id)
+        _publish_artifacts(name=self.name, ref=ref, catalog=self.plan.catalog, created=created, stats=stats)
 
 
-def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any],
-                       progress_id: Any = None) -> None:
-    """The run's end-of-run artifacts: the dataset card, then the summary, made to lead the run's page."""
+def _publish_artifacts(*, name: str, ref: str, catalog: str, created: bool, stats: dict[str, Any]) -> None:
+    """The run's end-of-run artifacts: the dataset card, then the summary, each in its place on the run's page."""
     from prefect.artifacts import create_markdown_artifact
 
     directory = Catalog(catalog).resolve(ref)
     manifest = read_manifest(directory)
     manifest_path = directory / "metadata.yaml"
-    others = [progress_id]
     card = card_markdown(directory)
     if card is not None:
-        others.append(create_markdown_artifact(card, key=artifact_key(name, "card"),
-                                               description=f"Dataset card of {ref}"))
+        _create_placed(lambda: create_markdown_artifact(card, key=artifact_key(name, "card"),
+                                                        description=f"Dataset card of {ref}"), "card")
     summary = summary_markdown(manifest, manifest_path=manifest_path, created=created, catalog=catalog, **stats)
-    _create_leading(lambda: create_markdown_artifact(summary, key=artifact_key(name, "summary"),
-                                                     description=summary_description(manifest, created=created)),
-                    others)
+    _create_placed(lambda: create_markdown_artifact(summary, key=artifact_key(name, "summary"),
+                                                    description=summary_description(manifest, created=created)),
+                   "summary")
 
 
-def _create_leading(create: Callable[[], Any], others: Sequence[Any], tries: int = 40) -> Any:
-    """Create an artifact (``create()`` returns its id) that comes before ``others`` on the run's page.
+def _create_placed(create: Callable[[], Any], kind: str) -> Any:
+    """Create an artifact of ``kind`` (``create()`` returns its id) in its place on the run's page; its id.
 
-    Prefect's UIs list a run's artifacts by id, newest id first, and ids are random (``flows.report``): it is
-    made again until its id sorts first (each try has a chance of one in ``len(others) + 1``), and the ones it
-    replaced are deleted. Its id.
+    Prefect's UIs list a run's artifacts by id, newest id first, and ids are random: it is made again until
+    its id falls in its kind's band (``flows.report.placed``), and the ones it replaced are deleted.
     """
-    others = [o for o in others if o is not None]
-    made, replaced = create(), []
-    while not leads(made, others) and len(replaced) < tries:
-        replaced.append(made)
-        made = create()
+    made, replaced = placed(create, kind)
     if replaced:
         from prefect.client.orchestration import get_client
 

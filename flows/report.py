@@ -17,8 +17,8 @@ Every ``build_dataset`` run creates three artifacts, keyed per dataset (keys fro
 Their order on a run's page: both of Prefect's UIs list a flow run's artifacts by id, newest id first
 (prefect 3.9.1: the Vue UI's ``FlowRunArtifacts`` filters ``/artifacts/filter`` with no sort, so the
 server's default ``ArtifactSort.ID_DESC`` applies; the React UI, ``ui-v2``, asks for ``ID_DESC``). Ids
-are random (UUID4), so creation order decides nothing: the summary, made last, is made again until its id
-sorts first (:func:`leads`), and the ones it replaced are deleted.
+are random (UUID4), so creation order decides nothing: each artifact is made again until its id falls in
+its kind's band of the ids' range (:func:`in_place`), and the ones it replaced are deleted.
 
 Artifact keys may hold only lowercase letters, digits and dashes, so the
 dataset name is slugged (``wiki_en.v2`` becomes ``wiki-en-v2``). Because the
@@ -33,13 +33,13 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from shardflow.manifest import Manifest, boundary_tokens
 
 __all__ = [
     "artifact_key", "dataset_slug", "shard_rows", "summary_markdown", "summary_description", "manifest_markdown",
-    "card_markdown", "ARTIFACT_ORDER", "leads", "FOUND_ROWS", "SHARD_ROWS",
+    "card_markdown", "ARTIFACT_ORDER", "in_place", "placed", "FOUND_ROWS", "SHARD_ROWS",
 ]
 
 # The order a reader meets a run's artifacts in: the summary first, the progress bar (made first) last.
@@ -52,14 +52,31 @@ SHARD_ROWS = 50
 """Shards, at most, listed in the summary (``metadata.yaml`` lists every one)."""
 
 
-def leads(first: uuid.UUID | str, others: Sequence[uuid.UUID | str]) -> bool:
-    """Whether an artifact with id ``first`` comes before ``others`` in the UI's order (id descending).
+def in_place(artifact_id: uuid.UUID | str, kind: str) -> bool:
+    """Whether an artifact of ``kind`` with id ``artifact_id`` sits in its place of :data:`ARTIFACT_ORDER`.
 
-    The server's SQLite column holds an id as its hyphenated lowercase hex text, PostgreSQL as its 16 bytes:
-    both order as the 128-bit number.
+    The UIs list by id, descending. The ids' range is cut into ``len(ARTIFACT_ORDER)`` equal bands, the
+    first kind's the highest: an artifact whose id lies in its kind's band comes before every later kind's,
+    whatever ids those drew. A random id lands in its band with a chance of one in three, whatever the
+    others' ids: a bounded number of tries (``flows.build``). The server's SQLite column holds an id as its
+    hyphenated lowercase hex text, PostgreSQL as its 16 bytes: both order as the 128-bit number.
     """
-    number = uuid.UUID(str(first)).int
-    return all(number > uuid.UUID(str(other)).int for other in others)
+    bands = len(ARTIFACT_ORDER)
+    band = bands - 1 - ARTIFACT_ORDER.index(kind)
+    return uuid.UUID(str(artifact_id)).int * bands >> 128 == band
+
+
+def placed(create: Callable[[], Any], kind: str, tries: int = 40) -> tuple[Any, list[Any]]:
+    """Call ``create()`` (it makes an artifact of ``kind`` and returns its id) until the id is :func:`in_place`.
+
+    The id kept and the ones it replaced, for the caller to delete. Each try lands with a chance of one in
+    three, so ``tries=40`` misses once in 10^7 (the last one is kept then: the order is a convenience).
+    """
+    made, replaced = create(), []
+    while not in_place(made, kind) and len(replaced) < tries:
+        replaced.append(made)
+        made = create()
+    return made, replaced
 
 
 def dataset_slug(name: str) -> str:

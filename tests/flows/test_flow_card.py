@@ -5,7 +5,7 @@ Against the session's real Prefect server, on real Parquet inputs: the
 shard is still written and validated meanwhile, with ``--workers 1``: it
 takes none of the workers' slots. Nothing is finalized before it ends; the
 published version's card is as before, and the run's three artifacts list the
-summary first, as the UIs sort them (by id).
+summary, card and progress bar in that order, as the UIs sort them (by id).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.flows.build import build_dataset
-from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, leads
+from shardflow.flows.report import ARTIFACT_ORDER, artifact_key, in_place, placed
 from shardflow.pipeline.staging import Staging
 from shardflow.catalog import Catalog
 from shardflow.config import BuildConfig
@@ -86,26 +86,49 @@ def test_the_flow_draws_the_card_beside_the_shard_tasks_in_a_task_run_of_its_own
     assert sorted(p.name for p in (directory / "card").iterdir()) == [
         "README.md", "lengths.png", "shard_fill.png", "tokens_by_source.png"]
     # The run's three artifacts as the UIs ask for them (prefect 3.9.1): the Vue UI with no sort (the server's
-    # default, ID_DESC), ui-v2 with ID_DESC. The summary first, whatever ids the server drew.
+    # default, ID_DESC), ui-v2 with ID_DESC. Summary, card, progress, whatever ids the server drew.
     (flow_run,) = prefect_api.flow_runs(f"build {name}")
     query = {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}, "type": {"not_any_": ["result"]}}}
     for sort in ({}, {"sort": "ID_DESC"}):
         arts = prefect_api.request("POST", "/artifacts/filter", {**query, **sort})
-        assert [a["key"] for a in arts][0] == artifact_key(name, "summary"), [a["key"] for a in arts]
-        assert sorted(a["key"] for a in arts) == sorted(artifact_key(name, kind) for kind in ARTIFACT_ORDER)
+        assert [a["key"] for a in arts] == [artifact_key(name, kind) for kind in ARTIFACT_ORDER], arts
     # No image artifact: the UI prints an image artifact's whole data: URL; markdown shows the picture.
     assert {a["type"] for a in arts} == {"markdown", "progress"}
     card_md = next(a for a in arts if a["key"] == artifact_key(name, "card"))["data"]
     assert card_md.count("](data:image/png;base64,") == 3  # the card's three plots, inlined
 
 
-def test_an_artifact_leads_when_its_id_is_the_greatest_as_the_server_orders_ids() -> None:
-    """The server's SQLite column orders ids as hyphenated lowercase hex text, PostgreSQL as 16 bytes: one order."""
+def test_an_id_in_its_kinds_band_sorts_as_artifact_order_says_whatever_ids_the_others_drew() -> None:
+    """The server's SQLite column orders ids as hyphenated lowercase hex text, PostgreSQL as 16 bytes: one
+    order; the bands put each kind in its place, and a kind lands in its band within the tries."""
+    import random
     import uuid
 
-    ids = [uuid.uuid4() for _ in range(200)]
-    as_text = sorted(ids, key=str, reverse=True)
-    assert as_text == sorted(ids, key=lambda u: u.bytes, reverse=True)
-    assert leads(as_text[0], as_text[1:]) and leads(str(as_text[0]), [str(i) for i in as_text[1:]])
-    assert not leads(as_text[1], as_text[:1]) and leads(as_text[-1], [])
+    rng = random.Random(44)
+    ids = [uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(3000)]
+
+    def fresh() -> uuid.UUID | str:  # what the server gives: a new random id (as a UUID or its text)
+        u = uuid.UUID(int=rng.getrandbits(128), version=4)
+        return u if rng.random() < 0.5 else str(u)
+
+    assert sorted(ids, key=str, reverse=True) == sorted(ids, key=lambda u: u.bytes, reverse=True)
     assert ARTIFACT_ORDER == ("summary", "card", "progress")
+    # Every id is in exactly one kind's band, the bands in ARTIFACT_ORDER as the ids descend.
+    for u in ids:
+        assert sum(in_place(u, kind) for kind in ARTIFACT_ORDER) == 1
+    assert in_place(uuid.UUID(int=2**128 - 1), "summary") and in_place(uuid.UUID(int=0), "progress")
+    assert in_place(str(uuid.UUID(int=2**128 // 3 + 1)), "card") and in_place(uuid.UUID(int=2**128 // 3 - 1), "progress")
+    # Runs whose artifacts are made in any order, each placed: the page (id descending) lists ARTIFACT_ORDER.
+    tries = []
+    for _ in range(300):
+        made = {}
+        for kind in rng.sample(ARTIFACT_ORDER, 3):
+            made[kind], replaced = placed(fresh, kind)
+            tries.append(len(replaced) + 1)
+            assert all(not in_place(r, kind) for r in replaced)
+        page = sorted(made, key=lambda k: uuid.UUID(str(made[k])).int, reverse=True)
+        assert tuple(page) == ARTIFACT_ORDER
+    assert 2.5 < sum(tries) / len(tries) < 3.5  # one in three each try
+    # Past its tries, the last id is kept (an order is a convenience, a build never fails for it).
+    never = uuid.UUID(int=0)
+    assert placed(lambda: never, "summary", tries=5) == (never, [never] * 5)
