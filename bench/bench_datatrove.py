@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -118,6 +120,24 @@ def same_tokens(sf: Path, dt: Path) -> bool:
     return ours.shape == theirs.shape and bool(np.array_equal(ours, theirs))
 
 
+# The tokenizers library's own encode of the corpus, in a fresh process, as the build calls it: its CPU
+# seconds over 2 cores are a floor no build around it can go under.
+LIBRARY_FLOOR = r"""
+import glob, json, resource, sys, time
+import pyarrow.parquet as pq
+from shardflow.tokenizers import load_tokenizer
+tok = load_tokenizer(sys.argv[2], backend="hf")
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0, c0, n = time.perf_counter(), cpu(), 0
+for f in sorted(glob.glob(sys.argv[1] + "/*.parquet")):
+    for b in pq.ParquetFile(f).iter_batches(batch_size=2048, columns=["text"]):
+        n += len(tok.encode_batch(b.column(0))[0])
+print(json.dumps({"tokens": n, "wall": time.perf_counter() - t0, "cpu": cpu() - c0}))
+"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, required=True, help="a directory of Parquet files (column text)")
@@ -162,6 +182,12 @@ def main() -> None:
         print(f"{side:9} median wall {med[side]:6.2f} s (range {min(walls[side]):.2f}-{max(walls[side]):.2f}), "
               f"median cpu {statistics.median(cpus[side]):6.2f} s")
     print(f"shardflow / datatrove wall: {med['shardflow'] / med['datatrove']:.2f} (target <= 0.67)")
+    out = subprocess.run([sys.executable, "-c", LIBRARY_FLOOR, str(args.corpus), tokenizer],
+                         capture_output=True, text=True, check=True)
+    lib = json.loads(out.stdout.strip().splitlines()[-1])
+    floor = lib["cpu"] / (os.cpu_count() or 1)
+    print(f"the library's encode alone: {lib['wall']:.2f} s wall, {lib['cpu']:.2f} CPU s ({lib['tokens']:,} tokens); "
+          f"its CPU over every core, {floor:.2f} s, is {floor / med['datatrove']:.2f} of datatrove's wall")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_identity, load_tokenizer
 from .check import shard_checks
 from .model import BuildPlan, Piece, UnitResult
+from ..overlap import ahead
 from .staging import DOC_DTYPE, Staging, as_plan
 from .collect_stats import UnitCollector, collecting, unit_stats_in_place
 
@@ -255,10 +256,11 @@ def _tokenize_into(
     stream = routes[0] if len(routes) == 1 else None  # else each document by its score (val_fraction)
     pieces = _Pieces(plan, staging, unit, dtype)
     with pieces.stack:
-        for batch in iter_text_batches(
+        # The next batch is read while this one is encoded and written (overlap.py): one batch more per job.
+        for batch in ahead(iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
             on_bad_record=cfg.on_bad_record, batch_bytes=cfg.batch_bytes,
-        ):
+        )):
             counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid + batch.bad_records
             counts["bad_records"] += batch.bad_records
             counts["nulls"] += batch.nulls

@@ -23,8 +23,8 @@ before; nothing here changes them.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
-import threading
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO, NoReturn
@@ -238,30 +238,33 @@ class ReadHash:
         return self._h.hexdigest()
 
 
-_tees = threading.local()
+_tee: contextvars.ContextVar[ReadHash | None] = contextvars.ContextVar("shardflow_read_hash", default=None)
 
 
 @contextlib.contextmanager
 def hashing_reads(path: str) -> Iterator[ReadHash]:
-    """Hash ``path`` as this thread reads it: a reader that goes through it once spares a second read."""
+    """Hash ``path`` as this context reads it: a reader that goes through it once spares a second read.
+
+    A context variable, not a thread's: a reader run ahead on another thread in a copy of this context
+    (``overlap.py``) hashes what it reads."""
     tee = ReadHash(path)
-    _tees.current = tee
+    token = _tee.set(tee)
     try:
         yield tee
     finally:
-        _tees.current = None
+        _tee.reset(token)
 
 
 def hashing(path: str) -> bool:
-    """Whether this thread hashes ``path`` as it reads it, and has opened no stream on it yet (see ``claim_hash``)."""
-    tee = getattr(_tees, "current", None)
+    """Whether this context hashes ``path`` as it reads it, and has opened no stream on it yet (see ``claim_hash``)."""
+    tee = _tee.get()
     return tee is not None and tee.path == path and not tee.opened
 
 
 def claim_hash(path: str) -> ReadHash | None:
-    """The hash this thread takes of ``path`` as it reads it (``hashing_reads``), for the first stream opened on it
+    """The hash this context takes of ``path`` as it reads it (``hashing_reads``), for the first stream opened on it
     only; None for any other (a second stream would hash bytes out of order)."""
-    tee = getattr(_tees, "current", None)
+    tee = _tee.get()
     if tee is None or tee.path != path:
         return None
     tee.opened += 1

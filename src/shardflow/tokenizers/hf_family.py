@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
+from ..overlap import ahead
 from .base import Tokenizer, TokenizerFamily, TokenizerSpec, checked_fast, dist_version, file_stamp, name_of_file
 from .panics import is_library_panic, library_panic_error, one_line, panic_notice_held
 
@@ -258,14 +259,17 @@ def _reference_arrays(ref: Any, texts: pa.Array | pa.ChunkedArray | Sequence[str
     """The reference ids of ``texts`` as flat ``(tokens uint32, offsets int64)``, built sub-batch by sub-batch.
 
     Each sub-batch's ``Encoding`` objects become one uint32 array (a document's list of Python
-    ints lives only while it is copied) and are dropped before the next call."""
+    ints lives only while it is copied) and are dropped. The library encodes the next sub-batch (on
+    its own threads, the GIL released) while this one's ids are copied out, which holds the GIL: at
+    most three sub-batches' ``Encoding`` objects are alive (``overlap.ahead``)."""
     parts: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
-    for chunk in _sub_batches(texts):
-        ids = [np.array(e.ids, dtype=np.uint32) for e in _encodings(ref, chunk)]
+    for encodings in ahead(_encodings(ref, chunk) for chunk in _sub_batches(texts)):
+        ids = [np.array(e.ids, dtype=np.uint32) for e in encodings]
+        del encodings
         lengths.append(np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids)))
         parts.append(np.concatenate(ids))
-        del ids  # else alive through the next call
+        del ids  # else alive through the next sub-batch
     offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
     if lengths:
         np.cumsum(np.concatenate(lengths), out=offsets[1:])

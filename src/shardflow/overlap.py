@@ -1,0 +1,70 @@
+"""A job's reading overlapped with its encoding: the next batch is read while this one is tokenized.
+
+A tokenize job reads a batch (Parquet's decoding, JSON's parsing, the UTF-8
+checks, the hash of the bytes read), encodes it, and writes its tokens, in
+turn. The encoders release the GIL and use the cores they find, but while a
+batch is read they have nothing to do: one job on one file kept 2 cores about
+1.3 busy. :func:`ahead` runs the reading on a thread of its own, at most
+``depth`` batches ahead, so memory grows by that many batches per job.
+
+The thread runs in a copy of the caller's context, so what the reader does in
+the job's context (hashing the input as it reads it, ``sources/storage.py``)
+holds there. An error in reading is raised to the job at the batch it would
+have read; a job that stops early (its own error) stops the thread and waits
+for it, so no input stays open behind it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+__all__ = ["ahead"]
+
+T = TypeVar("T")
+
+
+def ahead(items: Iterable[T], depth: int = 1) -> Iterator[T]:
+    """``items``, in order, produced on a thread of their own at most ``depth`` ahead of the consumer."""
+    slots: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        source = iter(items)
+        try:
+            for item in source:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # raised to the consumer, where the job handles it
+            put((False, exc))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()  # a generator's own cleanup (its open file) runs here, on its thread
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(produce,), name="shardflow-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = slots.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
