@@ -364,3 +364,30 @@ def test_warm_does_the_backends_set_up_and_changes_no_encoding():
         tokens, offsets = tok.encode_batch(["Hello, world!", "shardflow"])
         assert tokens.tolist() == reference.encode_ordinary("Hello, world!") + reference.encode_ordinary("shardflow")
         assert offsets.tolist() == [0, 4, 4 + len(reference.encode_ordinary("shardflow"))]
+
+
+def test_the_live_check_reads_the_batchs_longest_document_within_its_bound(giga, monkeypatch):
+    """``check_batch`` compares the ids a batch is written with, for one document of bounded size."""
+    from shardflow.tokenizers import check_batch
+    from shardflow.tokenizers.live_check import CHECK_BYTES
+
+    texts = pa.array(["short", "x" * (CHECK_BYTES + 1), "medium text, " * 200, "tiny", "é" * (CHECK_BYTES // 2)])
+    tokens, offsets = giga.encode_batch(texts)
+    asked: list[str] = []
+    real = giga.encode_ordinary
+    monkeypatch.setattr(giga, "encode_ordinary", lambda text: asked.append(text) or real(text))
+    check_batch(giga, texts, tokens, offsets, where=lambda i: f"f.parquet row {i}")
+    assert asked == ["é" * (CHECK_BYTES // 2)]  # 32 KiB of UTF-8 exactly: the longest within the bound
+    # Every document over the bound: the shortest.
+    over = pa.array(["y" * (CHECK_BYTES + 5), "z" * (CHECK_BYTES + 2)])
+    asked.clear()
+    check_batch(giga, over, *giga.encode_batch(over), where=str)
+    assert asked == ["z" * (CHECK_BYTES + 2)]
+    # Ids that differ from the reference's in the checked document: one message naming its row.
+    tokens[offsets[4]] += 1
+    with pytest.raises(InputError, match=r"^f\.parquet row 4: the gigatoken backend and tiktoken disagree on this "
+                       r"document; rerun with --backend tiktoken and report the document$"):
+        check_batch(giga, texts, tokens, offsets, where=lambda i: f"f.parquet row {i}")
+    # The reference backend checks nothing.
+    tik = load_tokenizer("cl100k_base", backend="tiktoken")
+    check_batch(tik, texts, tokens, offsets, where=str)

@@ -63,6 +63,20 @@ def test_id_overflow_is_refused(tmp_path, small_vocab):
     assert not list((Path(plan.staging) / "parts").glob("*.json"))
 
 
+def test_ids_the_reference_disagrees_with_stop_the_unit_naming_the_file_and_row(tmp_path, monkeypatch):
+    """Each batch's live check: the longest document within CHECK_BYTES, as written; a disagreement names its row."""
+    from shardflow.tokenizers import TiktokenTokenizer
+
+    path = write_parquet(tmp_path / "d.parquet", ["a", "the one checked: the longest short document", "b"])
+    config = BuildConfig(name="dis", sources=(str(path),), backend="gigatoken")
+    plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    monkeypatch.setattr(TiktokenTokenizer, "encode_ordinary", lambda self, text: [0])
+    with pytest.raises(InputError, match=r"d\.parquet row 1: the gigatoken backend and tiktoken disagree on this document; "
+                       r"rerun with --backend tiktoken and report the document$"):
+        tokenize_unit(plan.staging, 0)
+    assert not list((Path(plan.staging) / "parts").iterdir())  # nothing of the unit is left
+
+
 @pytest.mark.slow
 def test_bos_default_and_eos_option_recorded(built, sample_texts):
     bos = read_manifest(built(SAMPLE, name="bos", shard_tokens=40_000).directory)

@@ -2,7 +2,8 @@
 
 Reads the unit's rows in batches of about ``batch_bytes`` of text (memory is
 bounded by the batch, not the unit), encodes each batch with the fast
-backend (one document per batch is re-encoded with the reference library, to
+backend (one document per batch, the longest within ``live_check.CHECK_BYTES``,
+is encoded again by the reference library and compared with the ids written, to
 guard exactness on live data), inserts the plan's boundary tokens before (BOS)
 and/or after (EOS) every document, routes each document to its split
 (``val_fraction`` decides from the document alone; ``val_count`` only after
@@ -47,7 +48,7 @@ from ..sources.cuts import cut_in_bytes
 from ..sources.fingerprint import local_stat, record_fingerprints
 from ..sources.hashing import finish_hash
 from ..sources.storage import current_identity, hash_input, hashing_reads
-from ..tokenizers import Tokenizer, check_identity, load_tokenizer
+from ..tokenizers import Tokenizer, check_batch, load_tokenizer
 from .check import shard_checks
 from .model import BuildPlan, Piece, UnitResult
 from ..overlap import ahead
@@ -269,9 +270,9 @@ def _tokenize_into(
             counts["skipped_invalid"] += batch.skipped_invalid
             if len(batch.rows) == 0:
                 continue
-            # One reference encoding per batch guards the fast backend's exactness on live data.
-            check_identity(tokenizer, [batch.texts[0].as_py()], where=f"{inp.path} row {int(batch.rows[0])}")
             tokens, offsets = tokenizer.encode_batch(batch.texts)
+            # One reference encoding per batch guards the fast backend's exactness on live data.
+            check_batch(tokenizer, batch.texts, tokens, offsets, where=lambda i: f"{inp.path} row {int(batch.rows[i])}")
             if len(tokens):
                 top = int(tokens.max())
                 if top > limit:

@@ -41,10 +41,10 @@ from .base import (
     Tokenizer,
     TokenizerFamily,
     TokenizerSpec,
-    check_identity,
     unknown_tokenizer_error,
 )
 from .hf_family import HF, HFFamily, HFTokenizer
+from .live_check import check_batch, check_identity
 from .panics import is_library_panic, library_panic_error
 from .sentencepiece_family import (
     SENTENCEPIECE,
@@ -62,6 +62,7 @@ __all__ = [
     "load_tokenizer",
     "load_reference_tokenizer",
     "check_identity",
+    "check_batch",
     "BACKENDS",
     "PROBE_STRINGS",
     "COMMON_SPECIAL_TEXTS",

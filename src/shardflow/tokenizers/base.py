@@ -9,9 +9,9 @@ document, whichever backend computes it.
 
 Also here, because any family may need them: the probe strings a fast
 backend must agree on before it is used (``checked_fast``), the choice of
-backend (``TokenizerFamily.pick_backend``), ``check_identity`` (the live
-spot-check the build runs per batch), and ``pack_lists``, which turns lists
-of ids into the flat ``(tokens, offsets)`` arrays.
+backend (``TokenizerFamily.pick_backend``), and ``pack_lists``, which turns lists
+of ids into the flat ``(tokens, offsets)`` arrays. The live spot-check the build
+runs per batch is ``live_check.py``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from .panics import is_library_panic, library_panic_error
 from .probing import Probed
 from .routing import Routes, Substrings, cached_answer, encode_routed, fast_lock
@@ -40,7 +40,6 @@ __all__ = [
     "TokenizerFamily",
     "PROBE_STRINGS",
     "COMMON_SPECIAL_TEXTS",
-    "check_identity",
     "unknown_tokenizer_error",
     "no_boundary_error",
 ]
@@ -366,20 +365,6 @@ def no_boundary_error(name: str, where: str) -> ConfigError:
     return ConfigError(
         f"tokenizer {name!r} defines no BOS or EOS token ({where}); name the boundary token with --eos-token or --bos-token"
     )
-
-
-def check_identity(tokenizer: Tokenizer, texts: Sequence[str], *, where: str) -> None:
-    """Raise if the fast backend differs from the reference ``encode_ordinary`` on ``texts``."""
-    if tokenizer.backend == tokenizer.reference_backend or not texts:
-        return
-    tokens, offsets = tokenizer.encode_batch(list(texts))
-    for i, text in enumerate(texts):
-        if tokens[offsets[i] : offsets[i + 1]].tolist() != tokenizer.encode_ordinary(text):
-            ref = tokenizer.reference_backend
-            raise InputError(
-                f"{where}: the {tokenizer.backend} backend and {ref} disagree on document {i}; "
-                f"rerun with --backend {ref} and report the document"
-            )
 
 
 # -- helpers shared by families ---------------------------------------------------
