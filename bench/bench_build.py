@@ -37,7 +37,9 @@ through ``PYTHONPATH``), the two alternating (A B, then B A, ...), on the
   and its ratio to the raw rate of the same round;
 * with ``--incremental``: a build of all inputs but the last (sorted by name), then, in the same
   data root and catalog, of all of them (the first build is its parent), against the round's
-  first build of all inputs: incremental seconds / first-build seconds;
+  first build of all inputs: incremental seconds / first-build seconds; and the same as commands
+  (``python -m shardflow build DIR --no-prefect``, each a fresh process, imports included): a first build
+  of all inputs, then all but the last and all, in another catalog, against the issue's bound (first ÷ N + 1 s);
 * with ``--phases``: each stage of the tree's own table timed in turn in one process (as without
   ``--compare-with``: its jobs on 2 threads, the background stage in its place), a table per corpus.
 
@@ -54,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +222,20 @@ def run_py(code: str, *args: str, tree: Path = ROOT) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def command(tree: Path, corpus: Path, out: Path) -> float:
+    """Seconds of ``shardflow build CORPUS --no-prefect`` on ``tree``'s shardflow, a fresh process (``python -m
+    shardflow``, what the console script runs), into ``out``'s data root and catalog."""
+    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}"}
+    cmd = [sys.executable, "-m", "shardflow", "build", str(corpus), "--name", "bench", "--no-prefect",
+           "--data-root", str(out / "data"), "--catalog", str(out / "manifests")]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"benchmark step failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return seconds
+
+
 def make_corpus(path: Path, mb: int, files: int) -> Path:
     if not path.exists():
         print(f"making a {mb} MB corpus in {path} ...", flush=True)
@@ -282,10 +299,18 @@ def one_round(tree: Path, corpus: Path, work: Path, incremental: bool, phases: b
         first = run_py(E2E, str(src), "gigatoken", str(out), tree=tree)
         os.symlink(files[-1].resolve(), src / files[-1].name)
         inc = run_py(E2E, str(src), "gigatoken", str(out), tree=tree)  # the catalog's latest is its parent
-        shutil.rmtree(out, ignore_errors=True)
         row.update(first_minus_one_s=first["seconds"], incremental_s=inc["seconds"],
                    incremental_ratio=inc["seconds"] / core["seconds"], reused_inputs=inc["reused_inputs"],
                    linked_shards=inc["linked_shards"])
+        # The same as commands, each a fresh process, imports included (the issue's measure): a first build of all
+        # the inputs, then, in another data root and catalog, of all but the last and of all.
+        row["command_first_s"] = command(tree, corpus, out / "cmd-first")
+        (out / "src").joinpath(files[-1].name).unlink()
+        command(tree, src, out / "cmd-inc")
+        os.symlink(files[-1].resolve(), src / files[-1].name)
+        row["command_incremental_s"] = command(tree, src, out / "cmd-inc")
+        row["command_bound_s"] = row["command_first_s"] / len(files) + 1.0
+        shutil.rmtree(out, ignore_errors=True)
         if inc["reused_inputs"] != len(files) - 1:
             print(f"  WARNING: the incremental build reused {inc['reused_inputs']} of {len(files) - 1} inputs",
                   flush=True)
@@ -309,8 +334,9 @@ def measure(trees: dict[str, Path], corpora: dict[str, Path], work: Path, rounds
             for label, tree in order:
                 row = one_round(tree, corpus, work, incremental, phases)
                 runs[cname][label].append(row)
-                inc = (f", incremental {row['incremental_s']:.2f} s ({row['incremental_ratio']:.3f} of the first build)"
-                       if incremental else "")
+                inc = (f", incremental {row['incremental_s']:.2f} s ({row['incremental_ratio']:.3f} of the first build); "
+                       f"as commands: first {row['command_first_s']:.2f} s, incremental {row['command_incremental_s']:.2f} s "
+                       f"(bound {row['command_bound_s']:.2f} s)" if incremental else "")
                 print(f"round {i + 1} {cname:10s} {label:14s} raw {row['raw_rate'] / 1e6:6.1f} M tok/s, core "
                       f"{row['core_s']:6.2f} s ({row['core_rate'] / 1e6:5.1f} M tok/s, ratio {row['ratio']:.3f}){inc}",
                       flush=True)
@@ -336,8 +362,9 @@ def report(summary: dict, incremental: bool) -> None:
     head = "| corpus | tree | tokens | shards | raw tokenizer (M tok/s) | core build (M tok/s) | core ÷ raw | core build (s) |"
     rule = "|---|---|---:|---:|---:|---:|---:|---:|"
     if incremental:
-        head += " incremental +1 of N (s) | incremental ÷ first build |"
-        rule += "---:|---:|"
+        head += (" incremental +1 of N (s) | incremental ÷ first build | commands: first build (s) | commands: "
+                 "+1 of N (s) | bound: first ÷ N + 1 s |")
+        rule += "---:|---:|---:|---:|---:|"
     print(head + "\n" + rule)
     for cname, entry in summary["corpora"].items():
         for label in labels:
@@ -345,7 +372,8 @@ def report(summary: dict, incremental: bool) -> None:
             line = (f"| {cname} ({entry['files']} files) | {label} | {e['tokens'] / 1e6:.1f} M | {e['shards']:.0f} | "
                     f"{e['raw_rate'] / 1e6:.1f} | {e['core_rate'] / 1e6:.1f} | {e['ratio']:.3f} | {e['core_s']:.2f} |")
             if incremental:
-                line += f" {e['incremental_s']:.2f} | {e['incremental_ratio']:.3f} |"
+                line += (f" {e['incremental_s']:.2f} | {e['incremental_ratio']:.3f} | {e['command_first_s']:.2f} | "
+                         f"{e['command_incremental_s']:.2f} | {e['command_bound_s']:.2f} |")
             print(line)
             if not e["raw_tokens_agree"]:
                 print(f"  WARNING: {label} on {cname}: raw tokens + documents != built tokens")
