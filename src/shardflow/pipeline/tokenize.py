@@ -43,6 +43,7 @@ from ..errors import ConfigError, InputError
 from ..faults import fault
 from ..formats import get_format
 from ..formats.unit_writer import UnitShardWriter
+from ..overlap import ahead
 from ..sources import InputFile, WorkUnit, input_kind, iter_text_batches, split_scores
 from ..sources.cuts import cut_in_bytes
 from ..sources.fingerprint import local_stat, record_fingerprints
@@ -51,7 +52,6 @@ from ..sources.storage import current_identity, hash_input, hashing_reads
 from ..tokenizers import Tokenizer, check_batch, load_tokenizer
 from .check import shard_checks
 from .model import BuildPlan, Piece, UnitResult
-from ..overlap import ahead
 from .staging import DOC_DTYPE, Staging, as_plan
 from .collect_stats import UnitCollector, collecting, unit_stats_in_place
 
