@@ -223,17 +223,15 @@ def run_py(code: str, *args: str, tree: Path = ROOT) -> dict:
 
 
 def command(tree: Path, corpus: Path, out: Path) -> float:
-    """Seconds of ``shardflow build CORPUS --no-prefect`` on ``tree``'s shardflow, a fresh process (``python -m
-    shardflow``, what the console script runs), into ``out``'s data root and catalog."""
+    """Seconds of ``python -m shardflow build CORPUS --no-prefect`` (``tree``'s), into ``out``'s data root and catalog."""
     env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}"}
     cmd = [sys.executable, "-m", "shardflow", "build", str(corpus), "--name", "bench", "--no-prefect",
            "--data-root", str(out / "data"), "--catalog", str(out / "manifests")]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"benchmark step failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return seconds
+    return time.perf_counter() - t0
 
 
 def make_corpus(path: Path, mb: int, files: int) -> Path:
@@ -302,8 +300,7 @@ def one_round(tree: Path, corpus: Path, work: Path, incremental: bool, phases: b
         row.update(first_minus_one_s=first["seconds"], incremental_s=inc["seconds"],
                    incremental_ratio=inc["seconds"] / core["seconds"], reused_inputs=inc["reused_inputs"],
                    linked_shards=inc["linked_shards"])
-        # The same as commands, each a fresh process, imports included (the issue's measure): a first build of all
-        # the inputs, then, in another data root and catalog, of all but the last and of all.
+        # As commands (fresh processes, imports included): all the inputs; then all but the last, and all.
         row["command_first_s"] = command(tree, corpus, out / "cmd-first")
         (out / "src").joinpath(files[-1].name).unlink()
         command(tree, src, out / "cmd-inc")

@@ -258,15 +258,14 @@ def _reference_lists(ref: Any, texts: list[str]) -> list[list[int]]:
 def _reference_arrays(ref: Any, texts: pa.Array | pa.ChunkedArray | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """The reference ids of ``texts`` as flat ``(tokens uint32, offsets int64)``, built sub-batch by sub-batch.
 
-    Each sub-batch's ``Encoding`` objects become one uint32 array (a document's list of Python
-    ints lives only while it is copied) and are dropped. The library encodes the next sub-batch (on
-    its own threads, the GIL released) while this one's ids are copied out, which holds the GIL: at
-    most three sub-batches' ``Encoding`` objects are alive (``overlap.ahead``)."""
+    Each sub-batch's ``Encoding`` objects become one uint32 array and are dropped. The library encodes the
+    next sub-batch (the GIL released) while this one's ids are copied out (``overlap.ahead``): at most three
+    sub-batches' ``Encoding`` objects are alive."""
     parts: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     for encodings in ahead(_encodings(ref, chunk) for chunk in _sub_batches(texts)):
         ids = [np.array(e.ids, dtype=np.uint32) for e in encodings]
-        del encodings
+        del encodings  # a document's list of Python ints lives only while it is copied
         lengths.append(np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids)))
         parts.append(np.concatenate(ids))
         del ids  # else alive through the next sub-batch
