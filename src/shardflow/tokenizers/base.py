@@ -141,7 +141,7 @@ class Tokenizer(ABC):
                 setattr(cls, name, _panics_named(cls.__dict__[name], doing))
 
     reference_backend: str
-    """The backend whose encoding is the reference (``encode_ordinary``); ``check_identity`` compares against it."""
+    """The backend whose encoding is the reference (``encode_ordinary``); ``live_check`` compares against it."""
 
     def __init__(
         self, *, spec: TokenizerSpec, backend: str, source: Any = None, fast: Any | None = None, routed: Any | None = None
