@@ -34,8 +34,11 @@ def test_reading_runs_on_another_thread_in_the_callers_context_at_most_depth_ahe
     try:
         it = ahead(source(), depth=2)
         assert next(it) == 0
-        time.sleep(0.3)
-        # Taken: 0; queued: 1, 2; in hand, waiting for a slot: 3. No further.
+        # Taken: 0; queued: 1, 2; in hand, waiting for a slot: 3. No further, however long it waits.
+        deadline = time.monotonic() + 30  # a bounded wait: a loaded machine may be slow to get there
+        while len(produced) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         assert produced == [0, 1, 2, 3]
         assert list(it) == [1, 2, 3, 4, 5]
     finally:
