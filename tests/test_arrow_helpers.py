@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardflow._arrow import bool_array, large_binaries, large_strings
+from shardflow._arrow import bool_array, byte_lengths, large_binaries, large_strings
 
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
 
@@ -50,6 +50,23 @@ def test_bool_array_reads_the_bitmap_from_the_arrays_offset(bits, cut_front, cut
 def test_bool_array_refuses_nulls():
     with pytest.raises(ValueError, match="the mask has nulls"):
         bool_array(pa.array([True, None]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | _text, max_size=30), st.sampled_from([pa.string(), pa.large_string(), pa.binary(), pa.large_binary()]),
+       st.integers(min_value=0, max_value=5), st.integers(min_value=1, max_value=4))
+def test_byte_lengths_are_binary_length_for_any_string_array_sliced_or_chunked(values, type_, cut, chunks):
+    import pyarrow.compute as pc
+
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
+        values = [None if v is None else v.encode("utf-8") for v in values]
+    array = pa.array(values, type=type_)
+    sliced = array.slice(min(cut, len(array)))
+    want = [n or 0 for n in pc.binary_length(sliced).to_pylist()]
+    assert byte_lengths(sliced).tolist() == want and byte_lengths(sliced).dtype == np.int64
+    step = max(1, len(sliced) // chunks)
+    chunked = pa.chunked_array([sliced[i : i + step] for i in range(0, len(sliced), step)], type=type_)
+    assert byte_lengths(chunked).tolist() == want
 
 
 @pytest.mark.slow

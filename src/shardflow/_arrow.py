@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["large_strings", "large_binaries", "bool_array"]
+__all__ = ["large_strings", "large_binaries", "bool_array", "byte_lengths"]
 
 
 def large_strings(values: Sequence[str | None]) -> pa.Array:
@@ -44,3 +44,17 @@ def bool_array(mask: pa.Array) -> np.ndarray:
         raise ValueError("bool_array: the mask has nulls")
     bits = np.frombuffer(mask.buffers()[1], dtype=np.uint8)
     return np.unpackbits(bits, bitorder="little")[mask.offset : mask.offset + len(mask)].astype(bool)
+
+
+def byte_lengths(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each value's length in bytes (``pc.binary_length``; a null's is 0) of a string or binary array, large or not,
+    as int64, from its offsets (``to_numpy`` of the lengths imports pandas)."""
+    if isinstance(texts, pa.ChunkedArray):
+        parts = [byte_lengths(chunk) for chunk in texts.chunks]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    large = pa.types.is_large_string(texts.type) or pa.types.is_large_binary(texts.type)
+    buf = texts.buffers()[1]
+    if buf is None:  # an empty array may have no offsets buffer
+        return np.zeros(len(texts), dtype=np.int64)
+    offsets = np.frombuffer(buf, dtype=np.int64 if large else np.int32)[texts.offset : texts.offset + len(texts) + 1]
+    return np.diff(offsets).astype(np.int64, copy=False)

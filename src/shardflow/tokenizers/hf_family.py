@@ -44,8 +44,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from .._arrow import byte_lengths
 from .._bytelevel import bytes_to_unicode
 from ..errors import ConfigError
 from ..overlap import ahead
@@ -228,7 +228,7 @@ def _sub_batches(texts: pa.Array | pa.ChunkedArray | Sequence[str]) -> Iterator[
     arrow = isinstance(texts, (pa.Array, pa.ChunkedArray))
     if arrow:
         # The lengths come from the offsets; only one sub-batch at a time becomes Python strings.
-        sizes = np.asarray(pc.binary_length(texts).to_numpy(zero_copy_only=False), dtype=np.int64)
+        sizes = byte_lengths(texts)
     else:
         texts = list(texts)
         sizes = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))

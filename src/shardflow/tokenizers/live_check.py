@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from .._arrow import byte_lengths
 from ..errors import InputError
 from .base import Tokenizer
 
@@ -48,7 +48,7 @@ def check_batch(
     """
     if tokenizer.backend == tokenizer.reference_backend or not len(texts):
         return
-    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+    sizes = byte_lengths(texts)
     small = np.flatnonzero(sizes <= CHECK_BYTES)
     i = int(small[np.argmax(sizes[small])]) if len(small) else int(np.argmin(sizes))
     expected = np.asarray(tokenizer.encode_ordinary(texts[i].as_py()), dtype=np.int64)
