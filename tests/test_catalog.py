@@ -249,3 +249,42 @@ def test_a_build_to_a_url_data_root_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(ConfigError, match=r"^--data-root data: a build to a bucket needs both --data-root and --catalog"):
         build(config, data_root="data", catalog="s3://bucket/catalog")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_lock_held_at_a_fork_is_the_parents_a_child_waiting_for_it_gets_it_when_the_parent_lets_go(tmp_path):
+    """A reader's download lock, held on a thread while a DataLoader forks its workers: the worker that wants the
+    same file waits for the parent's download, not forever for the lock it inherited."""
+    lock = tmp_path / ".shard-00000.bin.lock"
+    held, release = threading.Event(), threading.Event()
+
+    def download() -> None:
+        with file_lock(lock, timeout=None, what="the cached file", remove=True):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    assert held.wait(30)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: asks for the same file at once, before the parent lets go
+        code = 1
+        try:
+            with file_lock(lock, timeout=20, what="the cached file", remove=True):
+                code = 0
+        finally:
+            os.write(write_end, bytes([code]))
+            os._exit(0)
+    os.close(write_end)
+    try:
+        import time
+
+        time.sleep(0.3)  # the child is waiting now (it may also not have started: the test holds either way)
+        release.set()
+        thread.join(30)
+        got = os.read(read_end, 1)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert got == b"\x00", "the forked child never had the lock its parent had let go of"

@@ -106,6 +106,29 @@ def default_data_root(data_root: str | os.PathLike[str] | None = None) -> Path:
     return _local_dir(data_root, "SHARDFLOW_DATA_ROOT", "data", "data root")
 
 
+_HELD: set[int] = set()
+"""The file descriptors of the ``file_lock`` locks this process holds."""
+
+
+def _let_go_of_inherited_locks() -> None:
+    """In a forked child: the parent's locks are its own. A child shares the parent's ``flock`` through each
+    inherited descriptor, so without this a lock the parent held at the fork (a reader's download on a thread,
+    a DataLoader worker forked meanwhile) stayed held after the parent let go, and a child waiting for that
+    file waited for itself. Each such descriptor now points at ``/dev/null`` (still open: the code that closes
+    it, should it run in the child, closes no other file)."""
+    if not _HELD:
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd in list(_HELD):
+        os.dup2(null, fd)
+    os.close(null)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_let_go_of_inherited_locks)
+
+
 @contextlib.contextmanager
 def file_lock(
     path: Path, *, timeout: float | None = 60.0, what: str = "the catalog", remove: bool = False
@@ -140,6 +163,7 @@ def file_lock(
                 current = None
             if current != os.fstat(fd).st_ino:
                 continue  # its holder deleted it on release: lock the file now at ``path``
+            _HELD.add(fd)
             try:
                 yield
             finally:
@@ -148,6 +172,7 @@ def file_lock(
                         os.unlink(path)
             return
         finally:
+            _HELD.discard(fd)
             os.close(fd)  # closing releases the lock, also when the process dies
 
 

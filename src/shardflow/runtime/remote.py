@@ -16,7 +16,8 @@ rehashing only while all four match (``verify=True`` rehashes every cached file 
 Processes sharing a cache coordinate with ``flock``: ``.<file>.lock`` (exclusive) while one of them
 downloads, so each file is fetched once, and ``.<file>.pin`` (shared) while one uses a shard; a
 shard is evicted only when no process pins it (``try_evict`` takes the pin exclusively without
-waiting). Prefetching and eviction are in ``shardflow.runtime.prefetch``.
+waiting). A download's lock belongs to the process that took it: a worker forked while a thread downloads
+does not keep it (``catalog.file_lock``). Prefetching and eviction are in ``shardflow.runtime.prefetch``.
 """
 
 from __future__ import annotations
