@@ -17,6 +17,7 @@ naming the job (the Prefect flow uses it too).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from concurrent.futures import CancelledError
@@ -30,7 +31,7 @@ from .run import InProcess, OnDone, retrying, stage_retries
 from .stages import Job, Stage, stage
 from .staging import Staging
 
-__all__ = ["DaskExecutor", "WorkerLost", "lost_worker", "refuse_blind_workers", "check_workers_see"]
+__all__ = ["DaskExecutor", "WorkerLost", "lost_worker", "refuse_blind_workers", "check_workers_see", "quiet_reschedules"]
 
 
 class WorkerLost(ShardflowError):
@@ -92,6 +93,22 @@ def check_workers_see(address: str, path: str | os.PathLike[str], *, hint: str |
         refuse_blind_workers(client, os.fspath(path), hint=hint)
 
 
+class QuietReschedules(logging.Filter):
+    """Drops Dask's client notice "Couldn't gather N keys, rescheduling ...": a worker holding a job's result
+    died, and Dask runs the job again. A build that cannot go on says so in a line of its own (the worker's
+    loss, or no worker left); the notice, printed before it, made two lines of one error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Couldn't gather")
+
+
+def quiet_reschedules() -> None:
+    """Install ``QuietReschedules`` on the ``distributed.client`` logger, once per process."""
+    logger = logging.getLogger("distributed.client")
+    if not any(isinstance(f, QuietReschedules) for f in logger.filters):
+        logger.addFilter(QuietReschedules())
+
+
 NO_WORKERS_ENV = "SHARDFLOW_DASK_NO_WORKERS_S"
 """How long a build waits on a cluster that has no worker at all before it stops (seconds; default 120)."""
 
@@ -114,6 +131,7 @@ class DaskExecutor(InProcess):
             raise ConfigError("--runner dask needs distributed: pip install 'shardflow[dask]'") from None
         super().__init__()
         self.address = address
+        quiet_reschedules()
         self.client = Client(address, set_as_default=False)
         self._plans: dict[str, tuple[BuildPlan, Any]] = {}
         self._where: dict[int, str] = {}  # work unit -> the worker whose disk holds its pieces (a build that sends)
