@@ -167,6 +167,23 @@ def summary(got: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float
     return out
 
 
+def measure_caches(w: WideVersion, runs: int, *, ratios: bool = True) -> dict[str, dict[str, dict[str, float]]]:
+    """Each opener and floor, ``runs`` times with a warm and with an evicted page cache: printed, and the summaries."""
+    out = {}
+    for cache in ("warm", "evicted"):
+        s = out[cache] = summary(measure(w, runs, cache))
+        print(f"  {cache} ({runs} runs each, median [min-max]):")
+        for k in OPENERS + FLOORS:
+            row = s[k]
+            line = (f"    {k:<22} {row['median_s']:7.3f} s [{row['min_s']:.3f}-{row['max_s']:.3f}] "
+                    f"CPU {row['median_cpu_s']:7.3f} s  peak +{row['peak_mb']:7.1f} MB")
+            if ratios and k in OPENERS:
+                line += "  " + "  ".join(f"{row['median_cpu_s'] / max(s[f]['median_cpu_s'], 1e-6):7.1f}x {f}" for f in FLOORS)
+                line += "" if cache != "warm" else (" ok" if row["median_s"] <= TARGET_S else " OVER 2 s")
+            print(line)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, help="where the versions are made, or reused from (default: a temporary directory)")
@@ -192,20 +209,7 @@ def main() -> None:
                   + (f" (made and validated in {made:.1f} s)" if made is not None else " (reused)"))
             os.sync()  # dirty pages cannot be evicted
             entry: dict[str, object] = {"ref": w.ref, "manifest_mb": manifest_mb, "table_mb": table_mb}
-            for cache in ("warm", "evicted"):
-                s = summary(measure(w, runs, cache))
-                entry[cache] = s
-                print(f"  {cache} ({runs} runs each, median [min-max]):")
-                for k in OPENERS + FLOORS:
-                    row = s[k]
-                    line = (f"    {k:<22} {row['median_s']:7.3f} s [{row['min_s']:.3f}-{row['max_s']:.3f}] "
-                            f"CPU {row['median_cpu_s']:7.3f} s  peak +{row['peak_mb']:7.1f} MB")
-                    if k in OPENERS:
-                        ratios = "  ".join(f"{row['median_cpu_s'] / max(s[f]['median_cpu_s'], 1e-6):7.1f}x {f}"
-                                           for f in FLOORS)
-                        verdict = "" if cache != "warm" else (" ok" if row["median_s"] <= TARGET_S else " OVER 2 s")
-                        line += f"  {ratios}{verdict}"
-                    print(line)
+            entry.update(measure_caches(w, runs))
             report["layouts"][layout] = entry  # type: ignore[index]
     finally:
         if tmp is not None:

@@ -89,14 +89,7 @@ def main() -> None:
             print(f"\n{layout}: {w.ref}, {w.shards:,} shards, manifest {manifest_kb:.0f} kB, table {table_kb:.0f} kB")
             os.sync()
             entry: dict[str, object] = {"shards": w.shards, "manifest_kb": manifest_kb, "table_kb": table_kb}
-            for cache in ("warm", "evicted"):
-                s = bench_open.summary(bench_open.measure(w, args.runs, cache))
-                entry[cache] = s
-                print(f"  {cache} ({args.runs} runs each, median [min-max]):")
-                for k in bench_open.OPENERS + bench_open.FLOORS:
-                    row = s[k]
-                    print(f"    {k:<22} {row['median_s']:7.3f} s [{row['min_s']:.3f}-{row['max_s']:.3f}] "
-                          f"CPU {row['median_cpu_s']:7.3f} s  peak +{row['peak_mb']:7.1f} MB")
+            entry.update(bench_open.measure_caches(w, args.runs, ratios=False))
             report["layouts"][layout] = entry  # type: ignore[index]
     finally:
         if tmp is not None:
