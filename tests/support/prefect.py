@@ -44,9 +44,18 @@ class PrefectServer:
         req = urllib.request.Request(
             f"{self.api_url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+        # A loaded server answers 503 while its SQLite database is busy: asked again, as Prefect's own client
+        # does, for up to a minute (a bounded wait: the error is raised after it).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    raw = resp.read()
+                return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as exc:
+                if exc.code not in (429, 503) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     def flow_runs(self, name: str) -> list[dict[str, Any]]:
         return self.request(
