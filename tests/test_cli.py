@@ -325,6 +325,33 @@ def test_the_console_script_exits_with_the_status_and_all_its_output(tmp_path):
     assert took < 4, took  # no server was started: the interpreter and the parser only (a server takes 4 s and more)
 
 
+@pytest.mark.slow
+def test_the_console_script_ends_a_build_without_the_interpreters_teardown(tmp_path):
+    """After ``build`` the process ends at once (``cli.run``: the teardown of a build's libraries costs 0.1 s), its
+    output complete and its status main's; after another command the interpreter's exit runs as usual (where a
+    reader's pin is released)."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys; atexit.register(lambda: print('teardown ran', file=sys.stderr)); "
+            "from shardflow.cli import run; run()")
+
+    def script(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+
+    built = script("build", str(SAMPLE), "--name", "quick", *BUILD, "--progress", "none")
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert built.stdout.splitlines() == ["published quick@v1", str(tmp_path / "data" / "quick" / "v1" / "metadata.yaml")]
+    assert "teardown ran" not in built.stderr
+    refused = script("build", "nope.parquet", "--name", "x", *BUILD)
+    assert refused.returncode == 2 and "nope.parquet: no such file or directory" in refused.stderr
+    assert "teardown ran" not in refused.stderr
+    listed = script("ls", "--catalog", "cat")
+    assert listed.returncode == 0 and "quick" in listed.stdout
+    assert "teardown ran" in listed.stderr
+
+
 # -- a clean terminal (issue 25, item 8) -------------------------------------------------------------
 
 

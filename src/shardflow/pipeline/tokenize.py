@@ -258,10 +258,12 @@ def _tokenize_into(
     pieces = _Pieces(plan, staging, unit, dtype)
     with pieces.stack:
         # The next batch is read while this one is encoded and written (overlap.py): one batch more per job.
-        for batch in ahead(iter_text_batches(
+        batches = ahead(iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
             on_bad_record=cfg.on_bad_record, batch_bytes=cfg.batch_bytes,
-        )):
+        ))
+        tokenizer.warm()  # the encoder's one-time set-up, once per process, while the first batch is read
+        for batch in batches:
             counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid + batch.bad_records
             counts["bad_records"] += batch.bad_records
             counts["nulls"] += batch.nulls

