@@ -5,7 +5,8 @@
 One plan of ``--corpus``; then, per round, each in a fresh process and in turn: the stage's jobs on 1
 thread, on 2 threads (as ``build(..., workers=2)`` runs them), and split between 2 processes (each
 imports shardflow, loads the tokenizer and tokenizes every other unit, as a process pool started for
-the build would). Wall seconds, CPU seconds (the process and its children) and CPU/wall, medians.
+the build would), and on 2 and 3 processes forked after the tokenizer is loaded and set up (a pool with
+no start-up cost, each unit to the next free process). Wall seconds, CPU seconds (the process and its children) and CPU/wall, medians.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ staging, how = sys.argv[1], sys.argv[2]
 kind, n = how.split(":")
 stage = b.STAGES[0]  # tokenize-unit
 jobs = [job[0] for job in stage.jobs(as_plan(staging), {})]
+def one(job):  # by name: a forked process finds it in its copy of this module
+    stage(staging, job)
 def cpu():
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
@@ -36,6 +39,13 @@ t0, c0 = time.perf_counter(), cpu()
 if kind == "threads":
     with ThreadPoolExecutor(int(n)) as pool:
         list(pool.map(lambda j: stage(staging, j), jobs))
+elif kind == "forked":  # started after the tokenizer's load and set-up: no start-up cost (gigatoken: 1 thread each)
+    import multiprocessing
+    from shardflow.tokenizers import load_tokenizer
+    plan = as_plan(staging)
+    load_tokenizer(plan.config.tokenizer, backend=plan.config.backend).warm()
+    with multiprocessing.get_context("fork").Pool(int(n)) as pool:
+        list(pool.imap_unordered(one, jobs))
 else:
     code = "import sys, json\nfrom shardflow import pipeline as b\nfor j in json.loads(sys.argv[2]): b.STAGES[0](sys.argv[1], j)"
     procs = [subprocess.Popen([sys.executable, "-c", code, staging, json.dumps(jobs[i::int(n)])]) for i in range(int(n))]
@@ -51,7 +61,7 @@ from shardflow.config import BuildConfig
 print(b.plan_build(BuildConfig(name="bench", sources=(sys.argv[1],)), data_root=sys.argv[2], catalog=sys.argv[3]).staging)
 """
 
-WAYS = ("threads:1", "threads:2", "processes:2")
+WAYS = ("threads:1", "threads:2", "processes:2", "forked:2", "forked:3")
 
 
 def main() -> None:

@@ -5,7 +5,11 @@ checks, the hash of the bytes read), encodes it, and writes its tokens, in
 turn. The encoders release the GIL and use the cores they find, but while a
 batch is read they have nothing to do: one job on one file kept 2 cores about
 1.3 busy. :func:`ahead` runs the reading on a thread of its own, at most
-``depth`` batches ahead, so memory grows by that many batches per job.
+``depth`` batches ahead, so memory grows by that many batches per job. A
+tokenize job uses it twice: one thread reads, another encodes what was read,
+and the job checks and writes what was encoded (on one file, where no second
+job fills the cores, the stage took 0.88 of the time with the encoding on its
+own thread).
 
 The thread runs in a copy of the caller's context, so what the reader does in
 the job's context (hashing the input as it reads it, ``sources/storage.py``)

@@ -208,3 +208,43 @@ def test_the_pieces_are_handed_to_the_writeback_in_order_as_they_grow(built, mon
         assert (plain.directory / shard.file).read_bytes() == (b.directory / shard.file).read_bytes()
 
 
+
+
+def test_a_job_encodes_its_next_batch_on_its_own_thread_while_it_writes_one(tmp_path, monkeypatch):
+    """Batch k+1 is encoded while batch k is checked and written (``overlap.ahead``): here the write of the first
+    batch waits until the second batch's encoding has begun, which would never happen (a 30 s wait) were the
+    encoding on the job's own thread. The tokens are those of a build without the wait."""
+    import threading
+
+    from shardflow.formats.unit_writer import UnitShardWriter
+    from shardflow.tokenizers.base import Tokenizer
+
+    path = write_parquet(tmp_path / "b.parquet", [f"document {i}: " + "words of text " * 40 for i in range(8)])
+    config = BuildConfig(name="ahead", sources=(str(path),), batch_rows=2)
+    plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    second_encoded = threading.Event()
+    encoders: set[str] = set()
+    batches = []
+    encode, write = Tokenizer.encode_batch, UnitShardWriter.write
+
+    def encode_batch(self, texts):
+        first = texts[0].as_py() if hasattr(texts[0], "as_py") else texts[0]
+        if first.startswith("document"):  # a batch of the unit (not the set-up's word)
+            encoders.add(threading.current_thread().name)
+            batches.append(first)
+            if len(batches) == 2:
+                second_encoded.set()
+        return encode(self, texts)
+
+    def write_waiting(self, tokens, lengths):
+        assert second_encoded.wait(30), "the next batch was not encoded while this one was written"
+        return write(self, tokens, lengths)
+
+    monkeypatch.setattr(Tokenizer, "encode_batch", encode_batch)
+    monkeypatch.setattr(UnitShardWriter, "write", write_waiting)
+    result = tokenize_unit(plan.staging, 0)
+    assert len(batches) == 4 and encoders == {"shardflow-ahead"} and threading.current_thread().name not in encoders
+    monkeypatch.undo()
+    plain = plan_build(config, data_root=tmp_path / "plain", catalog=tmp_path / "plain-catalog")
+    again = tokenize_unit(plain.staging, 0)
+    assert [p.sha256 for p in result.pieces["train"]] == [p.sha256 for p in again.pieces["train"]]

@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from ..faults import fault
 from ..formats import get_format
 from ..formats.unit_writer import UnitShardWriter
 from ..overlap import ahead
-from ..sources import InputFile, WorkUnit, input_kind, iter_text_batches, split_scores
+from ..sources import InputFile, TextBatch, WorkUnit, input_kind, iter_text_batches, split_scores
 from ..sources.cuts import cut_in_bytes
 from ..sources.fingerprint import local_stat, record_fingerprints
 from ..sources.hashing import finish_hash
@@ -257,13 +258,14 @@ def _tokenize_into(
     stream = routes[0] if len(routes) == 1 else None  # else each document by its score (val_fraction)
     pieces = _Pieces(plan, staging, unit, dtype)
     with pieces.stack:
-        # The next batch is read while this one is encoded and written (overlap.py): one batch more per job.
+        # Three threads a job (overlap.py): batch k+2 read, k+1 encoded, k checked and written. Two batches
+        # more per job; on one file, the stage takes 0.88 of the time (docs/PERFORMANCE.md).
         batches = ahead(iter_text_batches(
             inp, wu, text_column=cfg.text_column, batch_rows=_rows_per_batch(cfg, wu), utf8_errors=cfg.utf8_errors,
             on_bad_record=cfg.on_bad_record, batch_bytes=cfg.batch_bytes,
         ))
         tokenizer.warm()  # the encoder's one-time set-up, once per process, while the first batch is read
-        for batch in batches:
+        for batch, encoded in ahead(_encoded(batches, tokenizer)):
             counts["rows"] += len(batch.rows) + batch.nulls + batch.empties + batch.skipped_invalid + batch.bad_records
             counts["bad_records"] += batch.bad_records
             counts["nulls"] += batch.nulls
@@ -272,7 +274,7 @@ def _tokenize_into(
             counts["skipped_invalid"] += batch.skipped_invalid
             if len(batch.rows) == 0:
                 continue
-            tokens, offsets = tokenizer.encode_batch(batch.texts)
+            tokens, offsets = encoded
             # One reference encoding per batch guards the fast backend's exactness on live data.
             check_batch(tokenizer, batch.texts, tokens, offsets, where=lambda i: f"{inp.path} row {int(batch.rows[i])}")
             if len(tokens):
@@ -311,6 +313,12 @@ def _tokenize_into(
         f.flush()
         os.fsync(f.fileno())
     return counts, written
+
+
+def _encoded(batches: Iterable[TextBatch], tokenizer: Tokenizer) -> Iterator[tuple[TextBatch, tuple[np.ndarray, np.ndarray] | None]]:
+    """Each batch with its ``(tokens, offsets)`` (None for a batch of no document)."""
+    for batch in batches:
+        yield batch, tokenizer.encode_batch(batch.texts) if len(batch.rows) else None
 
 
 def with_boundaries(
