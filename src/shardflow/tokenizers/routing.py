@@ -146,7 +146,7 @@ def cached_value(kind: str, key: str, compute: Callable[[], Any]) -> Any:
 
     A rank file's 100,000 ranks took tiktoken 0.07 s to parse (and shardflow's
     checked reader of a ``.tiktoken`` path 0.11 s), at every process's start;
-    loaded from here, 0.02 s. The value is what ``marshal`` writes (dicts,
+    loaded from here, 0.02 s (docs/PERFORMANCE.md). The value is what ``marshal`` writes (dicts,
     bytes, str, ints), after the SHA-256 of those bytes: a damaged copy is
     computed again, never loaded. The key must name what the value depends on
     (the file's SHA-256, the library's version); Python's version is added,
