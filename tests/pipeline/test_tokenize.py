@@ -248,3 +248,31 @@ def test_a_job_encodes_its_next_batch_on_its_own_thread_while_it_writes_one(tmp_
     plain = plan_build(config, data_root=tmp_path / "plain", catalog=tmp_path / "plain-catalog")
     again = tokenize_unit(plain.staging, 0)
     assert [p.sha256 for p in result.pieces["train"]] == [p.sha256 for p in again.pieces["train"]]
+
+
+def test_a_job_that_fails_leaves_no_thread_running_and_no_input_open(tmp_path, monkeypatch):
+    """A unit stopped by a bad batch (here the live check's disagreement on its second batch) has stopped its reading
+    and encoding threads, and closed its input, by the time the error reaches the caller."""
+    import threading
+
+    from shardflow.tokenizers import TiktokenTokenizer
+
+    path = write_parquet(tmp_path / "f.parquet", [f"document {i}: " + "words of text " * 30 for i in range(12)])
+    config = BuildConfig(name="fail", sources=(str(path),), batch_rows=2, backend="gigatoken")
+    plan = plan_build(config, data_root=tmp_path / "data", catalog=tmp_path / "catalog")
+    checked = []
+    real = TiktokenTokenizer.encode_ordinary
+
+    def disagree_second(self, text):
+        checked.append(text)
+        return real(self, text) if len(checked) < 2 else [0]
+
+    monkeypatch.setattr(TiktokenTokenizer, "encode_ordinary", disagree_second)
+    try:
+        tokenize_unit(plan.staging, 0)
+    except InputError as exc:
+        error = exc  # held with its traceback (the job's frames), as a caller that reports it holds it
+    assert re.match(r".*f\.parquet row [23]: the gigatoken backend and tiktoken disagree", str(error))
+    assert [t.name for t in threading.enumerate() if t.name == "shardflow-ahead"] == []
+    open_files = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
+    assert str(path.resolve()) not in open_files

@@ -32,8 +32,8 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -315,10 +315,15 @@ def _tokenize_into(
     return counts, written
 
 
-def _encoded(batches: Iterable[TextBatch], tokenizer: Tokenizer) -> Iterator[tuple[TextBatch, tuple[np.ndarray, np.ndarray] | None]]:
-    """Each batch with its ``(tokens, offsets)`` (None for a batch of no document)."""
-    for batch in batches:
-        yield batch, tokenizer.encode_batch(batch.texts) if len(batch.rows) else None
+def _encoded(batches: Generator[TextBatch, None, None], tokenizer: Tokenizer) -> Iterator[tuple[TextBatch, tuple[np.ndarray, np.ndarray] | None]]:
+    """Each batch with its ``(tokens, offsets)`` (None for a batch of no document).
+
+    Closes ``batches`` when it ends, early or not: the reading thread stops and the input is closed before the
+    encoding thread ends, which the job waits for (``ahead``).
+    """
+    with contextlib.closing(batches):
+        for batch in batches:
+            yield batch, tokenizer.encode_batch(batch.texts) if len(batch.rows) else None
 
 
 def with_boundaries(
