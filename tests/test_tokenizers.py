@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -355,7 +356,7 @@ def test_the_probe_check_is_answered_once_per_vocabulary_and_kept_on_disk(tmp_pa
 
 
 def test_a_rank_file_is_checked_and_parsed_once_per_machine_and_content(tmp_path, monkeypatch):
-    """A ``.tiktoken`` file's ranks are kept on disk by its SHA-256 (``routing.cached_value``): a second load
+    """A ``.tiktoken`` file's ranks are kept on disk by its SHA-256 (``routing.cached_ranks``): a second load
     reads them back, a damaged copy and an edited file are parsed again, and a file refused is never kept."""
     import shutil
 
@@ -377,7 +378,7 @@ def test_a_rank_file_is_checked_and_parsed_once_per_machine_and_content(tmp_path
     first = load()
     assert len(parsed) == 1
     assert load() == first and len(parsed) == 1  # read back, not parsed
-    (kept,) = cache.glob("ranks-*.marshal")
+    (kept,) = cache.glob("ranks-*.ranks")
     kept.write_bytes(kept.read_bytes()[:-10])
     assert load() == first and len(parsed) == 2  # a damaged copy: parsed again
     lines = rank_file.read_bytes().splitlines()
@@ -386,8 +387,42 @@ def test_a_rank_file_is_checked_and_parsed_once_per_machine_and_content(tmp_path
     rank_file.write_text("not-base64! 1\n")
     with pytest.raises(ConfigError, match="is not a valid .tiktoken file"):
         load()
-    assert len(list(cache.glob("ranks-*.marshal"))) == 2
+    assert len(list(cache.glob("ranks-*.ranks"))) == 2
     tiktoken_family._load_encoding.cache_clear()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.binary(max_size=12), st.integers(0, 2**32 - 1), min_size=1, max_size=40),
+    st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=4),
+    st.data(),
+)
+def test_kept_ranks_read_back_as_written_and_a_changed_byte_is_never_loaded(ranks, facts, data):
+    """``routing.cached_ranks``: what it keeps reads back equal; with any byte of the file changed, or the file cut
+    short, the ranks are computed again (never a wrong value, never an exception)."""
+    import tempfile
+
+    from shardflow.tokenizers import routing
+
+    with tempfile.TemporaryDirectory() as cache, pytest.MonkeyPatch.context() as mp:
+        mp.setenv(routing.CACHE_ENV, cache)
+        calls = []
+
+        def compute():
+            calls.append(1)
+            return dict(ranks), dict(facts)
+
+        assert routing.cached_ranks("ranks", "k", compute) == (ranks, facts)
+        assert routing.cached_ranks("ranks", "k", compute) == (ranks, facts) and len(calls) == 1
+        (kept,) = Path(cache).glob("ranks-*.ranks")
+        raw = bytearray(kept.read_bytes())
+        if data.draw(st.booleans()):
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at] ^= data.draw(st.integers(1, 255))
+        else:
+            raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+        kept.write_bytes(bytes(raw))
+        assert routing.cached_ranks("ranks", "k", compute) == (ranks, facts) and len(calls) == 2
 
 
 def test_the_offline_encodings_constructor_runs_once_per_machine(tmp_path, monkeypatch):

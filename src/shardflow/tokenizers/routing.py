@@ -27,15 +27,13 @@ process's start otherwise. So are the blocks probed (``probing``).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.metadata
 import json
 import logging
-import marshal
 import os
 import string
-import sys
+import struct
 import threading
 import unicodedata
 import weakref
@@ -47,7 +45,7 @@ import pyarrow as pa
 
 from .._arrow import large_strings
 
-__all__ = ["Substrings", "Routes", "Routed", "encode_routed", "cached_answer", "cached_value", "cache_file", "keep_json",
+__all__ = ["Substrings", "Routes", "Routed", "encode_routed", "cached_answer", "cached_ranks", "cache_file", "keep_json",
            "fast_lock", "note_routed", "utf8_code_points", "documents_at"]
 
 log = logging.getLogger("shardflow.tokenizers")
@@ -82,17 +80,13 @@ def fast_lock(fast: Any) -> threading.Lock:
 
 def cache_file(key: str, kind: str) -> Path:
     """The file under ``$SHARDFLOW_CACHE_DIR`` that keeps ``kind``'s answer for ``key``, gigatoken's and Unicode's versions."""
-    full = json.dumps([key, _gigatoken_version(), unicodedata.unidata_version, 1])
+    try:
+        giga = importlib.metadata.version("gigatoken")
+    except importlib.metadata.PackageNotFoundError:
+        giga = None
+    full = json.dumps([key, giga, unicodedata.unidata_version, 1])
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "shardflow")
     return root / f"{kind}-{hashlib.sha256(full.encode()).hexdigest()[:24]}.json"
-
-
-@functools.lru_cache(maxsize=1)
-def _gigatoken_version() -> str | None:
-    try:
-        return importlib.metadata.version("gigatoken")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def keep_json(path: Path, answer: Any) -> None:
@@ -141,28 +135,59 @@ def cached_answer(kind: str, key: str, compute: Callable[[], Any]) -> Any:
     return answer
 
 
-def cached_value(kind: str, key: str, compute: Callable[[], Any]) -> Any:
-    """``compute()``'s value, kept on disk like :func:`cached_answer`, for values slow to build and quick to load.
+Ranks = dict[bytes, int]
+
+
+def cached_ranks(kind: str, key: str, compute: Callable[[], tuple[Ranks, dict[str, Any]]]) -> tuple[Ranks, dict[str, Any]]:
+    """``compute()``'s ranks (token bytes to rank) and facts (JSON), kept on disk like :func:`cached_answer`.
 
     A rank file's 100,000 ranks took tiktoken 0.07 s to parse (and shardflow's
     checked reader of a ``.tiktoken`` path 0.11 s), at every process's start;
-    loaded from here, 0.02 s (docs/PERFORMANCE.md). The value is what ``marshal`` writes (dicts,
-    bytes, str, ints), after the SHA-256 of those bytes: a damaged copy is
-    computed again, never loaded. The key must name what the value depends on
-    (the file's SHA-256, the library's version); Python's version is added,
-    since ``marshal``'s format is Python's own.
+    read back from here, 0.035 s (docs/PERFORMANCE.md). The file holds the
+    SHA-256 of the rest; then the facts' length (8 bytes, little-endian) and
+    JSON; then each token's length and rank (uint32, little-endian) and the
+    tokens' bytes end to end. Nothing is unpickled: a damaged or inconsistent
+    copy is computed again, never loaded. The key must name what the ranks
+    depend on (the file's SHA-256, the library's version).
     """
-    path = cache_file(f"{key} python {sys.version_info[:2]} marshal {marshal.version}", kind).with_suffix(".marshal")
+    path = cache_file(key, kind).with_suffix(".ranks")
     try:
-        data = path.read_bytes()
-        if hashlib.sha256(data[32:]).digest() == data[:32]:
-            return marshal.loads(data[32:])
-    except (OSError, ValueError, EOFError, TypeError):
+        kept = _read_ranks(path.read_bytes())
+        if kept is not None:
+            return kept
+    except OSError:
         pass  # not computed yet, or unreadable: compute it
-    value = compute()
-    body = marshal.dumps(value)
+    ranks, facts = compute()
+    tokens = list(ranks)
+    head = json.dumps({"tokens": len(tokens), "facts": facts}).encode()
+    lengths = np.fromiter(map(len, tokens), dtype="<u4", count=len(tokens))
+    values = np.fromiter(ranks.values(), dtype="<u4", count=len(tokens))
+    body = b"".join([struct.pack("<Q", len(head)), head, lengths.tobytes(), values.tobytes(), *tokens])
     _keep(path, hashlib.sha256(body).digest() + body)
-    return value
+    return ranks, facts
+
+
+def _read_ranks(data: bytes) -> tuple[Ranks, dict[str, Any]] | None:
+    """What :func:`cached_ranks` wrote, or None for bytes that are not exactly that."""
+    body = memoryview(data)[32:]
+    if len(data) < 40 or hashlib.sha256(body).digest() != data[:32]:
+        return None
+    (head,) = struct.unpack_from("<Q", body)
+    try:
+        header = json.loads(bytes(body[8 : 8 + head]))
+        n, facts = int(header["tokens"]), header["facts"]
+        rest = bytes(body[8 + head :])
+        lengths = np.frombuffer(rest, dtype="<u4", count=n)
+        values = np.frombuffer(rest, dtype="<u4", count=n, offset=4 * n).tolist()
+    except (ValueError, TypeError, KeyError):
+        return None
+    blob = rest[8 * n :]
+    ends = np.cumsum(lengths, dtype=np.int64)
+    if not n or int(ends[-1]) != len(blob) or not isinstance(facts, dict):
+        return None
+    ends_list = ends.tolist()
+    starts = [0, *ends_list[:-1]]
+    return dict(zip([blob[a:b] for a, b in zip(starts, ends_list)], values)), facts
 
 
 def utf8_code_points(texts: pa.Array | pa.ChunkedArray, min_lead: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

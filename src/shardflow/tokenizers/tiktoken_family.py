@@ -55,7 +55,7 @@ from .base import (
     unknown_tokenizer_error,
 )
 from .probing import Probed
-from .routing import cached_answer, cached_value
+from .routing import cached_answer, cached_ranks
 
 __all__ = ["TIKTOKEN", "TiktokenFamily", "TiktokenTokenizer", "ENDOFTEXT", "split_pattern"]
 
@@ -334,9 +334,9 @@ def _load_encoding(name: str) -> tuple[Any, TokenizerSpec]:
         known = _KNOWN_FILES.get(stem)
         try:
             sha256 = _sha256(str(path))
-            # Checked and parsed once per machine and file content (routing.cached_value).
+            # Checked and parsed once per machine and file content (routing.cached_ranks).
             key = f"rank file {sha256} specials {sorted(known[2].items()) if known else None} {_CHECKS_VERSION}"
-            ranks = cached_value("ranks", key, lambda: read_rank_file(path, known[2] if known else None))
+            ranks, _ = cached_ranks("ranks", key, lambda: (read_rank_file(path, known[2] if known else None), {}))
         except OSError as exc:
             raise ConfigError(f"tokenizer rank file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
         pretok, pattern, specials = known or ("gpt4", _CL100K_PAT, {ENDOFTEXT: max(ranks.values()) + 1})
@@ -395,14 +395,23 @@ def _registered_encoding(name: str, cache_key: str | None = None) -> tuple[Any, 
     ``get_encoding`` would load them twice.
     Raises ValueError for a name no plugin registers, as ``get_encoding`` does.
     With ``cache_key`` (naming the rank file's content and the versions), the
-    arguments are kept on disk (``routing.cached_value``) and the constructor
+    arguments are kept on disk (``routing.cached_ranks``) and the constructor
     runs once per machine.
     """
     import tiktoken
 
-    arguments = _constructor_arguments(name) if cache_key is None else cached_value(
-        "encoding", cache_key, lambda: _constructor_arguments(name))
+    if cache_key is None:
+        arguments = _constructor_arguments(name)
+    else:
+        ranks, facts = cached_ranks("encoding", cache_key, lambda: _ranks_and_facts(_constructor_arguments(name)))
+        arguments = {**facts, "mergeable_ranks": ranks}
     return tiktoken.Encoding(**arguments), arguments["pat_str"]
+
+
+def _ranks_and_facts(arguments: dict[str, Any]) -> tuple[dict[bytes, int], dict[str, Any]]:
+    """An encoding's arguments as its ranks and the rest (JSON: the name, pattern, special tokens, vocabulary size)."""
+    facts = {k: v for k, v in arguments.items() if k != "mergeable_ranks"}
+    return arguments["mergeable_ranks"], facts
 
 
 def _constructor_arguments(name: str) -> dict[str, Any]:
